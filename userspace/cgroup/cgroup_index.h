@@ -1,0 +1,86 @@
+// CgroupIndex owns the map from cgroup2 id to the pod/container that runs in that cgroup.
+//
+// A cgroup2 id is the inode number of the cgroup's directory in the cgroup2 hierarchy: what
+// bpf_get_current_cgroup_id() returns and what the cgroup_mkdir/rmdir tracepoints report. The
+// index is seeded once from the tree and then kept current from those kernel events, so the
+// kernel source can attribute an exec/exit to a container without touching the filesystem.
+// Only directories whose path parses (cgroup_path.h) are recorded: roots, QoS levels, pods,
+// containers/sandboxes and CRI-O's conmon cgroups (marked Kind::kIgnored).
+//
+// Thread-safe: events, lookups and a (re)seed may run concurrently.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <shared_mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "cgroup/cgroup_path.h"
+#include "common/result.h"
+
+namespace kpleg::cgroup {
+
+class CgroupIndex {
+ public:
+  struct Entry {
+    std::string path;  // relative to the cgroup2 root, starting with '/'
+    CgroupIdentity identity;
+
+    bool operator==(const Entry&) const = default;
+  };
+
+  CgroupIndex() = default;
+  CgroupIndex(const CgroupIndex&) = delete;
+  CgroupIndex& operator=(const CgroupIndex&) = delete;
+
+  // Walks the cgroup2 tree mounted at `cgroup2_mount` and replaces the index with every
+  // directory whose path parses. Container subtrees and trees already rejected below a
+  // kubepods root are not descended into (nothing below them can parse). Events that arrive
+  // while the walk runs are applied on top of its result in arrival order, so a directory
+  // created or removed during the walk ends up right either way. Fails only when the mount
+  // itself cannot be read; unreadable or vanished subdirectories are skipped (and logged).
+  Status seed(const std::string& cgroup2_mount);
+
+  // From the cgroup_mkdir event (cgroup2 hierarchy only). Returns whether the cgroup is now
+  // indexed, i.e. whether its path parsed; a non-parsing path drops any stale entry for `id`.
+  bool on_mkdir(std::uint64_t id, std::string_view path);
+  // From the cgroup_rmdir (or cgroup_release) event.
+  void on_rmdir(std::uint64_t id);
+
+  std::optional<Entry> lookup(std::uint64_t id) const;
+  // Reverse lookup for Kind::kContainerOrSandbox entries (conmon cgroups are not containers).
+  std::optional<std::uint64_t> find_container(std::string_view container_id) const;
+  std::size_t size() const;
+  // Every entry, e.g. to fill the kernel's map of tracked cgroup ids after a seed.
+  std::vector<std::pair<std::uint64_t, Entry>> snapshot() const;
+
+ private:
+  struct Tables {
+    std::unordered_map<std::uint64_t, Entry> by_id;
+    std::unordered_map<std::string, std::uint64_t> by_container;
+
+    void insert(std::uint64_t id, Entry entry);
+    void erase(std::uint64_t id);
+  };
+  // An event seen while a seed's walk was running; nullopt entry = the cgroup is gone.
+  struct PendingEvent {
+    std::uint64_t id;
+    std::optional<Entry> entry;
+  };
+
+  void apply(std::uint64_t id, std::optional<Entry> entry);
+
+  std::mutex seed_mu_;  // one seed at a time
+  mutable std::shared_mutex mu_;
+  Tables tables_;
+  bool seeding_ = false;
+  std::vector<PendingEvent> pending_;
+};
+
+}  // namespace kpleg::cgroup
