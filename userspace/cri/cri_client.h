@@ -1,0 +1,52 @@
+// The cri component owns kpleg's conversation with the node's container runtime over the CRI
+// (runtime.v1): the CriClient interface every other component calls, its gRPC implementation
+// (grpc_cri_client.h) with deadlines, bounded concurrency and reconnects, and the call counters
+// exported as metrics. It is the only place that knows gRPC stubs of the runtime exist.
+//
+// Results are the CRI's own proto messages; a failed call is an Error whose code is the
+// grpc::StatusCode and whose message names the CRI method and carries the runtime's message.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/result.h"
+#include "cri/api.pb.h"
+
+namespace kpleg::cri {
+
+namespace v1 = ::runtime::v1;
+
+class CriClient {
+ public:
+  virtual ~CriClient() = default;
+
+  // Runtime identity; also the cheapest "is the runtime answering" probe.
+  virtual Result<v1::VersionResponse> version() = 0;
+  // RuntimeReady / NetworkReady conditions.
+  virtual Result<v1::RuntimeStatus> status() = 0;
+
+  // Pass a default-constructed filter to list everything.
+  virtual Result<std::vector<v1::PodSandbox>> list_pod_sandboxes(
+      const v1::PodSandboxFilter& filter) = 0;
+  virtual Result<v1::PodSandboxStatus> pod_sandbox_status(const std::string& pod_sandbox_id) = 0;
+  virtual Result<std::vector<v1::Container>> list_containers(const v1::ContainerFilter& filter) = 0;
+  // A missing container is an Error with code grpc::StatusCode::NOT_FOUND.
+  virtual Result<v1::ContainerStatus> container_status(const std::string& container_id) = 0;
+
+  // Workload calls, as the kubelet makes them. kplegd never calls these; kpleg-load and the
+  // tests do. Each returns the id the runtime assigned.
+  virtual Result<std::string> run_pod_sandbox(const v1::PodSandboxConfig& config) = 0;
+  virtual Status stop_pod_sandbox(const std::string& pod_sandbox_id) = 0;
+  virtual Status remove_pod_sandbox(const std::string& pod_sandbox_id) = 0;
+  virtual Result<std::string> create_container(const std::string& pod_sandbox_id,
+                                               const v1::ContainerConfig& config,
+                                               const v1::PodSandboxConfig& sandbox_config) = 0;
+  virtual Status start_container(const std::string& container_id) = 0;
+  // grace_period_s: seconds between the stop signal and SIGKILL; 0 kills at once.
+  virtual Status stop_container(const std::string& container_id, int64_t grace_period_s) = 0;
+  virtual Status remove_container(const std::string& container_id) = 0;
+};
+
+}  // namespace kpleg::cri

@@ -1,0 +1,309 @@
+#include "cri/grpc_cri_client.h"
+
+#include <grpcpp/grpcpp.h>
+#include <spdlog/spdlog.h>
+
+#include <climits>
+#include <iterator>
+#include <utility>
+
+#include "cri/endpoint.h"
+
+namespace kpleg::cri {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// How often the watcher looks up from WaitForStateChange to see whether the client is being
+// destroyed: the destructor waits at most this long.
+constexpr auto kWatchPoll = std::chrono::milliseconds(100);
+
+ConnectionState from_grpc(grpc_connectivity_state s) {
+  switch (s) {
+    case GRPC_CHANNEL_IDLE: return ConnectionState::kIdle;
+    case GRPC_CHANNEL_CONNECTING: return ConnectionState::kConnecting;
+    case GRPC_CHANNEL_READY: return ConnectionState::kReady;
+    case GRPC_CHANNEL_TRANSIENT_FAILURE: return ConnectionState::kTransientFailure;
+    case GRPC_CHANNEL_SHUTDOWN: return ConnectionState::kShutdown;
+  }
+  return ConnectionState::kShutdown;
+}
+
+template <typename T>
+std::vector<T> take_all(google::protobuf::RepeatedPtrField<T>* items) {
+  return std::vector<T>(std::make_move_iterator(items->begin()), std::make_move_iterator(items->end()));
+}
+
+int clamp_ms(std::chrono::milliseconds ms) {
+  return ms.count() > INT_MAX ? INT_MAX : static_cast<int>(ms.count());
+}
+
+}  // namespace
+
+std::string_view connection_state_name(ConnectionState state) {
+  switch (state) {
+    case ConnectionState::kIdle: return "IDLE";
+    case ConnectionState::kConnecting: return "CONNECTING";
+    case ConnectionState::kReady: return "READY";
+    case ConnectionState::kTransientFailure: return "TRANSIENT_FAILURE";
+    case ConnectionState::kShutdown: return "SHUTDOWN";
+  }
+  return "UNKNOWN";
+}
+
+Result<std::unique_ptr<GrpcCriClient>> GrpcCriClient::create(std::string_view endpoint,
+                                                             GrpcCriClientOptions options) {
+  auto target = grpc_target_for_endpoint(endpoint);
+  if (!target) return target.error();
+  if (options.call_timeout <= std::chrono::milliseconds::zero()) {
+    return Error{EINVAL, "CRI call timeout must be positive"};
+  }
+  if (options.max_in_flight == 0) {
+    return Error{EINVAL, "CRI max calls in flight must be at least 1"};
+  }
+  return std::unique_ptr<GrpcCriClient>(new GrpcCriClient(std::move(*target), std::move(options)));
+}
+
+GrpcCriClient::GrpcCriClient(std::string target, GrpcCriClientOptions options)
+    : target_(std::move(target)), options_(std::move(options)), slots_(options_.max_in_flight) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, clamp_ms(options_.initial_reconnect_backoff));
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, clamp_ms(options_.max_reconnect_backoff));
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, clamp_ms(options_.min_connect_timeout));
+  args.SetMaxReceiveMessageSize(options_.max_receive_message_bytes);
+  // A node agent talks to its runtime all the time; without this gRPC drops the connection
+  // after 30 idle minutes and the next call would pay for a reconnect (and the watcher would
+  // report a reconnect that was never an outage).
+  args.SetInt(GRPC_ARG_CLIENT_IDLE_TIMEOUT_MS, INT_MAX);
+  channel_ = grpc::CreateCustomChannel(target_, grpc::InsecureChannelCredentials(), args);
+  stub_ = runtime::v1::RuntimeService::NewStub(channel_);
+  watcher_ = std::thread([this] { watch_connectivity(); });
+}
+
+GrpcCriClient::~GrpcCriClient() {
+  stopping_.store(true);
+  if (watcher_.joinable()) watcher_.join();
+}
+
+ConnectionState GrpcCriClient::state() const {
+  return from_grpc(channel_->GetState(/*try_to_connect=*/false));
+}
+
+// gRPC reconnects a channel in TRANSIENT_FAILURE on its own, but a channel whose connection
+// closed goes IDLE and would stay there until the next call. Asking for the state with
+// try_to_connect keeps it connecting, so the runtime's return is noticed (and reported) even
+// when nothing is calling.
+void GrpcCriClient::watch_connectivity() {
+  bool ever_ready = false;
+  bool lost = false;
+  auto last = GRPC_CHANNEL_IDLE;
+  while (!stopping_.load()) {
+    auto s = channel_->GetState(/*try_to_connect=*/true);
+    if (s != last) {
+      if (s == GRPC_CHANNEL_READY) {
+        if (lost) {
+          reconnects_.fetch_add(1, std::memory_order_relaxed);
+          spdlog::info("CRI runtime at {}: reconnected", target_);
+          if (options_.on_reconnect) options_.on_reconnect();
+        } else if (!ever_ready) {
+          spdlog::info("CRI runtime at {}: connected", target_);
+        }
+        ever_ready = true;
+        lost = false;
+      } else if (ever_ready && !lost) {
+        lost = true;
+        spdlog::warn("CRI runtime at {}: connection lost ({}), reconnecting", target_,
+                     connection_state_name(from_grpc(s)));
+      }
+      last = s;
+    }
+    channel_->WaitForStateChange(s, std::chrono::system_clock::now() + kWatchPoll);
+  }
+}
+
+template <typename Response, typename Invoke>
+Result<Response> GrpcCriClient::invoke(CriMethod method, std::chrono::milliseconds timeout,
+                                       Invoke&& rpc) {
+  const auto deadline = Clock::now() + timeout;
+  CallSlot slot(slots_, deadline);
+  if (!slot.held()) {
+    stats_.record(method, grpc::StatusCode::DEADLINE_EXCEEDED);
+    return Error{grpc::StatusCode::DEADLINE_EXCEEDED,
+                 fmt::format("CRI {} failed: DEADLINE_EXCEEDED: no free call slot within {} ms "
+                             "({} calls in flight)",
+                             cri_method_name(method), timeout.count(), slots_.capacity())};
+  }
+  grpc::ClientContext ctx;
+  // gRPC deadlines are wall-clock; convert what is left of the monotonic one.
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   std::chrono::duration_cast<std::chrono::system_clock::duration>(deadline - Clock::now()));
+  Response response;
+  grpc::Status st = rpc(&ctx, &response);
+  stats_.record(method, st.error_code());
+  if (!st.ok()) {
+    return Error{st.error_code(), fmt::format("CRI {} failed: {}: {}", cri_method_name(method),
+                                              grpc_code_name(st.error_code()), st.error_message())};
+  }
+  return response;
+}
+
+Result<v1::VersionResponse> GrpcCriClient::version() {
+  v1::VersionRequest req;
+  req.set_version("v1");
+  return invoke<v1::VersionResponse>(CriMethod::kVersion, options_.call_timeout,
+                                     [&](grpc::ClientContext* c, v1::VersionResponse* r) {
+                                       return stub_->Version(c, req, r);
+                                     });
+}
+
+Result<v1::RuntimeStatus> GrpcCriClient::status() {
+  v1::StatusRequest req;
+  auto r = invoke<v1::StatusResponse>(CriMethod::kStatus, options_.call_timeout,
+                                      [&](grpc::ClientContext* c, v1::StatusResponse* resp) {
+                                        return stub_->Status(c, req, resp);
+                                      });
+  if (!r) return r.error();
+  return std::move(*r->mutable_status());
+}
+
+Result<std::vector<v1::PodSandbox>> GrpcCriClient::list_pod_sandboxes(
+    const v1::PodSandboxFilter& filter) {
+  v1::ListPodSandboxRequest req;
+  *req.mutable_filter() = filter;
+  auto r = invoke<v1::ListPodSandboxResponse>(
+      CriMethod::kListPodSandbox, options_.call_timeout,
+      [&](grpc::ClientContext* c, v1::ListPodSandboxResponse* resp) {
+        return stub_->ListPodSandbox(c, req, resp);
+      });
+  if (!r) return r.error();
+  return take_all(r->mutable_items());
+}
+
+Result<v1::PodSandboxStatus> GrpcCriClient::pod_sandbox_status(const std::string& pod_sandbox_id) {
+  v1::PodSandboxStatusRequest req;
+  req.set_pod_sandbox_id(pod_sandbox_id);
+  auto r = invoke<v1::PodSandboxStatusResponse>(
+      CriMethod::kPodSandboxStatus, options_.call_timeout,
+      [&](grpc::ClientContext* c, v1::PodSandboxStatusResponse* resp) {
+        return stub_->PodSandboxStatus(c, req, resp);
+      });
+  if (!r) return r.error();
+  return std::move(*r->mutable_status());
+}
+
+Result<std::vector<v1::Container>> GrpcCriClient::list_containers(const v1::ContainerFilter& filter) {
+  v1::ListContainersRequest req;
+  *req.mutable_filter() = filter;
+  auto r = invoke<v1::ListContainersResponse>(
+      CriMethod::kListContainers, options_.call_timeout,
+      [&](grpc::ClientContext* c, v1::ListContainersResponse* resp) {
+        return stub_->ListContainers(c, req, resp);
+      });
+  if (!r) return r.error();
+  return take_all(r->mutable_containers());
+}
+
+Result<v1::ContainerStatus> GrpcCriClient::container_status(const std::string& container_id) {
+  v1::ContainerStatusRequest req;
+  req.set_container_id(container_id);
+  auto r = invoke<v1::ContainerStatusResponse>(
+      CriMethod::kContainerStatus, options_.call_timeout,
+      [&](grpc::ClientContext* c, v1::ContainerStatusResponse* resp) {
+        return stub_->ContainerStatus(c, req, resp);
+      });
+  if (!r) return r.error();
+  return std::move(*r->mutable_status());
+}
+
+Result<std::string> GrpcCriClient::run_pod_sandbox(const v1::PodSandboxConfig& config) {
+  v1::RunPodSandboxRequest req;
+  *req.mutable_config() = config;
+  auto r = invoke<v1::RunPodSandboxResponse>(
+      CriMethod::kRunPodSandbox, options_.call_timeout,
+      [&](grpc::ClientContext* c, v1::RunPodSandboxResponse* resp) {
+        return stub_->RunPodSandbox(c, req, resp);
+      });
+  if (!r) return r.error();
+  return std::move(*r->mutable_pod_sandbox_id());
+}
+
+Status GrpcCriClient::stop_pod_sandbox(const std::string& pod_sandbox_id) {
+  v1::StopPodSandboxRequest req;
+  req.set_pod_sandbox_id(pod_sandbox_id);
+  auto r = invoke<v1::StopPodSandboxResponse>(
+      CriMethod::kStopPodSandbox, options_.call_timeout,
+      [&](grpc::ClientContext* c, v1::StopPodSandboxResponse* resp) {
+        return stub_->StopPodSandbox(c, req, resp);
+      });
+  if (!r) return r.error();
+  return {};
+}
+
+Status GrpcCriClient::remove_pod_sandbox(const std::string& pod_sandbox_id) {
+  v1::RemovePodSandboxRequest req;
+  req.set_pod_sandbox_id(pod_sandbox_id);
+  auto r = invoke<v1::RemovePodSandboxResponse>(
+      CriMethod::kRemovePodSandbox, options_.call_timeout,
+      [&](grpc::ClientContext* c, v1::RemovePodSandboxResponse* resp) {
+        return stub_->RemovePodSandbox(c, req, resp);
+      });
+  if (!r) return r.error();
+  return {};
+}
+
+Result<std::string> GrpcCriClient::create_container(const std::string& pod_sandbox_id,
+                                                    const v1::ContainerConfig& config,
+                                                    const v1::PodSandboxConfig& sandbox_config) {
+  v1::CreateContainerRequest req;
+  req.set_pod_sandbox_id(pod_sandbox_id);
+  *req.mutable_config() = config;
+  *req.mutable_sandbox_config() = sandbox_config;
+  auto r = invoke<v1::CreateContainerResponse>(
+      CriMethod::kCreateContainer, options_.call_timeout,
+      [&](grpc::ClientContext* c, v1::CreateContainerResponse* resp) {
+        return stub_->CreateContainer(c, req, resp);
+      });
+  if (!r) return r.error();
+  return std::move(*r->mutable_container_id());
+}
+
+Status GrpcCriClient::start_container(const std::string& container_id) {
+  v1::StartContainerRequest req;
+  req.set_container_id(container_id);
+  auto r = invoke<v1::StartContainerResponse>(
+      CriMethod::kStartContainer, options_.call_timeout,
+      [&](grpc::ClientContext* c, v1::StartContainerResponse* resp) {
+        return stub_->StartContainer(c, req, resp);
+      });
+  if (!r) return r.error();
+  return {};
+}
+
+Status GrpcCriClient::stop_container(const std::string& container_id, int64_t grace_period_s) {
+  v1::StopContainerRequest req;
+  req.set_container_id(container_id);
+  req.set_timeout(grace_period_s);
+  // The runtime may legitimately take the whole grace period before it kills.
+  auto timeout = options_.call_timeout + std::chrono::seconds(grace_period_s > 0 ? grace_period_s : 0);
+  auto r = invoke<v1::StopContainerResponse>(
+      CriMethod::kStopContainer, timeout,
+      [&](grpc::ClientContext* c, v1::StopContainerResponse* resp) {
+        return stub_->StopContainer(c, req, resp);
+      });
+  if (!r) return r.error();
+  return {};
+}
+
+Status GrpcCriClient::remove_container(const std::string& container_id) {
+  v1::RemoveContainerRequest req;
+  req.set_container_id(container_id);
+  auto r = invoke<v1::RemoveContainerResponse>(
+      CriMethod::kRemoveContainer, options_.call_timeout,
+      [&](grpc::ClientContext* c, v1::RemoveContainerResponse* resp) {
+        return stub_->RemoveContainer(c, req, resp);
+      });
+  if (!r) return r.error();
+  return {};
+}
+
+}  // namespace kpleg::cri

@@ -1,0 +1,111 @@
+// CriClient over gRPC to the runtime's unix socket (containerd, CRI-O, cri-dockerd).
+//
+// Every call carries a deadline (default 2 s). The kubelet gives its CRI calls 2 minutes, and
+// that long timeout is what lets one hung call (a stuck CNI plugin, a wedged shim) stall its
+// whole PLEG relist; kpleg instead fails the one call quickly and lets the caller retry or
+// reconcile later. Calls beyond max_in_flight wait for a slot, but only until their own
+// deadline.
+//
+// Calls are made without wait_for_ready: while the runtime is down they fail at once with
+// UNAVAILABLE instead of queueing until their deadline, so a caller learns of the outage in
+// microseconds and the daemon can report "runtime unreachable" in its health. Meanwhile gRPC
+// keeps reconnecting with jittered exponential backoff (initial .. max backoff below, never
+// giving up), and a watcher thread keeps an idle channel connecting and reports each return
+// to READY through on_reconnect, which is the daemon's cue to relist.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <thread>
+
+#include "common/result.h"
+#include "cri/api.grpc.pb.h"
+#include "cri/call_slots.h"
+#include "cri/call_stats.h"
+#include "cri/cri_client.h"
+
+namespace kpleg::cri {
+
+struct GrpcCriClientOptions {
+  // Deadline of every call (StopContainer gets its grace period on top).
+  std::chrono::milliseconds call_timeout{2000};
+  // Calls in flight at once; further calls wait for a slot until their deadline.
+  size_t max_in_flight = 8;
+  // Reconnect backoff: gRPC starts at initial, multiplies by 1.6 with +-20% jitter per failed
+  // attempt up to max, and gives each attempt at least min_connect_timeout to complete.
+  std::chrono::milliseconds initial_reconnect_backoff{100};
+  std::chrono::milliseconds max_reconnect_backoff{5000};
+  std::chrono::milliseconds min_connect_timeout{1000};
+  // Large nodes list thousands of containers; the kubelet allows 16 MiB too.
+  int max_receive_message_bytes = 16 * 1024 * 1024;
+  // Called on the watcher thread each time the channel is READY again after having lost a
+  // READY connection (not on the first connection). Keep it short and do not destroy the
+  // client from inside it.
+  std::function<void()> on_reconnect;
+};
+
+// The gRPC channel's connectivity state.
+enum class ConnectionState { kIdle, kConnecting, kReady, kTransientFailure, kShutdown };
+std::string_view connection_state_name(ConnectionState state);
+
+class GrpcCriClient final : public CriClient {
+ public:
+  // Validates the endpoint (unix:///path or /path) and starts connecting in the background;
+  // it does not wait for the runtime, which may come up later.
+  static Result<std::unique_ptr<GrpcCriClient>> create(std::string_view endpoint,
+                                                       GrpcCriClientOptions options = {});
+  ~GrpcCriClient() override;
+  GrpcCriClient(const GrpcCriClient&) = delete;
+  GrpcCriClient& operator=(const GrpcCriClient&) = delete;
+
+  Result<v1::VersionResponse> version() override;
+  Result<v1::RuntimeStatus> status() override;
+  Result<std::vector<v1::PodSandbox>> list_pod_sandboxes(const v1::PodSandboxFilter& filter) override;
+  Result<v1::PodSandboxStatus> pod_sandbox_status(const std::string& pod_sandbox_id) override;
+  Result<std::vector<v1::Container>> list_containers(const v1::ContainerFilter& filter) override;
+  Result<v1::ContainerStatus> container_status(const std::string& container_id) override;
+
+  Result<std::string> run_pod_sandbox(const v1::PodSandboxConfig& config) override;
+  Status stop_pod_sandbox(const std::string& pod_sandbox_id) override;
+  Status remove_pod_sandbox(const std::string& pod_sandbox_id) override;
+  Result<std::string> create_container(const std::string& pod_sandbox_id,
+                                       const v1::ContainerConfig& config,
+                                       const v1::PodSandboxConfig& sandbox_config) override;
+  Status start_container(const std::string& container_id) override;
+  Status stop_container(const std::string& container_id, int64_t grace_period_s) override;
+  Status remove_container(const std::string& container_id) override;
+
+  // Current channel state; never triggers a connection attempt itself.
+  ConnectionState state() const;
+  bool connected() const { return state() == ConnectionState::kReady; }
+  // Returns to READY after a lost connection, as reported to on_reconnect.
+  uint64_t reconnects() const { return reconnects_.load(std::memory_order_relaxed); }
+  const CallStats& call_stats() const { return stats_; }
+  size_t calls_in_flight() const { return slots_.in_use(); }
+  // The gRPC target, "unix:///path".
+  const std::string& target() const { return target_; }
+  const GrpcCriClientOptions& options() const { return options_; }
+
+ private:
+  GrpcCriClient(std::string target, GrpcCriClientOptions options);
+  void watch_connectivity();
+  template <typename Response, typename Invoke>
+  Result<Response> invoke(CriMethod method, std::chrono::milliseconds timeout, Invoke&& rpc);
+
+  const std::string target_;
+  const GrpcCriClientOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<runtime::v1::RuntimeService::Stub> stub_;
+  CallSlots slots_;
+  CallStats stats_;
+  std::atomic<uint64_t> reconnects_{0};
+  std::atomic<bool> stopping_{false};
+  std::thread watcher_;
+};
+
+}  // namespace kpleg::cri
