@@ -127,8 +127,8 @@ TEST_F(CgroupTree, SeedRecordsEveryDirectoryWhosePathParses) {
 }
 
 TEST_F(CgroupTree, SeedFindsTreesNestedUnderOtherDirectories) {
-  const auto nested = mkdir("/system.slice/docker-" + kId3 + ".scope/kubepods/burstable/pod" +
-                            kUid + "/" + kId);
+  const auto nested =
+      mkdir("/system.slice/docker-" + kId3 + ".scope/kubepods/burstable/pod" + kUid + "/" + kId);
   const auto systemd = mkdir("/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-pod" +
                              std::string("11111111_2222_4333_8444_555555555555") +
                              ".slice/cri-containerd-" + kId2 + ".scope");

@@ -81,18 +81,18 @@ TEST(CgroupPathSystemd, ContainerdBurstableUnescapesUid) {
 }
 
 TEST(CgroupPathSystemd, ContainerdBestEffortAndGuaranteed) {
-  expect_parses("/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod" +
-                    kUidSystemd + ".slice/cri-containerd-" + kId + ".scope",
+  expect_parses("/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod" + kUidSystemd +
+                    ".slice/cri-containerd-" + kId + ".scope",
                 container(kUid, kId, Runtime::kContainerd, QosClass::kBestEffort));
-  expect_parses("/kubepods.slice/kubepods-pod" + kUidSystemd + ".slice/cri-containerd-" + kId +
-                    ".scope",
-                container(kUid, kId, Runtime::kContainerd, QosClass::kGuaranteed));
+  expect_parses(
+      "/kubepods.slice/kubepods-pod" + kUidSystemd + ".slice/cri-containerd-" + kId + ".scope",
+      container(kUid, kId, Runtime::kContainerd, QosClass::kGuaranteed));
 }
 
 TEST(CgroupPathSystemd, PodQosAndRootLevels) {
-  expect_parses("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod" + kUidSystemd +
-                    ".slice",
-                pod(kUid, QosClass::kBurstable));
+  expect_parses(
+      "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod" + kUidSystemd + ".slice",
+      pod(kUid, QosClass::kBurstable));
   expect_parses("/kubepods.slice/kubepods-pod" + kUidSystemd + ".slice",
                 pod(kUid, QosClass::kGuaranteed));
   expect_parses("/kubepods.slice/kubepods-besteffort.slice",
@@ -111,8 +111,8 @@ TEST(CgroupPathSystemd, CrioScopeAndIgnoredConmonScope) {
 }
 
 TEST(CgroupPathSystemd, CriDockerdScope) {
-  expect_parses("/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod" +
-                    kUidSystemd + ".slice/docker-" + kId + ".scope",
+  expect_parses("/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod" + kUidSystemd +
+                    ".slice/docker-" + kId + ".scope",
                 container(kUid, kId, Runtime::kDocker, QosClass::kBestEffort));
 }
 
@@ -124,20 +124,20 @@ TEST(CgroupPathSystemd, StaticPodHashUid) {
 
 TEST(CgroupPathSystemd, CustomCgroupRootPrefixesEverySliceName) {
   // kubelet --cgroup-root=/kubelet (kind does this): systemd nests slices by name prefix.
-  expect_parses("/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-burstable.slice/"
-                "kubelet-kubepods-burstable-pod" +
-                    kUidSystemd + ".slice/cri-containerd-" + kId + ".scope",
-                container(kUid, kId, Runtime::kContainerd, QosClass::kBurstable));
-  expect_parses("/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-pod" + kUidSystemd +
-                    ".slice",
-                pod(kUid, QosClass::kGuaranteed));
+  expect_parses(
+      "/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-burstable.slice/"
+      "kubelet-kubepods-burstable-pod" +
+          kUidSystemd + ".slice/cri-containerd-" + kId + ".scope",
+      container(kUid, kId, Runtime::kContainerd, QosClass::kBurstable));
+  expect_parses(
+      "/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-pod" + kUidSystemd + ".slice",
+      pod(kUid, QosClass::kGuaranteed));
 }
 
 // --- containerd without a systemd cgroup driver ----------------------------------------------
 
 TEST(CgroupPathContainerd, NoCgroupParentUsesNamespaceDir) {
-  expect_parses("/k8s.io/" + kId,
-                container("", kId, Runtime::kContainerd, QosClass::kUnknown));
+  expect_parses("/k8s.io/" + kId, container("", kId, Runtime::kContainerd, QosClass::kUnknown));
   expect_parses("/k8s.io",
                 CgroupIdentity{"", "", Runtime::kContainerd, QosClass::kUnknown, Kind::kRoot});
 }
@@ -258,9 +258,8 @@ std::vector<HostileCase> hostile_cases() {
       {"dashed uid in systemd slice",
        "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod" + kUid +
            ".slice/cri-containerd-" + kId + ".scope"},
-      {"mixed separators in systemd uid",
-       "/kubepods.slice/kubepods-pod" + mixed_uid_systemd + ".slice/cri-containerd-" + kId +
-           ".scope"},
+      {"mixed separators in systemd uid", "/kubepods.slice/kubepods-pod" + mixed_uid_systemd +
+                                              ".slice/cri-containerd-" + kId + ".scope"},
       {"no pod prefix", "/kubepods/burstable/" + kUid + "/" + kId},
       {"unknown qos", "/kubepods/guaranteed/pod" + kUid + "/" + kId},
       {"qos twice", "/kubepods/burstable/burstable/pod" + kUid + "/" + kId},
@@ -274,9 +273,8 @@ std::vector<HostileCase> hostile_cases() {
       {"scope under cgroupfs pod", fs_pod + "/cri-containerd-" + kId + ".scope"},
       {"docker prefix under cgroupfs pod", fs_pod + "/docker-" + kId},
       {"conmon with short id", fs_pod + "/crio-conmon-" + kId.substr(2)},
-      {"systemd qos mismatch",
-       "/kubepods.slice/kubepods-burstable.slice/kubepods-besteffort-pod" + kUidSystemd +
-           ".slice/cri-containerd-" + kId + ".scope"},
+      {"systemd qos mismatch", "/kubepods.slice/kubepods-burstable.slice/kubepods-besteffort-pod" +
+                                   kUidSystemd + ".slice/cri-containerd-" + kId + ".scope"},
       {"systemd stem mismatch",
        "/kubelet-kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod" + kUidSystemd +
            ".slice"},
@@ -284,21 +282,19 @@ std::vector<HostileCase> hostile_cases() {
        "/kubepods.slice/kubepods-burstable.slice/kubepods-pod" + kUidSystemd + ".slice"},
       {"systemd pod without slice suffix",
        "/kubepods.slice/kubepods-pod" + kUidSystemd + "/cri-containerd-" + kId + ".scope"},
-      {"systemd root with empty stem prefix", "/-kubepods.slice/-kubepods-pod" + kUidSystemd +
-                                                  ".slice/cri-containerd-" + kId + ".scope"},
+      {"systemd root with empty stem prefix",
+       "/-kubepods.slice/-kubepods-pod" + kUidSystemd + ".slice/cri-containerd-" + kId + ".scope"},
       {"cgroupfs names under systemd root", "/kubepods.slice/burstable/pod" + kUid + "/" + kId},
       {"k8s.io junk", "/k8s.io/" + kId + "/x"},
       {"k8s.io with pod level", "/k8s.io/pod" + kUid + "/" + kId},
-      {"colon form with a child", "/kubepods-burstable-pod" + kUidSystemd +
-                                      ".slice:cri-containerd:" + kId + "/x"},
-      {"colon form without kubepods",
-       "/system-pod" + kUidSystemd + ".slice:cri-containerd:" + kId},
+      {"colon form with a child",
+       "/kubepods-burstable-pod" + kUidSystemd + ".slice:cri-containerd:" + kId + "/x"},
+      {"colon form without kubepods", "/system-pod" + kUidSystemd + ".slice:cri-containerd:" + kId},
       {"colon form with bad id",
        "/kubepods-pod" + kUidSystemd + ".slice:cri-containerd:" + upper_id},
-      {"colon form with junk", "/kubepods-pod" + kUidSystemd + ".slice:cri-containerd:" + kId +
-                                   ":x"},
-      {"colon form without slice suffix",
-       "/kubepods-pod" + kUidSystemd + ":cri-containerd:" + kId},
+      {"colon form with junk",
+       "/kubepods-pod" + kUidSystemd + ".slice:cri-containerd:" + kId + ":x"},
+      {"colon form without slice suffix", "/kubepods-pod" + kUidSystemd + ":cri-containerd:" + kId},
       {"colon form with unknown qos",
        "/kubepods-guaranteed-pod" + kUidSystemd + ".slice:cri-containerd:" + kId},
       {"colon form with dashed uid", "/kubepods-pod" + kUid + ".slice:cri-containerd:" + kId},
@@ -338,8 +334,8 @@ TEST(CgroupPathWalkPruning, DescendsOnlyWhereSomethingCanStillParse) {
   EXPECT_FALSE(may_contain_pod_cgroups("/kubepods/burstable/pod" + kUid + "/crio-conmon-" + kId));
   EXPECT_FALSE(may_contain_pod_cgroups("/kubepods/unrelated"));
   EXPECT_FALSE(may_contain_pod_cgroups("/k8s.io/" + kId));
-  EXPECT_FALSE(may_contain_pod_cgroups("/kubepods-pod" + kUidSystemd + ".slice:cri-containerd:" +
-                                       kId));
+  EXPECT_FALSE(
+      may_contain_pod_cgroups("/kubepods-pod" + kUidSystemd + ".slice:cri-containerd:" + kId));
   EXPECT_FALSE(may_contain_pod_cgroups(""));
   EXPECT_FALSE(may_contain_pod_cgroups("/a//b"));
 }
@@ -350,9 +346,13 @@ TEST(CgroupPathWalkPruning, AgreesWithTheParserOnEveryExtensionWeTry) {
                                       "/kubepods/unrelated", "/k8s.io/" + kId,
                                       "/kubepods/burstable/pod" + kUid + "/crio-conmon-" + kId};
   for (const auto& c : hostile_cases()) parents.push_back(c.path);
-  const std::vector<std::string> children = {
-      kId, "pod" + kUid, "burstable", "kubepods", "kubepods.slice", "k8s.io",
-      "cri-containerd-" + kId + ".scope"};
+  const std::vector<std::string> children = {kId,
+                                             "pod" + kUid,
+                                             "burstable",
+                                             "kubepods",
+                                             "kubepods.slice",
+                                             "k8s.io",
+                                             "cri-containerd-" + kId + ".scope"};
   for (const auto& parent : parents) {
     // "" + "/kubepods" is not a child of anything; only absolute parents have children.
     if (!parent.starts_with('/') || may_contain_pod_cgroups(parent)) continue;

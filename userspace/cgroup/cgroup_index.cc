@@ -142,8 +142,8 @@ Status CgroupIndex::seed(const std::string& cgroup2_mount) {
   while (!to_visit.empty()) {
     const std::string path = std::move(to_visit.back());
     to_visit.pop_back();
-    const int fd = ::openat(root.get(), path.c_str() + 1,
-                            O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    const int fd =
+        ::openat(root.get(), path.c_str() + 1, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) {
       if (errno != ENOENT) problems.add(errno, "open " + cgroup2_mount + path);
       continue;
