@@ -14,7 +14,7 @@ PACKAGES=(
   # tests and benchmarks
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   # the local CRI runtime test bed
-  containerd runc busybox-static containernetworking-plugins iproute2
+  containerd runc busybox-static containernetworking-plugins iproute2 curl
   # metrics format check, plots, VM kernels
   prometheus gnuplot-nox qemu-system-x86 jq procps psmisc kmod
 )

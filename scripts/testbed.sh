@@ -1,0 +1,679 @@
+#!/usr/bin/env bash
+# shellcheck source-path=SCRIPTDIR
+# The local CRI runtime test bed: a private containerd + runc that kpleg's CRI, daemon and
+# end-to-end tests talk to over a real CRI socket, with no registry and no systemd.
+set -euo pipefail
+
+usage() {
+  cat <<'EOF'
+usage: scripts/testbed.sh up [--cni] | down | status
+
+  up      Install containerd/runc if missing, build the local image, start a private containerd
+          and print one line on stdout:  KPLEG_RUNTIME_ENDPOINT=unix://<socket>
+          (so `eval "$(scripts/testbed.sh up)"` sets it). Running it again while up only prints
+          the endpoint again.
+          Without --cni only host-network pod sandboxes run (NamespaceOption network = NODE);
+          a pod-network sandbox fails with "cni config not initialized".
+  --cni   Also give pods a network: a bridge (kpleg0) with host-local addresses from
+          KPLEG_TESTBED_SUBNET (default 10.88.0.0/16), reachable only from this host; pods get
+          no default route.
+  down    Remove every pod sandbox and container, stop containerd and its shims, remove the
+          pod cgroups, mounts and shim sockets they left. Exits 0 when nothing was up.
+  status  Print state, PID and endpoint; exit 0 when up, 3 when not.
+
+environment:
+  KPLEG_TESTBED_DIR     where everything lives (default <repo>/.testbed)
+  KPLEG_TESTBED_SUBNET  pod subnet for --cni (default 10.88.0.0/16)
+  KPLEG_LOAD            CRI client used for an extra Version check when present
+                        (default <repo>/build/bin/kpleg-load)
+
+The image localhost/kpleg/busybox:1 (busybox applets in /bin, a pause binary at /pause, default
+command /pause) is the sandbox image and the image for test containers; nothing is ever pulled.
+EOF
+}
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+HERE=$REPO/scripts/testbed
+TB=${KPLEG_TESTBED_DIR:-$REPO/.testbed}
+SUBNET=${KPLEG_TESTBED_SUBNET:-10.88.0.0/16}
+IMAGE=localhost/kpleg/busybox:1
+BRIDGE=kpleg0
+NS=k8s.io
+READY_TIMEOUT_S=30
+STOP_TIMEOUT_S=20
+
+log() { echo "testbed: $*" >&2; }
+die() { echo "testbed: error: $*" >&2; exit 1; }
+
+need_root() { [ "$(id -u)" -eq 0 ] || die "must run as root (containerd, runc and cgroups need it)"; }
+
+set_paths() {
+  case $TB in /*) ;; *) TB=$PWD/$TB ;; esac
+  TB=${TB%/}
+  CONFIG=$TB/config.toml
+  SOCK=$TB/containerd.sock
+  PIDFILE=$TB/containerd.pid
+  LOGFILE=$TB/containerd.log
+  MODEFILE=$TB/mode
+  SHIMFILE=$TB/shims
+  RUNC_ROOT=$TB/runc
+  CNI_CONF_DIR=$TB/cni/net.d
+  IMAGE_DIR=$TB/image
+  ENDPOINT=unix://$SOCK
+  # sun_path holds 108 bytes; containerd fails later with a confusing bind error otherwise.
+  [ "${#SOCK}" -lt 100 ] || die "socket path too long (${#SOCK} bytes): $SOCK; set a shorter KPLEG_TESTBED_DIR"
+  export CRI_SOCKET=$SOCK
+}
+
+ctr_() { ctr --address "$SOCK" "$@"; }
+
+# --- packages -------------------------------------------------------------------------------
+
+ensure_packages() {
+  local want=(containerd runc busybox-static gcc libc6-dev jq curl) missing=() p
+  [ "${1:-}" = cni ] && want+=(containernetworking-plugins iproute2)
+  for p in "${want[@]}"; do
+    [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)" = "install ok installed" ] || missing+=("$p")
+  done
+  [ ${#missing[@]} -eq 0 ] && return 0
+  log "installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  if ! apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2; then
+    apt-get update -qq >&2 || die "apt-get update failed"
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2 ||
+      die "apt-get install ${missing[*]} failed"
+  fi
+}
+
+# --- processes ------------------------------------------------------------------------------
+
+cmdline_of() { tr '\0' ' ' 2>/dev/null <"/proc/$1/cmdline" || true; }
+
+# Our containerd is the one started with our config file; PIDs alone can be reused.
+is_our_containerd() {
+  local cmd
+  cmd=$(cmdline_of "$1")
+  [[ $cmd == *containerd\ --config\ "$CONFIG"\ * ]]
+}
+
+# Prints the PID of this test bed's containerd, or nothing. Falls back to a /proc scan so a lost
+# PID file does not leave an orphan that nothing can stop.
+containerd_pid() {
+  local pid=""
+  if [ -f "$PIDFILE" ]; then
+    pid=$(tr -dc 0-9 <"$PIDFILE")
+    if [ -n "$pid" ] && is_our_containerd "$pid"; then
+      echo "$pid"
+      return 0
+    fi
+  fi
+  for pid in /proc/[0-9]*; do
+    pid=${pid#/proc/}
+    if is_our_containerd "$pid"; then
+      echo "$pid" 2>/dev/null >"$PIDFILE" || true
+      echo "$pid"
+      return 0
+    fi
+  done
+}
+
+# Shims of this test bed: containerd-shim-runc-v2 processes whose -address is our socket.
+# Prints "pid namespace id" lines.
+our_shims() {
+  local d pid ns id addr arg prev
+  for d in /proc/[0-9]*; do
+    pid=${d#/proc/}
+    [ -r "$d/cmdline" ] || continue
+    ns="" id="" addr="" prev=""
+    while IFS= read -r -d '' arg; do
+      case $prev in
+        -namespace) ns=$arg ;;
+        -id) id=$arg ;;
+        -address) addr=$arg ;;
+      esac
+      prev=$arg
+    done 2>/dev/null <"$d/cmdline" || continue
+    [ "$addr" = "$SOCK" ] && [ -n "$id" ] && echo "$pid $ns $id"
+  done
+  return 0
+}
+
+# The shim's ttrpc socket, as containerd 1.6 names it: /run/containerd/s/sha256(address/ns/id).
+shim_socket() {
+  local h
+  h=$(printf %s "$SOCK/$2/$3" | sha256sum | cut -d' ' -f1)
+  echo "/run/containerd/s/$h"
+}
+
+record_shims() {
+  local pid ns id
+  touch "$SHIMFILE"
+  while read -r pid ns id; do
+    shim_socket "$pid" "$ns" "$id"
+  done < <(our_shims) >>"$SHIMFILE"
+  sort -u -o "$SHIMFILE" "$SHIMFILE"
+}
+
+# --- the image ------------------------------------------------------------------------------
+
+oci_arch() {
+  case $(dpkg --print-architecture) in
+    amd64) echo amd64 ;; arm64) echo arm64 ;; armhf) echo arm ;; i386) echo 386 ;;
+    ppc64el) echo ppc64le ;; s390x) echo s390x ;; riscv64) echo riscv64 ;;
+    *) die "unsupported architecture $(dpkg --print-architecture)" ;;
+  esac
+}
+
+# Builds $IMAGE_DIR/image.tar, an OCI image layout holding one uncompressed layer. Rebuilt only
+# when pause.c, busybox or this script change. The layer tar is reproducible (sorted, fixed
+# owners and times) so the image digest is stable across rebuilds.
+build_image() {
+  local busybox=/bin/busybox stamp arch rootfs oci layer_digest layer_size cfg cfg_digest
+  local cfg_size manifest man_digest man_size a
+  [ -x "$busybox" ] || die "$busybox missing (package busybox-static)"
+  if ldd "$busybox" >/dev/null 2>&1; then
+    die "$busybox is dynamically linked; install busybox-static"
+  fi
+  stamp=$(cat "$HERE/pause.c" "$busybox" "${BASH_SOURCE[0]}" | sha256sum | cut -d' ' -f1)
+  if [ -f "$IMAGE_DIR/image.tar" ] && [ "$(cat "$IMAGE_DIR/stamp" 2>/dev/null)" = "$stamp" ]; then
+    return 0
+  fi
+  log "building image $IMAGE"
+  arch=$(oci_arch)
+  rm -rf "$IMAGE_DIR"
+  rootfs=$IMAGE_DIR/rootfs
+  oci=$IMAGE_DIR/oci
+  mkdir -p "$rootfs"/{bin,dev,proc,sys,etc,root,run,var,tmp} "$oci/blobs/sha256"
+  chmod 1777 "$rootfs/tmp"
+  gcc -static -O2 -s -Wall -Wextra -Werror -o "$rootfs/pause" "$HERE/pause.c" ||
+    die "compiling scripts/testbed/pause.c failed (needs gcc and libc6-dev)"
+  cp "$busybox" "$rootfs/bin/busybox"
+  for a in $("$busybox" --list); do
+    [ "$a" = busybox ] || ln -s busybox "$rootfs/bin/$a"
+  done
+  for a in sh sleep true false kill cat echo dd head yes; do
+    [ -e "$rootfs/bin/$a" ] || die "busybox has no applet '$a'"
+  done
+  printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n' >"$rootfs/etc/passwd"
+  printf 'root:x:0:\nnogroup:x:65534:\n' >"$rootfs/etc/group"
+
+  tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner --format=gnu \
+    -C "$rootfs" -cf "$IMAGE_DIR/layer.tar" .
+  layer_digest=$(sha256sum "$IMAGE_DIR/layer.tar" | cut -d' ' -f1)
+  layer_size=$(stat -c %s "$IMAGE_DIR/layer.tar")
+  mv "$IMAGE_DIR/layer.tar" "$oci/blobs/sha256/$layer_digest"
+
+  cfg=$IMAGE_DIR/config.json
+  jq -cn --arg arch "$arch" --arg diff "sha256:$layer_digest" '{
+      architecture: $arch, os: "linux",
+      config: {
+        Env: ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+        Cmd: ["/pause"], WorkingDir: "/"
+      },
+      rootfs: {type: "layers", diff_ids: [$diff]},
+      history: [{created_by: "scripts/testbed.sh: busybox-static and pause"}]
+    }' | tr -d '\n' >"$cfg"
+  cfg_digest=$(sha256sum "$cfg" | cut -d' ' -f1)
+  cfg_size=$(stat -c %s "$cfg")
+  mv "$cfg" "$oci/blobs/sha256/$cfg_digest"
+
+  manifest=$IMAGE_DIR/manifest.json
+  jq -cn --arg cd "sha256:$cfg_digest" --argjson cs "$cfg_size" \
+    --arg ld "sha256:$layer_digest" --argjson ls "$layer_size" '{
+      schemaVersion: 2, mediaType: "application/vnd.oci.image.manifest.v1+json",
+      config: {mediaType: "application/vnd.oci.image.config.v1+json", digest: $cd, size: $cs},
+      layers: [{mediaType: "application/vnd.oci.image.layer.v1.tar", digest: $ld, size: $ls}]
+    }' | tr -d '\n' >"$manifest"
+  man_digest=$(sha256sum "$manifest" | cut -d' ' -f1)
+  man_size=$(stat -c %s "$manifest")
+  mv "$manifest" "$oci/blobs/sha256/$man_digest"
+
+  jq -cn --arg md "sha256:$man_digest" --argjson ms "$man_size" --arg arch "$arch" \
+    --arg name "$IMAGE" --arg tag "${IMAGE##*:}" '{
+      schemaVersion: 2, mediaType: "application/vnd.oci.image.index.v1+json",
+      manifests: [{
+        mediaType: "application/vnd.oci.image.manifest.v1+json", digest: $md, size: $ms,
+        platform: {architecture: $arch, os: "linux"},
+        annotations: {"io.containerd.image.name": $name, "org.opencontainers.image.ref.name": $tag}
+      }]
+    }' >"$oci/index.json"
+  echo '{"imageLayoutVersion":"1.0.0"}' >"$oci/oci-layout"
+  tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner --format=gnu \
+    -C "$oci" -cf "$IMAGE_DIR/image.tar" oci-layout index.json blobs
+  echo "$stamp" >"$IMAGE_DIR/stamp"
+}
+
+import_image() {
+  ctr_ -n "$NS" images import "$IMAGE_DIR/image.tar" >&2 || die "importing $IMAGE failed"
+  local images
+  images=$(ctr_ -n "$NS" images ls -q) || die "listing images failed"
+  grep -qxF "$IMAGE" <<<"$images" || die "$IMAGE missing after import; images: ${images//$'\n'/ }"
+}
+
+# --- configuration --------------------------------------------------------------------------
+
+write_config() {
+  local mode=$1
+  mkdir -p "$TB"/{root,state,opt,certs.d} "$RUNC_ROOT" "$CNI_CONF_DIR" "$TB/cni/ipam"
+  # The CRI plugin watches this directory: it must hold exactly the network we want.
+  rm -f "$CNI_CONF_DIR"/*
+  if [ "$mode" = cni ]; then
+    jq -n --arg bridge "$BRIDGE" --arg subnet "$SUBNET" --arg ipam "$TB/cni/ipam" '{
+        cniVersion: "1.0.0", name: "kpleg-testbed",
+        plugins: [{
+          type: "bridge", bridge: $bridge, isGateway: true, ipMasq: false, hairpinMode: true,
+          ipam: {type: "host-local", ranges: [[{subnet: $subnet}]], routes: [], dataDir: $ipam}
+        }]
+      }' >"$CNI_CONF_DIR/10-kpleg-testbed.conflist"
+  fi
+  cat >"$CONFIG" <<EOF
+# Written by scripts/testbed.sh; rewritten on every start.
+version = 2
+root = "$TB/root"
+state = "$TB/state"
+# containerd may not lower its own score: CAP_SYS_RESOURCE is not always in the bounding set.
+oom_score = 0
+# Snapshotters that need btrfs/zfs/devmapper/aufs only add noise to the log.
+disabled_plugins = [
+  "io.containerd.snapshotter.v1.aufs",
+  "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.snapshotter.v1.zfs",
+]
+
+[grpc]
+  address = "$SOCK"
+
+[ttrpc]
+  address = ""
+
+[debug]
+  address = ""
+
+[metrics]
+  address = ""
+
+[plugins]
+  [plugins."io.containerd.internal.v1.opt"]
+    path = "$TB/opt"
+
+  [plugins."io.containerd.runtime.v1.linux"]
+    runtime_root = "$TB/runc-v1"
+
+  [plugins."io.containerd.grpc.v1.cri"]
+    # Nothing is pulled: the sandbox image is built and imported locally.
+    sandbox_image = "$IMAGE"
+    # Without it runc cannot set the sandbox's oom_score_adj when CAP_SYS_RESOURCE is missing and
+    # containerd only reports "can't get final child's PID from pipe: EOF".
+    restrict_oom_score_adj = true
+    systemd_cgroup = false
+    disable_apparmor = true
+    enable_selinux = false
+    disable_tcp_service = true
+    stream_server_address = "127.0.0.1"
+    stream_server_port = "0"
+    # Pod network namespaces under our state dir, not /var/run/netns.
+    netns_mounts_under_state_dir = true
+    disable_hugetlb_controller = true
+    tolerate_missing_hugetlb_controller = true
+
+    [plugins."io.containerd.grpc.v1.cri".cni]
+      bin_dir = "/usr/lib/cni"
+      conf_dir = "$CNI_CONF_DIR"
+      max_conf_num = 1
+
+    [plugins."io.containerd.grpc.v1.cri".containerd]
+      snapshotter = "overlayfs"
+      default_runtime_name = "runc"
+
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+        runtime_type = "io.containerd.runc.v2"
+
+        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+          Root = "$RUNC_ROOT"
+          SystemdCgroup = false
+
+    [plugins."io.containerd.grpc.v1.cri".registry]
+      config_path = "$TB/certs.d"
+EOF
+  echo "$mode" >"$MODEFILE"
+}
+
+# --- start, readiness -----------------------------------------------------------------------
+
+start_containerd() {
+  local pid
+  if [ -e "$SOCK" ]; then
+    log "removing stale socket $SOCK"
+    rm -f "$SOCK"
+  fi
+  rm -f "$SOCK.ttrpc"
+  [ -f "$LOGFILE" ] && mv -f "$LOGFILE" "$LOGFILE.1"
+  # setsid + closed descriptors: containerd must not hold the caller's pipes open (a caller doing
+  # $(testbed.sh up) would otherwise wait forever) nor die with the caller's session.
+  (
+    for fd in /proc/self/fd/*; do
+      fd=${fd##*/}
+      [ "$fd" -gt 2 ] 2>/dev/null && eval "exec $fd>&-"
+    done
+    exec nohup setsid containerd --config "$CONFIG" --log-level info </dev/null >>"$LOGFILE" 2>&1
+  ) &
+  pid=$!
+  echo "$pid" >"$PIDFILE"
+  log "containerd started, pid $pid, log $LOGFILE"
+}
+
+cri_plugin_ok() {
+  local plugins
+  plugins=$(ctr_ plugins ls 2>/dev/null) || return 1
+  [ "$(awk '$1 == "io.containerd.grpc.v1" && $2 == "cri" { print $NF }' <<<"$plugins")" = ok ]
+}
+
+kpleg_load() {
+  local bin=${KPLEG_LOAD:-$REPO/build/bin/kpleg-load}
+  [ -x "$bin" ] || return 2
+  local help args=()
+  help=$("$bin" --help 2>&1 || true)
+  if grep -q -- '--runtime-endpoint' <<<"$help"; then
+    args=(--runtime-endpoint "$ENDPOINT")
+  elif grep -q -- '--endpoint' <<<"$help"; then
+    args=(--endpoint "$ENDPOINT")
+  fi
+  KPLEG_RUNTIME_ENDPOINT=$ENDPOINT timeout 10 "$bin" "$@" "${args[@]}"
+}
+
+# A real CRI Version call: the plugin registers before it has finished initialising and answers
+# "server is not initialized yet" until then.
+cri_version() {
+  local resp
+  resp=$(cri_call RuntimeService Version "" 3) || return 1
+  printf '%s %s (CRI %s)\n' "$(hex_to_bytes "$(pb_get "$resp" 2)")" \
+    "$(hex_to_bytes "$(pb_get "$resp" 3)")" "$(hex_to_bytes "$(pb_get "$resp" 4)")"
+}
+
+wait_ready() {
+  local pid=$1 deadline=$((SECONDS + READY_TIMEOUT_S)) why=""
+  while :; do
+    if ! kill -0 "$pid" 2>/dev/null; then
+      # setsid forks when it is a process group leader: then the PID we noted is not containerd's.
+      local found
+      found=$(containerd_pid)
+      if [ -n "$found" ] && [ "$found" != "$pid" ]; then
+        pid=$found
+        continue
+      fi
+      log "containerd (pid $pid) exited during start; last log lines:"
+      tail -n 20 "$LOGFILE" >&2 || true
+      rm -f "$PIDFILE"
+      die "containerd failed to start"
+    fi
+    if [ ! -S "$SOCK" ]; then
+      why="socket $SOCK not there yet"
+    elif ! cri_plugin_ok; then
+      why="CRI plugin io.containerd.grpc.v1.cri not ok in 'ctr plugins ls'"
+    elif ! cri_version >/dev/null 2>"$TB/.probe"; then
+      why="CRI Version: $(cat "$TB/.probe")"
+    else
+      break
+    fi
+    if ((SECONDS >= deadline)); then
+      log "not ready after ${READY_TIMEOUT_S}s: $why; last log lines:"
+      tail -n 20 "$LOGFILE" >&2 || true
+      die "containerd did not become ready (it is still running as pid $pid; 'testbed.sh down' stops it)"
+    fi
+    sleep 0.2
+  done
+  rm -f "$TB/.probe"
+  local rc=0 out
+  out=$(kpleg_load version 2>&1) || rc=$?
+  case $rc in
+    0) log "kpleg-load version: $(head -n1 <<<"$out")" ;;
+    2) ;;
+    *) log "warning: ${KPLEG_LOAD:-build/bin/kpleg-load} version failed (exit $rc): $(head -n3 <<<"$out")" ;;
+  esac
+}
+
+# --- teardown -------------------------------------------------------------------------------
+
+# Sandboxes through CRI, so the CRI plugin tears down their networks, netns and shm mounts;
+# whatever is left (ctr-made containers, CRI leftovers) through ctr.
+remove_workloads() {
+  local id ns deadline
+  for id in $(ctr_ -n "$NS" containers ls -q 'labels."io.cri-containerd.kind"==sandbox' 2>/dev/null); do
+    cri_call RuntimeService StopPodSandbox "$(pb_str 1 "$id")" 30 >/dev/null ||
+      log "warning: StopPodSandbox $id failed"
+    cri_call RuntimeService RemovePodSandbox "$(pb_str 1 "$id")" 30 >/dev/null ||
+      log "warning: RemovePodSandbox $id failed"
+  done
+  for ns in $(ctr_ namespaces ls -q 2>/dev/null); do
+    for id in $(ctr_ -n "$ns" tasks ls -q 2>/dev/null); do
+      ctr_ -n "$ns" tasks kill -a -s SIGKILL "$id" >/dev/null 2>&1 || true
+    done
+    deadline=$((SECONDS + 10))
+    for id in $(ctr_ -n "$ns" tasks ls -q 2>/dev/null); do
+      while ! ctr_ -n "$ns" tasks delete "$id" >/dev/null 2>&1; do
+        grep -qxF "$id" <<<"$(ctr_ -n "$ns" tasks ls -q 2>/dev/null)" || break
+        if ((SECONDS >= deadline)); then
+          ctr_ -n "$ns" tasks delete -f "$id" >/dev/null 2>&1 || log "warning: task $ns/$id not deleted"
+          break
+        fi
+        sleep 0.1
+      done
+    done
+    for id in $(ctr_ -n "$ns" containers ls -q 2>/dev/null); do
+      ctr_ -n "$ns" containers delete "$id" >/dev/null 2>&1 || log "warning: container $ns/$id not deleted"
+    done
+  done
+}
+
+stop_containerd() {
+  local pid=$1 deadline
+  kill -TERM "$pid" 2>/dev/null || return 0
+  deadline=$((SECONDS + STOP_TIMEOUT_S))
+  while kill -0 "$pid" 2>/dev/null; do
+    if ((SECONDS >= deadline)); then
+      log "containerd (pid $pid) ignored SIGTERM for ${STOP_TIMEOUT_S}s; sending SIGKILL"
+      kill -KILL "$pid" 2>/dev/null || true
+      deadline=$((SECONDS + 5))
+      while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.1; done
+      break
+    fi
+    sleep 0.1
+  done
+  # Zombie if it was our child; otherwise gone.
+  wait "$pid" 2>/dev/null || true
+}
+
+# Shims exit on their own once their tasks are deleted. A shim that outlives the deadline belongs
+# to this test bed (its -address is our socket), so stopping it cannot hit anyone else's work.
+wait_shims_gone() {
+  local deadline=$((SECONDS + STOP_TIMEOUT_S)) left
+  while :; do
+    left=$(our_shims | cut -d' ' -f1 | tr '\n' ' ')
+    [ -z "${left// /}" ] && return 0
+    if ((SECONDS >= deadline)); then
+      log "warning: shims still running after ${STOP_TIMEOUT_S}s (pids $left); sending SIGKILL"
+      # shellcheck disable=SC2086
+      kill -KILL $left 2>/dev/null || true
+      sleep 0.5
+      return 0
+    fi
+    sleep 0.1
+  done
+}
+
+remove_shim_sockets() {
+  local s
+  [ -f "$SHIMFILE" ] || return 0
+  while read -r s; do
+    case $s in /run/containerd/s/*) rm -f "$s" ;; esac
+  done <"$SHIMFILE"
+  # /run/containerd/s itself is shared with any other containerd on the host: left in place.
+  rm -f "$SHIMFILE"
+}
+
+# Mounts left under the test bed (rootfs overlays, netns and shm bind mounts of a sandbox that
+# could not be removed through CRI), deepest first.
+our_mounts() { awk -v tb="$TB/" 'index($5, tb) == 1 { print $5 }' /proc/self/mountinfo; }
+
+unmount_leftovers() {
+  local m
+  our_mounts | sort -r |
+    while read -r m; do
+      m=$(printf '%b' "$m")
+      umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || log "warning: cannot unmount $m"
+    done
+}
+
+# runc removes container cgroups but not the pod-level parents the kubelet would remove; drop
+# every empty directory under kubepods/ and k8s.io/ in each hierarchy, children first. rmdir
+# fails on a cgroup that still has processes or children, so nothing in use is touched.
+remove_cgroups() {
+  local mnt top left=""
+  while read -r mnt; do
+    for top in kubepods k8s.io; do
+      [ -d "$mnt/$top" ] || continue
+      find "$mnt/$top" -depth -type d -exec rmdir {} \; 2>/dev/null || true
+      [ -d "$mnt/$top" ] && [ -z "$left" ] && left=$(find "$mnt/$top" -depth -mindepth 1 -type d | head -n3 | tr '\n' ' ')
+    done
+  done < <(awk '$3 == "cgroup" || $3 == "cgroup2" { print $2 }' /proc/self/mounts)
+  # Another runtime on the host may have pods there too; they are not ours to remove.
+  [ -z "$left" ] || log "cgroups still in use under kubepods/ or k8s.io/ (not ours or not empty): $left"
+  return 0
+}
+
+remove_network() {
+  [ "$(cat "$MODEFILE" 2>/dev/null)" = cni ] || return 0
+  if ip link show "$BRIDGE" >/dev/null 2>&1; then
+    ip link delete "$BRIDGE" || log "warning: cannot delete bridge $BRIDGE"
+  fi
+  # libcni's result cache; the CRI plugin of containerd 1.6 cannot move it. Empty once every
+  # sandbox was removed through CRI.
+  rmdir /var/lib/cni/results /var/lib/cni 2>/dev/null || true
+}
+
+# --- commands -------------------------------------------------------------------------------
+
+cmd_up() {
+  local mode=hostnet pid
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --cni) mode=cni ;;
+      -h | --help) usage; exit 0 ;;
+      *) die "unknown option for up: $1 (usage: testbed.sh up [--cni] | down | status)" ;;
+    esac
+    shift
+  done
+  need_root
+  mkdir -p "$TB"
+  exec {lock}>"$TB/.lock"
+  flock -w 120 "$lock" || die "another testbed.sh holds $TB/.lock"
+
+  ensure_packages "$mode"
+  command -v containerd-shim-runc-v2 >/dev/null || die "containerd-shim-runc-v2 not on PATH"
+  [ "$mode" != cni ] || [ -x /usr/lib/cni/bridge ] || die "/usr/lib/cni/bridge missing (containernetworking-plugins)"
+
+  pid=$(containerd_pid)
+  if [ -n "$pid" ]; then
+    if [ "$mode" = cni ] && [ "$(cat "$MODEFILE" 2>/dev/null)" != cni ]; then
+      die "already up without pod networking (pid $pid); run 'testbed.sh down' first, then 'up --cni'"
+    fi
+    wait_ready "$pid"
+    # Cheap when nothing changed, and repairs a bed whose first 'up' failed half way.
+    build_image
+    import_image
+    echo "KPLEG_RUNTIME_ENDPOINT=$ENDPOINT"
+    return 0
+  fi
+  if [ -f "$PIDFILE" ]; then
+    log "stale PID file from an unclean stop; starting afresh"
+    rm -f "$PIDFILE"
+  fi
+
+  build_image
+  write_config "$mode"
+  start_containerd
+  wait_ready "$(cat "$PIDFILE")"
+  containerd_pid >/dev/null
+  import_image
+  record_shims
+  log "up: $(cri_version 2>/dev/null || echo CRI), image $IMAGE, pod network: $([ "$mode" = cni ] && echo "$BRIDGE $SUBNET" || echo "host only")"
+  echo "KPLEG_RUNTIME_ENDPOINT=$ENDPOINT"
+}
+
+cmd_down() {
+  local pid restarted=0
+  [ $# -eq 0 ] || die "down takes no options"
+  [ -d "$TB" ] || return 0
+  pid=$(containerd_pid)
+  if [ -z "$pid" ] && [ -z "$(our_shims)" ] && [ -z "$(our_mounts)" ]; then
+    rm -f "$PIDFILE"
+    [ -e "$SOCK" ] && rm -f "$SOCK"
+    return 0
+  fi
+  need_root
+  exec {lock}>"$TB/.lock"
+  flock -w 120 "$lock" || die "another testbed.sh holds $TB/.lock"
+  if [ -z "$pid" ]; then
+    # containerd died but its shims (and their containers) live on: a containerd on the same
+    # state reconnects to them, and then they can be removed the normal way.
+    log "containerd is gone but its shims or mounts are not; restarting it to clean up"
+    [ -f "$CONFIG" ] || die "$CONFIG missing; cannot reconnect to the shims of this test bed"
+    start_containerd
+    wait_ready "$(cat "$PIDFILE")"
+    pid=$(containerd_pid)
+    restarted=1
+  fi
+  log "stopping (containerd pid $pid)"
+  record_shims
+  remove_workloads
+  record_shims
+  stop_containerd "$pid"
+  wait_shims_gone
+  remove_shim_sockets
+  unmount_leftovers
+  remove_cgroups
+  remove_network
+  rm -rf "$TB/state" "$RUNC_ROOT" "$TB/runc-v1" "$TB/cni/ipam"
+  rm -f "$PIDFILE" "$SOCK" "$SOCK.ttrpc"
+  ((restarted == 0)) || log "cleaned up after an unclean stop"
+  log "down"
+}
+
+cmd_status() {
+  local pid ver
+  [ $# -eq 0 ] || die "status takes no options"
+  pid=""
+  [ -d "$TB" ] && pid=$(containerd_pid 2>/dev/null)
+  if [ -z "$pid" ]; then
+    echo "state: down"
+    echo "dir: $TB"
+    exit 3
+  fi
+  ver=$(cri_version 2>&1) || ver="not answering: $ver"
+  echo "state: up"
+  echo "pid: $pid"
+  echo "endpoint: $ENDPOINT"
+  echo "runtime: $ver"
+  echo "pod network: $([ "$(cat "$MODEFILE" 2>/dev/null)" = cni ] && echo "$BRIDGE $SUBNET" || echo "host only")"
+  echo "dir: $TB"
+  echo "log: $LOGFILE"
+}
+
+main() {
+  local cmd=${1:-}
+  [ $# -gt 0 ] && shift
+  set_paths
+  # shellcheck source=testbed/cri.sh
+  . "$HERE/cri.sh"
+  case $cmd in
+    up) cmd_up "$@" ;;
+    down) cmd_down "$@" ;;
+    status) cmd_status "$@" ;;
+    -h | --help | help) usage ;;
+    "") usage >&2; exit 2 ;;
+    *) die "unknown command: $cmd (usage: testbed.sh up [--cni] | down | status)" ;;
+  esac
+}
+
+main "$@"

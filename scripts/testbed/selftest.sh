@@ -1,0 +1,244 @@
+#!/usr/bin/env bash
+# shellcheck source-path=SCRIPTDIR
+# End-to-end check of the test bed against the real containerd/runc: up, image present, a ctr
+# container's exit status, pod sandboxes and containers through real CRI calls, an unclean stop,
+# and a down that leaves no process, shim, socket, mount or cgroup behind.
+# usage: scripts/testbed/selftest.sh [--cni]     (root; uses KPLEG_TESTBED_DIR like testbed.sh)
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+TESTBED=$HERE/../testbed.sh
+REPO=$(cd "$HERE/../.." && pwd)
+TB=${KPLEG_TESTBED_DIR:-$REPO/.testbed}
+case $TB in /*) ;; *) TB=$PWD/$TB ;; esac
+TB=${TB%/}
+IMAGE=localhost/kpleg/busybox:1
+CNI=0
+[ "${1:-}" = --cni ] && CNI=1
+
+passed=0 failed=0
+ok() { echo "ok: $*"; passed=$((passed + 1)); }
+fail() { echo "FAIL: $*"; failed=$((failed + 1)); }
+check() { local what=$1; shift; if "$@"; then ok "$what"; else fail "$what"; fi; }
+
+# poll DEADLINE_S CMD...: true as soon as CMD succeeds, false after the deadline.
+poll() {
+  local deadline=$((SECONDS + $1)); shift
+  until "$@"; do
+    ((SECONDS < deadline)) || return 1
+    sleep 0.1
+  done
+}
+
+up() {
+  local line
+  line=$("$TESTBED" up "$@") || return 1
+  [[ $line == KPLEG_RUNTIME_ENDPOINT=unix://* ]] || { echo "unexpected up output: $line"; return 1; }
+  SOCK=${line#KPLEG_RUNTIME_ENDPOINT=unix://}
+  export CRI_SOCKET=$SOCK
+}
+
+# shellcheck source=cri.sh
+. "$HERE/cri.sh"
+
+pod_config() { # name uid network-mode(0 pod, 2 node)
+  local ns_opts=""
+  (($3 != 0)) && ns_opts=$(pb_int 1 "$3")
+  pb_msg 1 "$(pb_str 1 "$1")$(pb_str 2 "$2")$(pb_str 3 selftest)"
+  # A host-network sandbox shares the host's UTS namespace: runc refuses to set a hostname there.
+  (($3 == 0)) && pb_str 2 "$1"
+  pb_msg 8 "$(pb_str 1 "/kubepods/besteffort/pod$2")$(pb_msg 2 "$(pb_msg 1 "${ns_opts:-$(pb_int 2 0)}")")"
+}
+
+run_pod() { # name uid mode -> sandbox id
+  local resp
+  resp=$(cri_call RuntimeService RunPodSandbox "$(pb_msg 1 "$(pod_config "$@")")" 60) || return 1
+  hex_to_bytes "$(pb_get "$resp" 1)"
+}
+
+create_container() { # sandbox-id pod-name pod-uid mode name shell-command -> container id
+  local cfg resp
+  cfg=$(pb_msg 1 "$(pb_str 1 "$5")")$(pb_msg 2 "$(pb_str 1 "$IMAGE")")$(pb_str 3 /bin/sh)$(pb_str 3 -c)$(pb_str 3 "$6")
+  resp=$(cri_call RuntimeService CreateContainer \
+    "$(pb_str 1 "$1")$(pb_msg 2 "$cfg")$(pb_msg 3 "$(pod_config "$2" "$3" "$4")")" 60) || return 1
+  hex_to_bytes "$(pb_get "$resp" 1)"
+}
+
+start_container() { cri_call RuntimeService StartContainer "$(pb_str 1 "$1")" 60 >/dev/null; }
+
+# Prints "state exit_code" (state: 0 created, 1 running, 2 exited).
+container_state() {
+  local resp st state code
+  resp=$(cri_call RuntimeService ContainerStatus "$(pb_str 1 "$1")") || return 1
+  st=$(pb_get "$resp" 1)
+  state=$(pb_get "$st" 3 || echo 0)
+  code=$(pb_get "$st" 7 || echo 0)
+  echo "$state $code"
+}
+
+exited_with() { [ "$(container_state "$1")" = "2 $2" ]; }
+running() { [ "$(container_state "$1")" = "1 0" ]; }
+
+pod_ip() {
+  local resp st net
+  resp=$(cri_call RuntimeService PodSandboxStatus "$(pb_str 1 "$1")") || return 1
+  st=$(pb_get "$resp" 1)
+  net=$(pb_get "$st" 5) || return 1
+  hex_to_bytes "$(pb_get "$net" 1)"
+}
+
+our_shims() {
+  local d
+  for d in /proc/[0-9]*; do
+    tr '\0' ' ' 2>/dev/null <"$d/cmdline" | grep -q -- "-address $SOCK " && echo "${d#/proc/}"
+  done
+  return 0
+}
+no_shims() { [ -z "$(our_shims)" ]; }
+no_containerd() {
+  local d
+  for d in /proc/[0-9]*; do
+    tr '\0' ' ' 2>/dev/null <"$d/cmdline" | grep -q -- "containerd --config $TB/config.toml " && return 1
+  done
+  return 0
+}
+# Only the cgroups of this run's pods and ctr container: another runtime on the host may use
+# /kubepods too.
+POD_UIDS=()
+no_cgroups() {
+  local mnt left="" uid
+  while read -r mnt; do
+    for uid in "${POD_UIDS[@]}"; do
+      [ -d "$mnt/kubepods/besteffort/pod$uid" ] && left+=" $mnt/kubepods/besteffort/pod$uid"
+    done
+    [ -d "$mnt/k8s.io/selftest-ctr" ] && left+=" $mnt/k8s.io/selftest-ctr"
+  done < <(awk '$3 == "cgroup" || $3 == "cgroup2" { print $2 }' /proc/self/mounts)
+  [ -z "$left" ] || { echo "left:$left"; return 1; }
+}
+no_mounts() { ! awk -v tb="$TB/" 'index($5, tb) == 1' /proc/self/mountinfo | grep -q .; }
+cgroup_exists() { [ -d "$1" ]; }
+shim_sockets_gone() {
+  local s
+  for s in "${SHIM_SOCKETS[@]}"; do [ ! -e "$s" ] || return 1; done
+}
+collect_shim_sockets() {
+  local pid ns id arg prev
+  SHIM_SOCKETS=()
+  for pid in $(our_shims); do
+    ns="" id="" prev=""
+    while IFS= read -r -d '' arg; do
+      case $prev in -namespace) ns=$arg ;; -id) id=$arg ;; esac
+      prev=$arg
+    done <"/proc/$pid/cmdline"
+    SHIM_SOCKETS+=("/run/containerd/s/$(printf %s "$SOCK/$ns/$id" | sha256sum | cut -d' ' -f1)")
+  done
+}
+
+cleanup_checks() {
+  check "containerd gone" poll 5 no_containerd
+  check "shims gone" poll 5 no_shims
+  check "shim sockets gone (${#SHIM_SOCKETS[@]} recorded)" shim_sockets_gone
+  check "no pod or container cgroups left (${#POD_UIDS[@]} pods)" no_cgroups
+  check "no mounts left under $TB" no_mounts
+  check "status says down (exit 3)" bash -c "'$TESTBED' status >/dev/null; [ \$? -eq 3 ]"
+}
+
+"$TESTBED" down
+check "down when not up exits 0 quietly" bash -c "[ -z \"\$('$TESTBED' down 2>&1)\" ]"
+
+# --- host-network run ---
+if ((CNI)); then check "up --cni" up --cni; else check "up" up; fi
+[ -n "${SOCK:-}" ] || { echo "up failed; see $TB/containerd.log"; exit 1; }
+check "up again is idempotent" bash -c "[ \"\$('$TESTBED' up 2>/dev/null)\" = 'KPLEG_RUNTIME_ENDPOINT=unix://$SOCK' ]"
+check "status exits 0" "$TESTBED" status
+images=$(ctr --address "$SOCK" -n k8s.io images ls -q)
+check "image imported" grep -qxF "$IMAGE" <<<"$images"
+plugins=$(ctr --address "$SOCK" plugins ls)
+check "CRI plugin ok" test "$(awk '$1 == "io.containerd.grpc.v1" && $2 == "cri" { print $NF }' <<<"$plugins")" = ok
+
+rc=0
+ctr --address "$SOCK" -n k8s.io run --rm --runc-root "$TB/runc" "$IMAGE" selftest-ctr \
+  /bin/sh -c 'exit 3' || rc=$?
+check "ctr run exit status 3 (got $rc)" test "$rc" -eq 3
+
+uid=aaaaaaaa-0000-4000-8000-$(printf %012d $$)
+
+POD_UIDS+=("$uid")
+sb=$(run_pod host-pod "$uid" 2) || true
+check "RunPodSandbox (host network)" test -n "$sb"
+if [ -n "$sb" ]; then
+  check "pod cgroup created" cgroup_exists "/sys/fs/cgroup/unified/kubepods/besteffort/pod$uid/$sb"
+  c1=$(create_container "$sb" host-pod "$uid" 2 exits 'exit 7') || true
+  check "CreateContainer" test -n "$c1"
+  check "StartContainer" start_container "$c1"
+  check "container exits with 7 (ContainerStatus)" poll 10 exited_with "$c1" 7
+  c2=$(create_container "$sb" host-pod "$uid" 2 sleeper 'exec sleep 1000') || true
+  check "second container starts" start_container "$c2"
+  check "second container running" poll 10 running "$c2"
+fi
+
+if ((CNI)); then
+  uid2=bbbbbbbb-0000-4000-8000-$(printf %012d $$)
+  POD_UIDS+=("$uid2")
+  sb2=$(run_pod net-pod "$uid2" 0) || true
+  check "RunPodSandbox (pod network)" test -n "$sb2"
+  ip=$(pod_ip "$sb2" || true)
+  check "pod got an address in ${KPLEG_TESTBED_SUBNET:-10.88.0.0/16} ($ip)" test -n "$ip"
+fi
+
+# Look-alikes of a foreign containerd and a foreign shim: down must leave them running.
+DECOYS=()
+stop_decoys() { ((${#DECOYS[@]} == 0)) || kill "${DECOYS[@]}" 2>/dev/null || true; }
+trap stop_decoys EXIT
+(exec -a containerd "$TB/image/rootfs/pause" --config /nonexistent/config.toml) &
+DECOYS+=($!)
+(exec -a containerd-shim-runc-v2 "$TB/image/rootfs/pause" -namespace k8s.io -id decoy \
+  -address /nonexistent/containerd.sock) &
+DECOYS+=($!)
+
+collect_shim_sockets
+check "down" "$TESTBED" down
+cleanup_checks
+check "processes the test bed did not start survive down" kill -0 "${DECOYS[@]}"
+stop_decoys
+DECOYS=()
+
+# --- unclean stop: containerd killed with pods running, then down and up again ---
+if check "up after down" up; then
+  uid3=cccccccc-0000-4000-8000-$(printf %012d $$)
+  POD_UIDS+=("$uid3")
+  sb3=$(run_pod crash-pod "$uid3" 2) || true
+  check "RunPodSandbox before the crash" test -n "$sb3"
+  collect_shim_sockets
+  kill -KILL "$(cat "$TB/containerd.pid")"
+  check "containerd killed" poll 5 no_containerd
+  check "status says down after the crash" bash -c "'$TESTBED' status >/dev/null; [ \$? -eq 3 ]"
+  check "down after an unclean stop" "$TESTBED" down
+  cleanup_checks
+  check "up after an unclean stop" up
+  check "down" "$TESTBED" down
+  cleanup_checks
+fi
+
+# --- unclean stop, then up: the new containerd adopts the running pod ---
+if check "up" up; then
+  uid4=dddddddd-0000-4000-8000-$(printf %012d $$)
+  POD_UIDS+=("$uid4")
+  sb4=$(run_pod adopted-pod "$uid4" 2) || true
+  c4=$(create_container "$sb4" adopted-pod "$uid4" 2 sleeper 'exec sleep 1000') || true
+  if start_container "$c4" && poll 10 running "$c4"; then
+    ok "container running before the crash"
+  else
+    fail "container running before the crash"
+  fi
+  collect_shim_sockets
+  kill -KILL "$(cat "$TB/containerd.pid")"
+  check "containerd killed" poll 5 no_containerd
+  check "up with a stale PID file and socket" up
+  check "container still running after the restart" poll 10 running "$c4"
+  check "down" "$TESTBED" down
+  cleanup_checks
+fi
+
+echo "selftest: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
