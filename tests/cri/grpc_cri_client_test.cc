@@ -1,0 +1,218 @@
+// GrpcCriClient against real sockets: a runtime that never answers, no runtime at all, and the
+// test bed's containerd killed and restarted under a live client.
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "cri/grpc_cri_client.h"
+#include "cri/hung_runtime.h"
+#include "cri/testbed.h"
+
+namespace kpleg::testing {
+namespace {
+
+using namespace std::chrono_literals;
+using cri::CriMethod;
+using cri::GrpcCriClient;
+using cri::GrpcCriClientOptions;
+using Clock = std::chrono::steady_clock;
+namespace v1 = runtime::v1;
+
+// Polls `done` until it holds or the deadline passes; true when it held.
+bool eventually(const std::function<bool()>& done, std::chrono::milliseconds within,
+                std::chrono::milliseconds every = 50ms) {
+  const auto deadline = Clock::now() + within;
+  while (!done()) {
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(every);
+  }
+  return true;
+}
+
+std::unique_ptr<GrpcCriClient> make_client(const std::string& endpoint, GrpcCriClientOptions o) {
+  auto c = GrpcCriClient::create(endpoint, std::move(o));
+  EXPECT_TRUE(c.ok()) << (c.ok() ? "" : c.error().message);
+  return c.ok() ? std::move(*c) : nullptr;
+}
+
+TEST(GrpcCriClientHungRuntime, CallFailsWithDeadlineExceededWithinItsDeadline) {
+  HungRuntime runtime;
+  ASSERT_TRUE(runtime.ok()) << runtime.error();
+  GrpcCriClientOptions o;
+  o.call_timeout = 300ms;
+  auto client = make_client(runtime.endpoint(), o);
+  ASSERT_NE(client, nullptr);
+
+  for (int attempt = 0; attempt < 2; ++attempt) {  // a fresh channel, then an established one
+    auto start = Clock::now();
+    auto r = client->container_status("0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef");
+    auto elapsed = Clock::now() - start;
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.error().code, grpc::StatusCode::DEADLINE_EXCEEDED) << r.error().message;
+    EXPECT_NE(r.error().message.find("ContainerStatus"), std::string::npos) << r.error().message;
+    EXPECT_GE(elapsed, 300ms);
+    EXPECT_LT(elapsed, 1500ms);
+  }
+  EXPECT_GE(runtime.connections_accepted(), 1);
+  EXPECT_EQ(client->call_stats().count(CriMethod::kContainerStatus, grpc::StatusCode::DEADLINE_EXCEEDED), 2u);
+  EXPECT_EQ(client->calls_in_flight(), 0u);
+}
+
+// With one slot and three callers, the later callers wait behind a call that will only end at
+// its deadline. Each must still fail at its own deadline, not at the sum of those ahead of it.
+TEST(GrpcCriClientHungRuntime, CallsBeyondMaxInFlightStillHonourTheirDeadline) {
+  HungRuntime runtime;
+  ASSERT_TRUE(runtime.ok()) << runtime.error();
+  GrpcCriClientOptions o;
+  o.call_timeout = 500ms;
+  o.max_in_flight = 1;
+  auto client = make_client(runtime.endpoint(), o);
+  ASSERT_NE(client, nullptr);
+
+  constexpr int kCallers = 3;
+  std::vector<Clock::duration> elapsed(kCallers);
+  std::vector<int> codes(kCallers, -1);
+  std::vector<std::thread> callers;
+  std::atomic<size_t> peak_in_flight{0};
+  for (int i = 0; i < kCallers; ++i) {
+    callers.emplace_back([&, i] {
+      auto start = Clock::now();
+      auto r = client->list_containers({});
+      elapsed[i] = Clock::now() - start;
+      codes[i] = r.ok() ? 0 : r.error().code;
+    });
+  }
+  std::atomic<bool> done{false};
+  std::thread sampler([&] {
+    while (!done) {
+      peak_in_flight = std::max(peak_in_flight.load(), client->calls_in_flight());
+      std::this_thread::sleep_for(5ms);
+    }
+  });
+  for (auto& t : callers) t.join();
+  done = true;
+  sampler.join();
+
+  for (int i = 0; i < kCallers; ++i) {
+    EXPECT_EQ(codes[i], grpc::StatusCode::DEADLINE_EXCEEDED) << "caller " << i;
+    // Without the deadline on the wait the second caller would take ~1 s, the third ~1.5 s.
+    EXPECT_LT(elapsed[i], 900ms) << "caller " << i;
+  }
+  EXPECT_EQ(peak_in_flight.load(), 1u);
+  EXPECT_EQ(client->call_stats().count(CriMethod::kListContainers, grpc::StatusCode::DEADLINE_EXCEEDED),
+            static_cast<uint64_t>(kCallers));
+}
+
+TEST(GrpcCriClientNoRuntime, FailsFastWithUnavailableInsteadOfWaitingForItsDeadline) {
+  GrpcCriClientOptions o;
+  o.call_timeout = 5s;
+  auto client = make_client("/tmp/kpleg-no-such-runtime-" + std::to_string(getpid()) + ".sock", o);
+  ASSERT_NE(client, nullptr);
+  auto start = Clock::now();
+  auto r = client->version();
+  auto elapsed = Clock::now() - start;
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, grpc::StatusCode::UNAVAILABLE) << r.error().message;
+  EXPECT_NE(r.error().message.find("Version"), std::string::npos);
+  EXPECT_LT(elapsed, 1s);
+  EXPECT_FALSE(client->connected());
+}
+
+TEST(GrpcCriClientNoRuntime, RejectsNonUnixEndpoints) {
+  auto c = GrpcCriClient::create("tcp://127.0.0.1:10010");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.error().message.find("unix"), std::string::npos);
+}
+
+using GrpcCriClientTestBed = CriTestBedTest;
+
+TEST_F(GrpcCriClientTestBed, TalksToTheRealRuntime) {
+  auto client = make_client(endpoint_, {});
+  ASSERT_NE(client, nullptr);
+  auto v = client->version();
+  ASSERT_TRUE(v.ok()) << v.error().message;
+  EXPECT_EQ(v->runtime_api_version(), "v1");
+  EXPECT_FALSE(v->runtime_name().empty());
+  auto st = client->status();
+  ASSERT_TRUE(st.ok()) << st.error().message;
+  bool runtime_ready = false;
+  for (const auto& c : st->conditions()) {
+    if (c.type() == "RuntimeReady") runtime_ready = c.status();
+  }
+  EXPECT_TRUE(runtime_ready);
+  EXPECT_TRUE(client->connected());
+
+  auto missing = client->container_status(std::string(64, 'f'));
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.error().code, grpc::StatusCode::NOT_FOUND) << missing.error().message;
+  auto missing_pod = client->pod_sandbox_status(std::string(64, 'f'));
+  ASSERT_FALSE(missing_pod.ok());
+  EXPECT_EQ(missing_pod.error().code, grpc::StatusCode::NOT_FOUND) << missing_pod.error().message;
+  EXPECT_EQ(client->call_stats().count(CriMethod::kContainerStatus, grpc::StatusCode::NOT_FOUND), 1u);
+  EXPECT_EQ(client->call_stats().count(CriMethod::kVersion, grpc::StatusCode::OK), 1u);
+}
+
+// containerd dies (SIGKILL, as the OOM killer or a crash would) and comes back. The very same
+// client must notice, fail fast while it is gone, reconnect by itself and say so.
+TEST_F(GrpcCriClientTestBed, SameClientReconnectsAfterContainerdIsKilledAndRestarted) {
+  const auto& bed = TestBed::instance();
+  KPLEG_REQUIRE_OR_SKIP(bed.endpoint_is_test_bed(),
+                        "the runtime at " + endpoint_ + " is not the test bed's; cannot restart it");
+
+  // A pod that must survive the restart: containerd keeps its state and reattaches to shims.
+  auto run = run_kpleg_load({"run", "--pods", "1", "--containers", "1", "--namespace", namespace_});
+  ASSERT_TRUE(run.ok()) << run.error().message;
+  ASSERT_EQ(run->exit_code, 0) << run->err;
+
+  std::atomic<int> reconnect_callbacks{0};
+  GrpcCriClientOptions o;
+  o.call_timeout = 2s;
+  o.initial_reconnect_backoff = 100ms;
+  o.max_reconnect_backoff = 1s;
+  o.on_reconnect = [&] { ++reconnect_callbacks; };
+  auto client = make_client(endpoint_, o);
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(eventually([&] { return client->version().ok(); }, 10s));
+  ASSERT_TRUE(eventually([&] { return client->connected(); }, 5s));
+
+  auto pid = bed.containerd_pid();
+  ASSERT_TRUE(pid.ok()) << pid.error().message;
+  ASSERT_EQ(kill(*pid, SIGKILL), 0) << "kill " << *pid << ": " << strerror(errno);
+  ASSERT_TRUE(eventually([&] { return kill(*pid, 0) != 0 && errno == ESRCH; }, 10s))
+      << "containerd " << *pid << " still exists after SIGKILL";
+
+  // While it is gone: calls fail at once with UNAVAILABLE, not after their 2 s deadline.
+  ASSERT_TRUE(eventually([&] {
+    auto start = Clock::now();
+    auto r = client->version();
+    return !r.ok() && r.error().code == grpc::StatusCode::UNAVAILABLE && Clock::now() - start < 1s;
+  }, 10s));
+  EXPECT_FALSE(client->connected());
+  EXPECT_EQ(reconnect_callbacks.load(), 0);
+
+  auto restarted = bed.up();
+  ASSERT_TRUE(restarted.ok()) << restarted.error().message;
+  ASSERT_EQ(*restarted, endpoint_);
+
+  ASSERT_TRUE(eventually([&] { return client->version().ok(); }, 30s, 100ms))
+      << "the client did not reconnect; state " << cri::connection_state_name(client->state());
+  EXPECT_TRUE(eventually([&] { return reconnect_callbacks.load() >= 1; }, 5s));
+  EXPECT_GE(client->reconnects(), 1u);
+  EXPECT_TRUE(client->connected());
+  EXPECT_GE(client->call_stats().count(CriMethod::kVersion, grpc::StatusCode::UNAVAILABLE), 1u);
+
+  v1::PodSandboxFilter filter;
+  (*filter.mutable_label_selector())["io.kubernetes.pod.namespace"] = namespace_;
+  auto pods = client->list_pod_sandboxes(filter);
+  ASSERT_TRUE(pods.ok()) << pods.error().message;
+  EXPECT_EQ(pods->size(), 1u) << "the pod created before the restart is gone";
+}
+
+}  // namespace
+}  // namespace kpleg::testing
