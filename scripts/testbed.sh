@@ -24,6 +24,7 @@ usage: scripts/testbed.sh up [--cni] | down | status
 environment:
   KPLEG_TESTBED_DIR     where everything lives (default <repo>/.testbed)
   KPLEG_TESTBED_SUBNET  pod subnet for --cni (default 10.88.0.0/16)
+  KPLEG_TESTBED_BRIDGE  host bridge for --cni (default kpleg0)
   KPLEG_LOAD            CRI client used for an extra Version check when present
                         (default <repo>/build/bin/kpleg-load)
 
@@ -37,8 +38,9 @@ HERE=$REPO/scripts/testbed
 TB=${KPLEG_TESTBED_DIR:-$REPO/.testbed}
 SUBNET=${KPLEG_TESTBED_SUBNET:-10.88.0.0/16}
 IMAGE=localhost/kpleg/busybox:1
-BRIDGE=kpleg0
+BRIDGE=${KPLEG_TESTBED_BRIDGE:-kpleg0}
 NS=k8s.io
+IMAGE_REBUILT=0
 READY_TIMEOUT_S=30
 STOP_TIMEOUT_S=20
 
@@ -178,6 +180,7 @@ build_image() {
   if [ -f "$IMAGE_DIR/image.tar" ] && [ "$(cat "$IMAGE_DIR/stamp" 2>/dev/null)" = "$stamp" ]; then
     return 0
   fi
+  IMAGE_REBUILT=1
   log "building image $IMAGE"
   arch=$(oci_arch)
   rm -rf "$IMAGE_DIR"
@@ -344,6 +347,12 @@ EOF
 start_containerd() {
   local pid
   if [ -e "$SOCK" ]; then
+    # Only stale if nothing answers on it: a containerd of this test bed in another PID
+    # namespace would be invisible to containerd_pid but still own it.
+    if curl -s --max-time 2 --unix-socket "$SOCK" http://localhost/ -o /dev/null 2>/dev/null ||
+        [ $? -ne 7 ]; then
+      die "something is serving on $SOCK but it is not a containerd of this test bed; not starting a second one"
+    fi
     log "removing stale socket $SOCK"
     rm -f "$SOCK"
   fi
@@ -379,7 +388,7 @@ kpleg_load() {
   elif grep -q -- '--endpoint' <<<"$help"; then
     args=(--endpoint "$ENDPOINT")
   fi
-  KPLEG_RUNTIME_ENDPOINT=$ENDPOINT timeout 10 "$bin" "$@" "${args[@]}"
+  KPLEG_RUNTIME_ENDPOINT=$ENDPOINT timeout 10 "$bin" "${args[@]}" "$@"
 }
 
 # A real CRI Version call: the plugin registers before it has finished initialising and answers
@@ -419,7 +428,7 @@ wait_ready() {
     if ((SECONDS >= deadline)); then
       log "not ready after ${READY_TIMEOUT_S}s: $why; last log lines:"
       tail -n 20 "$LOGFILE" >&2 || true
-      die "containerd did not become ready (it is still running as pid $pid; 'testbed.sh down' stops it)"
+      die "containerd (pid $pid) did not become ready within ${READY_TIMEOUT_S}s"
     fi
     sleep 0.2
   done
@@ -554,6 +563,41 @@ remove_network() {
 
 # --- commands -------------------------------------------------------------------------------
 
+# Every step that starts, stops or removes anything runs under this lock, so concurrent callers
+# (parallel tests) never start a second containerd on the same state or remove a live socket.
+take_lock() {
+  exec {TB_LOCK_FD}>"$TB/.lock"
+  flock -w 120 "$TB_LOCK_FD" || die "another testbed.sh held $TB/.lock for 120 s"
+}
+
+# Starts containerd and waits for it; one that never becomes ready is stopped again, so it cannot
+# sit on the metadata database and block the next attempt.
+start_and_wait() {
+  local pid
+  start_containerd
+  pid=$(cat "$PIDFILE")
+  if ! (wait_ready "$pid"); then
+    pid=$(containerd_pid)
+    if [ -n "$pid" ]; then
+      log "stopping the containerd that did not become ready (pid $pid)"
+      stop_containerd "$pid"
+    fi
+    rm -f "$PIDFILE"
+    die "containerd did not become ready; see $LOGFILE.1 and $LOGFILE"
+  fi
+  containerd_pid >/dev/null
+}
+
+# A running containerd whose socket file was removed cannot be reached by anyone: restart it on
+# the same state (it reattaches to its shims, so pods survive).
+repair_socket() {
+  local pid=$1
+  [ -S "$SOCK" ] && return 0
+  log "containerd (pid $pid) has lost its socket $SOCK; restarting it"
+  stop_containerd "$pid"
+  start_and_wait
+}
+
 cmd_up() {
   local mode=hostnet pid
   while [ $# -gt 0 ]; do
@@ -566,8 +610,7 @@ cmd_up() {
   done
   need_root
   mkdir -p "$TB"
-  exec {lock}>"$TB/.lock"
-  flock -w 120 "$lock" || die "another testbed.sh holds $TB/.lock"
+  take_lock
 
   ensure_packages "$mode"
   command -v containerd-shim-runc-v2 >/dev/null || die "containerd-shim-runc-v2 not on PATH"
@@ -578,10 +621,15 @@ cmd_up() {
     if [ "$mode" = cni ] && [ "$(cat "$MODEFILE" 2>/dev/null)" != cni ]; then
       die "already up without pod networking (pid $pid); run 'testbed.sh down' first, then 'up --cni'"
     fi
-    wait_ready "$pid"
-    # Cheap when nothing changed, and repairs a bed whose first 'up' failed half way.
+    repair_socket "$pid"
+    wait_ready "$(containerd_pid)"
+    # Repairs a bed whose first 'up' failed half way, or picks up a changed pause.c.
     build_image
-    import_image
+    local images
+    images=$(ctr_ -n "$NS" images ls -q) || die "listing images failed"
+    if ((IMAGE_REBUILT)) || ! grep -qxF "$IMAGE" <<<"$images"; then
+      import_image
+    fi
     echo "KPLEG_RUNTIME_ENDPOINT=$ENDPOINT"
     return 0
   fi
@@ -592,9 +640,7 @@ cmd_up() {
 
   build_image
   write_config "$mode"
-  start_containerd
-  wait_ready "$(cat "$PIDFILE")"
-  containerd_pid >/dev/null
+  start_and_wait
   import_image
   record_shims
   log "up: $(cri_version 2>/dev/null || echo CRI), image $IMAGE, pod network: $([ "$mode" = cni ] && echo "$BRIDGE $SUBNET" || echo "host only")"
@@ -602,33 +648,44 @@ cmd_up() {
 }
 
 cmd_down() {
-  local pid restarted=0
+  local pid restarted=0 n
   [ $# -eq 0 ] || die "down takes no options"
   [ -d "$TB" ] || return 0
+  if [ "$(id -u)" -ne 0 ]; then
+    [ -z "$(containerd_pid)" ] && [ -z "$(our_shims)" ] && return 0
+    need_root
+  fi
+  take_lock
   pid=$(containerd_pid)
   if [ -z "$pid" ] && [ -z "$(our_shims)" ] && [ -z "$(our_mounts)" ]; then
-    rm -f "$PIDFILE"
-    [ -e "$SOCK" ] && rm -f "$SOCK"
+    # Nothing of ours runs and no 'up' is half way (it would hold the lock): stale files only.
+    rm -f "$PIDFILE" "$SOCK" "$SOCK.ttrpc"
     return 0
   fi
-  need_root
-  exec {lock}>"$TB/.lock"
-  flock -w 120 "$lock" || die "another testbed.sh holds $TB/.lock"
   if [ -z "$pid" ]; then
-    # containerd died but its shims (and their containers) live on: a containerd on the same
-    # state reconnects to them, and then they can be removed the normal way.
+    # containerd died but its shims (and their containers) or mounts live on: a containerd on the
+    # same state reconnects to them, and then they can be removed the normal way.
     log "containerd is gone but its shims or mounts are not; restarting it to clean up"
     [ -f "$CONFIG" ] || die "$CONFIG missing; cannot reconnect to the shims of this test bed"
-    start_containerd
-    wait_ready "$(cat "$PIDFILE")"
+    start_and_wait
     pid=$(containerd_pid)
     restarted=1
+  else
+    repair_socket "$pid"
+    pid=$(containerd_pid)
   fi
   log "stopping (containerd pid $pid)"
   record_shims
   remove_workloads
   record_shims
   stop_containerd "$pid"
+  # More than one only after an earlier version of this script raced with itself.
+  for n in 1 2 3; do
+    pid=$(containerd_pid)
+    [ -n "$pid" ] || break
+    log "stopping another containerd on this test bed (pid $pid)"
+    stop_containerd "$pid"
+  done
   wait_shims_gone
   remove_shim_sockets
   unmount_leftovers

@@ -3,15 +3,21 @@
 # End-to-end check of the test bed against the real containerd/runc: up, image present, a ctr
 # container's exit status, pod sandboxes and containers through real CRI calls, an unclean stop,
 # and a down that leaves no process, shim, socket, mount or cgroup behind.
-# usage: scripts/testbed/selftest.sh [--cni]     (root; uses KPLEG_TESTBED_DIR like testbed.sh)
+# usage: scripts/testbed/selftest.sh [--cni]     (root)
+# It runs its own test bed in a fresh directory (KPLEG_SELFTEST_DIR, default a new /tmp dir) with
+# its own bridge and subnet, so the shared test bed of the CRI and end-to-end tests is not
+# disturbed; it removes the directory when it passes.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 TESTBED=$HERE/../testbed.sh
-REPO=$(cd "$HERE/../.." && pwd)
-TB=${KPLEG_TESTBED_DIR:-$REPO/.testbed}
+TB=${KPLEG_SELFTEST_DIR:-$(mktemp -d /tmp/kpleg-tb.XXXXXX)}
 case $TB in /*) ;; *) TB=$PWD/$TB ;; esac
 TB=${TB%/}
+export KPLEG_TESTBED_DIR=$TB
+export KPLEG_TESTBED_BRIDGE=kpleg-st0
+export KPLEG_TESTBED_SUBNET=10.89.0.0/16
+echo "selftest: test bed in $TB"
 IMAGE=localhost/kpleg/busybox:1
 CNI=0
 [ "${1:-}" = --cni ] && CNI=1
@@ -183,7 +189,7 @@ if ((CNI)); then
   sb2=$(run_pod net-pod "$uid2" 0) || true
   check "RunPodSandbox (pod network)" test -n "$sb2"
   ip=$(pod_ip "$sb2" || true)
-  check "pod got an address in ${KPLEG_TESTBED_SUBNET:-10.88.0.0/16} ($ip)" test -n "$ip"
+  check "pod got an address in $KPLEG_TESTBED_SUBNET ($ip)" test "${ip%.*.*}" = 10.89
 fi
 
 # Look-alikes of a foreign containerd and a foreign shim: down must leave them running.
@@ -240,5 +246,13 @@ if check "up" up; then
   cleanup_checks
 fi
 
+if ((CNI)); then
+  check "bridge $KPLEG_TESTBED_BRIDGE removed" bash -c "! ip link show $KPLEG_TESTBED_BRIDGE >/dev/null 2>&1"
+fi
+
 echo "selftest: $passed passed, $failed failed"
+if [ "$failed" -eq 0 ] && [ -z "${KPLEG_SELFTEST_DIR:-}" ]; then
+  "$TESTBED" down
+  rm -rf "$TB"
+fi
 [ "$failed" -eq 0 ]
