@@ -39,7 +39,8 @@ poll() {
 up() {
   local line
   line=$("$TESTBED" up "$@") || return 1
-  [[ $line == KPLEG_RUNTIME_ENDPOINT=unix://* ]] || { echo "unexpected up output: $line"; return 1; }
+  [[ $line == KPLEG_RUNTIME_ENDPOINT=unix://* && $line != *$'\n'* ]] ||
+    { echo "up must print exactly one line KPLEG_RUNTIME_ENDPOINT=unix://..., got: $line"; return 1; }
   SOCK=${line#KPLEG_RUNTIME_ENDPOINT=unix://}
   export CRI_SOCKET=$SOCK
 }
