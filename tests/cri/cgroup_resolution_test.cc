@@ -19,7 +19,8 @@ using CgroupResolution = CriTestBedTest;
 
 TEST_F(CgroupResolution, EveryContainerAndSandboxResolvesToItsPod) {
   auto mount = cgroup::find_cgroup2_mount();
-  KPLEG_REQUIRE_OR_SKIP(mount.ok(), "no cgroup2 hierarchy: " + (mount.ok() ? "" : mount.error().message));
+  KPLEG_REQUIRE_OR_SKIP(mount.ok(),
+                        "no cgroup2 hierarchy: " + (mount.ok() ? "" : mount.error().message));
 
   struct Case {
     const char* qos;

@@ -51,7 +51,8 @@ TEST(GrpcCriClientHungRuntime, CallFailsWithDeadlineExceededWithinItsDeadline) {
 
   for (int attempt = 0; attempt < 2; ++attempt) {  // a fresh channel, then an established one
     auto start = Clock::now();
-    auto r = client->container_status("0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef");
+    auto r = client->container_status(
+        "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef");
     auto elapsed = Clock::now() - start;
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.error().code, grpc::StatusCode::DEADLINE_EXCEEDED) << r.error().message;
@@ -60,7 +61,9 @@ TEST(GrpcCriClientHungRuntime, CallFailsWithDeadlineExceededWithinItsDeadline) {
     EXPECT_LT(elapsed, 1500ms);
   }
   EXPECT_GE(runtime.connections_accepted(), 1);
-  EXPECT_EQ(client->call_stats().count(CriMethod::kContainerStatus, grpc::StatusCode::DEADLINE_EXCEEDED), 2u);
+  EXPECT_EQ(
+      client->call_stats().count(CriMethod::kContainerStatus, grpc::StatusCode::DEADLINE_EXCEEDED),
+      2u);
   EXPECT_EQ(client->calls_in_flight(), 0u);
 }
 
@@ -105,8 +108,9 @@ TEST(GrpcCriClientHungRuntime, CallsBeyondMaxInFlightStillHonourTheirDeadline) {
     EXPECT_LT(elapsed[i], 900ms) << "caller " << i;
   }
   EXPECT_EQ(peak_in_flight.load(), 1u);
-  EXPECT_EQ(client->call_stats().count(CriMethod::kListContainers, grpc::StatusCode::DEADLINE_EXCEEDED),
-            static_cast<uint64_t>(kCallers));
+  EXPECT_EQ(
+      client->call_stats().count(CriMethod::kListContainers, grpc::StatusCode::DEADLINE_EXCEEDED),
+      static_cast<uint64_t>(kCallers));
 }
 
 TEST(GrpcCriClientNoRuntime, FailsFastWithUnavailableInsteadOfWaitingForItsDeadline) {
@@ -122,6 +126,11 @@ TEST(GrpcCriClientNoRuntime, FailsFastWithUnavailableInsteadOfWaitingForItsDeadl
   EXPECT_NE(r.error().message.find("Version"), std::string::npos);
   EXPECT_LT(elapsed, 1s);
   EXPECT_FALSE(client->connected());
+
+  // The connectivity watcher must not hold up shutdown while it waits on a dead runtime.
+  auto destroy_start = Clock::now();
+  client.reset();
+  EXPECT_LT(Clock::now() - destroy_start, 1s);
 }
 
 TEST(GrpcCriClientNoRuntime, RejectsNonUnixEndpoints) {
@@ -154,7 +163,8 @@ TEST_F(GrpcCriClientTestBed, TalksToTheRealRuntime) {
   auto missing_pod = client->pod_sandbox_status(std::string(64, 'f'));
   ASSERT_FALSE(missing_pod.ok());
   EXPECT_EQ(missing_pod.error().code, grpc::StatusCode::NOT_FOUND) << missing_pod.error().message;
-  EXPECT_EQ(client->call_stats().count(CriMethod::kContainerStatus, grpc::StatusCode::NOT_FOUND), 1u);
+  EXPECT_EQ(client->call_stats().count(CriMethod::kContainerStatus, grpc::StatusCode::NOT_FOUND),
+            1u);
   EXPECT_EQ(client->call_stats().count(CriMethod::kVersion, grpc::StatusCode::OK), 1u);
 }
 
@@ -162,8 +172,9 @@ TEST_F(GrpcCriClientTestBed, TalksToTheRealRuntime) {
 // client must notice, fail fast while it is gone, reconnect by itself and say so.
 TEST_F(GrpcCriClientTestBed, SameClientReconnectsAfterContainerdIsKilledAndRestarted) {
   const auto& bed = TestBed::instance();
-  KPLEG_REQUIRE_OR_SKIP(bed.endpoint_is_test_bed(),
-                        "the runtime at " + endpoint_ + " is not the test bed's; cannot restart it");
+  KPLEG_REQUIRE_OR_SKIP(
+      bed.endpoint_is_test_bed(),
+      "the runtime at " + endpoint_ + " is not the test bed's; cannot restart it");
 
   // A pod that must survive the restart: containerd keeps its state and reattaches to shims.
   auto run = run_kpleg_load({"run", "--pods", "1", "--containers", "1", "--namespace", namespace_});
@@ -188,11 +199,14 @@ TEST_F(GrpcCriClientTestBed, SameClientReconnectsAfterContainerdIsKilledAndResta
       << "containerd " << *pid << " still exists after SIGKILL";
 
   // While it is gone: calls fail at once with UNAVAILABLE, not after their 2 s deadline.
-  ASSERT_TRUE(eventually([&] {
-    auto start = Clock::now();
-    auto r = client->version();
-    return !r.ok() && r.error().code == grpc::StatusCode::UNAVAILABLE && Clock::now() - start < 1s;
-  }, 10s));
+  ASSERT_TRUE(eventually(
+      [&] {
+        auto start = Clock::now();
+        auto r = client->version();
+        return !r.ok() && r.error().code == grpc::StatusCode::UNAVAILABLE &&
+               Clock::now() - start < 1s;
+      },
+      10s));
   EXPECT_FALSE(client->connected());
   EXPECT_EQ(reconnect_callbacks.load(), 0);
 

@@ -16,7 +16,8 @@
 namespace kpleg::testing {
 namespace {
 
-constexpr auto kTestBedUpTimeout = std::chrono::minutes(5);  // first run builds and imports the image
+constexpr auto kTestBedUpTimeout =
+    std::chrono::minutes(5);  // first run builds and imports the image
 
 bool on_path(const std::string& program) {
   const char* path = std::getenv("PATH");
@@ -46,7 +47,9 @@ TestBed& TestBed::instance() {
   return bed;
 }
 
-std::string TestBed::script() const { return std::string(KPLEG_SOURCE_DIR) + "/scripts/testbed.sh"; }
+std::string TestBed::script() const {
+  return std::string(KPLEG_SOURCE_DIR) + "/scripts/testbed.sh";
+}
 
 TestBed::TestBed() {
   if (geteuid() != 0) {
@@ -79,7 +82,8 @@ Result<std::string> TestBed::up() const {
   auto r = run_process({script(), "up"}, kTestBedUpTimeout);
   if (!r) return r.error();
   if (r->exit_code != 0) {
-    return Error{r->exit_code, "scripts/testbed.sh up exited " + std::to_string(r->exit_code) + ": " + r->err};
+    return Error{r->exit_code,
+                 "scripts/testbed.sh up exited " + std::to_string(r->exit_code) + ": " + r->err};
   }
   auto ep = value_after(r->out, "KPLEG_RUNTIME_ENDPOINT=");
   if (ep.empty()) return Error{EINVAL, "scripts/testbed.sh up printed no endpoint: " + r->out};

@@ -96,7 +96,9 @@ TEST(CallStats, NamesAreTheCriAndGrpcNames) {
     EXPECT_NE(name, "Unknown");
     names.insert(name);
     // Every counted method exists in the service under that exact name.
-    EXPECT_NE(runtime::v1::VersionRequest::descriptor()->file()->FindServiceByName("RuntimeService")
+    EXPECT_NE(runtime::v1::VersionRequest::descriptor()
+                  ->file()
+                  ->FindServiceByName("RuntimeService")
                   ->FindMethodByName(std::string(name)),
               nullptr)
         << name;

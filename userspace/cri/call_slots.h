@@ -22,7 +22,8 @@ class CallSlots {
   CallSlots(const CallSlots&) = delete;
   CallSlots& operator=(const CallSlots&) = delete;
 
-  // Takes a slot, waiting until one is free or the deadline passes. false: none before the deadline.
+  // Takes a slot, waiting until one is free or the deadline passes. false: none before the
+  // deadline.
   bool acquire_until(Clock::time_point deadline) {
     std::unique_lock lock(mu_);
     if (!cv_.wait_until(lock, deadline, [this] { return free_ > 0; })) return false;

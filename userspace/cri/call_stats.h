@@ -51,7 +51,8 @@ class CallStats {
   }
   uint64_t total(CriMethod method) const {
     uint64_t sum = 0;
-    for (const auto& c : calls_[static_cast<size_t>(method)]) sum += c.load(std::memory_order_relaxed);
+    for (const auto& c : calls_[static_cast<size_t>(method)])
+      sum += c.load(std::memory_order_relaxed);
     return sum;
   }
 

@@ -9,7 +9,8 @@
 namespace kpleg::cri {
 
 // The usual containerd socket, the kubelet's default since 1.27.
-inline constexpr std::string_view kDefaultRuntimeEndpoint = "unix:///run/containerd/containerd.sock";
+inline constexpr std::string_view kDefaultRuntimeEndpoint =
+    "unix:///run/containerd/containerd.sock";
 
 // Turns "unix:///path", "unix:/path" or a bare "/path" into the gRPC target "unix:///path".
 // Relative paths, empty paths and other schemes (tcp://, npipe://) are errors: a node agent only

@@ -34,8 +34,8 @@ std::optional<Error> FakeCriClient::injected_failure(CriMethod method) {
 
 Error FakeCriClient::not_found(CriMethod method, const std::string& what, const std::string& id) {
   return Error{grpc::StatusCode::NOT_FOUND,
-               std::string("CRI ") + std::string(cri_method_name(method)) + " failed: NOT_FOUND: " +
-                   what + " \"" + id + "\" not found"};
+               std::string("CRI ") + std::string(cri_method_name(method)) +
+                   " failed: NOT_FOUND: " + what + " \"" + id + "\" not found"};
 }
 
 std::string FakeCriClient::next_id() {
@@ -69,14 +69,15 @@ uint64_t FakeCriClient::calls(CriMethod method) const {
 }
 
 Result<v1::VersionResponse> FakeCriClient::version() {
-  return call<Result<v1::VersionResponse>>(CriMethod::kVersion, [&]() -> Result<v1::VersionResponse> {
-    v1::VersionResponse v;
-    v.set_version("0.1.0");
-    v.set_runtime_name("fake");
-    v.set_runtime_version("1.0.0");
-    v.set_runtime_api_version("v1");
-    return v;
-  });
+  return call<Result<v1::VersionResponse>>(CriMethod::kVersion,
+                                           [&]() -> Result<v1::VersionResponse> {
+                                             v1::VersionResponse v;
+                                             v.set_version("0.1.0");
+                                             v.set_runtime_name("fake");
+                                             v.set_runtime_version("1.0.0");
+                                             v.set_runtime_api_version("v1");
+                                             return v;
+                                           });
 }
 
 Result<v1::RuntimeStatus> FakeCriClient::status() {
@@ -91,66 +92,75 @@ Result<v1::RuntimeStatus> FakeCriClient::status() {
   });
 }
 
-Result<std::vector<v1::PodSandbox>> FakeCriClient::list_pod_sandboxes(const v1::PodSandboxFilter& filter) {
-  return call<Result<std::vector<v1::PodSandbox>>>(CriMethod::kListPodSandbox, [&]() -> Result<std::vector<v1::PodSandbox>> {
-    std::vector<v1::PodSandbox> out;
-    for (const auto& [id, pod] : pods_) {
-      const auto& s = pod.status;
-      if (!filter.id().empty() && filter.id() != id) continue;
-      if (filter.has_state() && filter.state().state() != s.state()) continue;
-      if (!labels_match(filter.label_selector(), s.labels())) continue;
-      v1::PodSandbox p;
-      p.set_id(id);
-      *p.mutable_metadata() = s.metadata();
-      p.set_state(s.state());
-      p.set_created_at(s.created_at());
-      *p.mutable_labels() = s.labels();
-      *p.mutable_annotations() = s.annotations();
-      out.push_back(std::move(p));
-    }
-    return out;
-  });
+Result<std::vector<v1::PodSandbox>> FakeCriClient::list_pod_sandboxes(
+    const v1::PodSandboxFilter& filter) {
+  return call<Result<std::vector<v1::PodSandbox>>>(
+      CriMethod::kListPodSandbox, [&]() -> Result<std::vector<v1::PodSandbox>> {
+        std::vector<v1::PodSandbox> out;
+        for (const auto& [id, pod] : pods_) {
+          const auto& s = pod.status;
+          if (!filter.id().empty() && filter.id() != id) continue;
+          if (filter.has_state() && filter.state().state() != s.state()) continue;
+          if (!labels_match(filter.label_selector(), s.labels())) continue;
+          v1::PodSandbox p;
+          p.set_id(id);
+          *p.mutable_metadata() = s.metadata();
+          p.set_state(s.state());
+          p.set_created_at(s.created_at());
+          *p.mutable_labels() = s.labels();
+          *p.mutable_annotations() = s.annotations();
+          out.push_back(std::move(p));
+        }
+        return out;
+      });
 }
 
 Result<v1::PodSandboxStatus> FakeCriClient::pod_sandbox_status(const std::string& pod_sandbox_id) {
-  return call<Result<v1::PodSandboxStatus>>(CriMethod::kPodSandboxStatus, [&]() -> Result<v1::PodSandboxStatus> {
-    auto it = pods_.find(pod_sandbox_id);
-    if (it == pods_.end()) return not_found(CriMethod::kPodSandboxStatus, "sandbox", pod_sandbox_id);
-    return it->second.status;
-  });
+  return call<Result<v1::PodSandboxStatus>>(
+      CriMethod::kPodSandboxStatus, [&]() -> Result<v1::PodSandboxStatus> {
+        auto it = pods_.find(pod_sandbox_id);
+        if (it == pods_.end())
+          return not_found(CriMethod::kPodSandboxStatus, "sandbox", pod_sandbox_id);
+        return it->second.status;
+      });
 }
 
-Result<std::vector<v1::Container>> FakeCriClient::list_containers(const v1::ContainerFilter& filter) {
-  return call<Result<std::vector<v1::Container>>>(CriMethod::kListContainers, [&]() -> Result<std::vector<v1::Container>> {
-    std::vector<v1::Container> out;
-    for (const auto& [id, c] : containers_) {
-      const auto& s = c.status;
-      if (!filter.id().empty() && filter.id() != id) continue;
-      if (!filter.pod_sandbox_id().empty() && filter.pod_sandbox_id() != c.pod_sandbox_id) continue;
-      if (filter.has_state() && filter.state().state() != s.state()) continue;
-      if (!labels_match(filter.label_selector(), s.labels())) continue;
-      v1::Container l;
-      l.set_id(id);
-      l.set_pod_sandbox_id(c.pod_sandbox_id);
-      *l.mutable_metadata() = s.metadata();
-      *l.mutable_image() = s.image();
-      l.set_image_ref(s.image_ref());
-      l.set_state(s.state());
-      l.set_created_at(s.created_at());
-      *l.mutable_labels() = s.labels();
-      *l.mutable_annotations() = s.annotations();
-      out.push_back(std::move(l));
-    }
-    return out;
-  });
+Result<std::vector<v1::Container>> FakeCriClient::list_containers(
+    const v1::ContainerFilter& filter) {
+  return call<Result<std::vector<v1::Container>>>(
+      CriMethod::kListContainers, [&]() -> Result<std::vector<v1::Container>> {
+        std::vector<v1::Container> out;
+        for (const auto& [id, c] : containers_) {
+          const auto& s = c.status;
+          if (!filter.id().empty() && filter.id() != id) continue;
+          if (!filter.pod_sandbox_id().empty() && filter.pod_sandbox_id() != c.pod_sandbox_id)
+            continue;
+          if (filter.has_state() && filter.state().state() != s.state()) continue;
+          if (!labels_match(filter.label_selector(), s.labels())) continue;
+          v1::Container l;
+          l.set_id(id);
+          l.set_pod_sandbox_id(c.pod_sandbox_id);
+          *l.mutable_metadata() = s.metadata();
+          *l.mutable_image() = s.image();
+          l.set_image_ref(s.image_ref());
+          l.set_state(s.state());
+          l.set_created_at(s.created_at());
+          *l.mutable_labels() = s.labels();
+          *l.mutable_annotations() = s.annotations();
+          out.push_back(std::move(l));
+        }
+        return out;
+      });
 }
 
 Result<v1::ContainerStatus> FakeCriClient::container_status(const std::string& container_id) {
-  return call<Result<v1::ContainerStatus>>(CriMethod::kContainerStatus, [&]() -> Result<v1::ContainerStatus> {
-    auto it = containers_.find(container_id);
-    if (it == containers_.end()) return not_found(CriMethod::kContainerStatus, "container", container_id);
-    return it->second.status;
-  });
+  return call<Result<v1::ContainerStatus>>(
+      CriMethod::kContainerStatus, [&]() -> Result<v1::ContainerStatus> {
+        auto it = containers_.find(container_id);
+        if (it == containers_.end())
+          return not_found(CriMethod::kContainerStatus, "container", container_id);
+        return it->second.status;
+      });
 }
 
 Result<std::string> FakeCriClient::run_pod_sandbox(const v1::PodSandboxConfig& config) {
@@ -187,18 +197,20 @@ Status FakeCriClient::stop_pod_sandbox(const std::string& pod_sandbox_id) {
 
 Status FakeCriClient::remove_pod_sandbox(const std::string& pod_sandbox_id) {
   return call<Status>(CriMethod::kRemovePodSandbox, [&]() -> Status {
-    std::erase_if(containers_, [&](const auto& kv) { return kv.second.pod_sandbox_id == pod_sandbox_id; });
+    std::erase_if(containers_,
+                  [&](const auto& kv) { return kv.second.pod_sandbox_id == pod_sandbox_id; });
     pods_.erase(pod_sandbox_id);
     return {};
   });
 }
 
-Result<std::string> FakeCriClient::create_container(const std::string& pod_sandbox_id,
-                                                    const v1::ContainerConfig& config,
-                                                    const v1::PodSandboxConfig& /*sandbox_config*/) {
+Result<std::string> FakeCriClient::create_container(
+    const std::string& pod_sandbox_id, const v1::ContainerConfig& config,
+    const v1::PodSandboxConfig& /*sandbox_config*/) {
   return call<Result<std::string>>(CriMethod::kCreateContainer, [&]() -> Result<std::string> {
     auto pod = pods_.find(pod_sandbox_id);
-    if (pod == pods_.end()) return not_found(CriMethod::kCreateContainer, "sandbox", pod_sandbox_id);
+    if (pod == pods_.end())
+      return not_found(CriMethod::kCreateContainer, "sandbox", pod_sandbox_id);
     if (pod->second.status.state() != v1::SANDBOX_READY) {
       return Error{grpc::StatusCode::UNKNOWN, "CRI CreateContainer failed: UNKNOWN: sandbox " +
                                                   pod_sandbox_id + " is not ready"};
@@ -215,7 +227,8 @@ Result<std::string> FakeCriClient::create_container(const std::string& pod_sandb
     *s.mutable_labels() = config.labels();
     *s.mutable_annotations() = config.annotations();
     s.set_log_path(config.log_path());
-    if (config.linux().has_resources()) *s.mutable_resources()->mutable_linux() = config.linux().resources();
+    if (config.linux().has_resources())
+      *s.mutable_resources()->mutable_linux() = config.linux().resources();
     containers_[id] = std::move(c);
     return id;
   });
@@ -224,7 +237,8 @@ Result<std::string> FakeCriClient::create_container(const std::string& pod_sandb
 Status FakeCriClient::start_container(const std::string& container_id) {
   return call<Status>(CriMethod::kStartContainer, [&]() -> Status {
     auto it = containers_.find(container_id);
-    if (it == containers_.end()) return not_found(CriMethod::kStartContainer, "container", container_id);
+    if (it == containers_.end())
+      return not_found(CriMethod::kStartContainer, "container", container_id);
     auto& s = it->second.status;
     if (s.state() != v1::CONTAINER_CREATED) {
       return Error{grpc::StatusCode::UNKNOWN, "CRI StartContainer failed: UNKNOWN: container " +
@@ -239,7 +253,8 @@ Status FakeCriClient::start_container(const std::string& container_id) {
 Status FakeCriClient::stop_container(const std::string& container_id, int64_t /*grace_period_s*/) {
   return call<Status>(CriMethod::kStopContainer, [&]() -> Status {
     auto it = containers_.find(container_id);
-    if (it == containers_.end()) return not_found(CriMethod::kStopContainer, "container", container_id);
+    if (it == containers_.end())
+      return not_found(CriMethod::kStopContainer, "container", container_id);
     auto& s = it->second.status;
     if (s.state() == v1::CONTAINER_RUNNING) {
       s.set_state(v1::CONTAINER_EXITED);

@@ -20,18 +20,24 @@ constexpr auto kWatchPoll = std::chrono::milliseconds(100);
 
 ConnectionState from_grpc(grpc_connectivity_state s) {
   switch (s) {
-    case GRPC_CHANNEL_IDLE: return ConnectionState::kIdle;
-    case GRPC_CHANNEL_CONNECTING: return ConnectionState::kConnecting;
-    case GRPC_CHANNEL_READY: return ConnectionState::kReady;
-    case GRPC_CHANNEL_TRANSIENT_FAILURE: return ConnectionState::kTransientFailure;
-    case GRPC_CHANNEL_SHUTDOWN: return ConnectionState::kShutdown;
+    case GRPC_CHANNEL_IDLE:
+      return ConnectionState::kIdle;
+    case GRPC_CHANNEL_CONNECTING:
+      return ConnectionState::kConnecting;
+    case GRPC_CHANNEL_READY:
+      return ConnectionState::kReady;
+    case GRPC_CHANNEL_TRANSIENT_FAILURE:
+      return ConnectionState::kTransientFailure;
+    case GRPC_CHANNEL_SHUTDOWN:
+      return ConnectionState::kShutdown;
   }
   return ConnectionState::kShutdown;
 }
 
 template <typename T>
 std::vector<T> take_all(google::protobuf::RepeatedPtrField<T>* items) {
-  return std::vector<T>(std::make_move_iterator(items->begin()), std::make_move_iterator(items->end()));
+  return std::vector<T>(std::make_move_iterator(items->begin()),
+                        std::make_move_iterator(items->end()));
 }
 
 int clamp_ms(std::chrono::milliseconds ms) {
@@ -42,11 +48,16 @@ int clamp_ms(std::chrono::milliseconds ms) {
 
 std::string_view connection_state_name(ConnectionState state) {
   switch (state) {
-    case ConnectionState::kIdle: return "IDLE";
-    case ConnectionState::kConnecting: return "CONNECTING";
-    case ConnectionState::kReady: return "READY";
-    case ConnectionState::kTransientFailure: return "TRANSIENT_FAILURE";
-    case ConnectionState::kShutdown: return "SHUTDOWN";
+    case ConnectionState::kIdle:
+      return "IDLE";
+    case ConnectionState::kConnecting:
+      return "CONNECTING";
+    case ConnectionState::kReady:
+      return "READY";
+    case ConnectionState::kTransientFailure:
+      return "TRANSIENT_FAILURE";
+    case ConnectionState::kShutdown:
+      return "SHUTDOWN";
   }
   return "UNKNOWN";
 }
@@ -135,8 +146,9 @@ Result<Response> GrpcCriClient::invoke(CriMethod method, std::chrono::millisecon
   }
   grpc::ClientContext ctx;
   // gRPC deadlines are wall-clock; convert what is left of the monotonic one.
-  ctx.set_deadline(std::chrono::system_clock::now() +
-                   std::chrono::duration_cast<std::chrono::system_clock::duration>(deadline - Clock::now()));
+  ctx.set_deadline(
+      std::chrono::system_clock::now() +
+      std::chrono::duration_cast<std::chrono::system_clock::duration>(deadline - Clock::now()));
   Response response;
   grpc::Status st = rpc(&ctx, &response);
   stats_.record(method, st.error_code());
@@ -150,10 +162,9 @@ Result<Response> GrpcCriClient::invoke(CriMethod method, std::chrono::millisecon
 Result<v1::VersionResponse> GrpcCriClient::version() {
   v1::VersionRequest req;
   req.set_version("v1");
-  return invoke<v1::VersionResponse>(CriMethod::kVersion, options_.call_timeout,
-                                     [&](grpc::ClientContext* c, v1::VersionResponse* r) {
-                                       return stub_->Version(c, req, r);
-                                     });
+  return invoke<v1::VersionResponse>(
+      CriMethod::kVersion, options_.call_timeout,
+      [&](grpc::ClientContext* c, v1::VersionResponse* r) { return stub_->Version(c, req, r); });
 }
 
 Result<v1::RuntimeStatus> GrpcCriClient::status() {
@@ -191,7 +202,8 @@ Result<v1::PodSandboxStatus> GrpcCriClient::pod_sandbox_status(const std::string
   return std::move(*r->mutable_status());
 }
 
-Result<std::vector<v1::Container>> GrpcCriClient::list_containers(const v1::ContainerFilter& filter) {
+Result<std::vector<v1::Container>> GrpcCriClient::list_containers(
+    const v1::ContainerFilter& filter) {
   v1::ListContainersRequest req;
   *req.mutable_filter() = filter;
   auto r = invoke<v1::ListContainersResponse>(
@@ -284,7 +296,8 @@ Status GrpcCriClient::stop_container(const std::string& container_id, int64_t gr
   req.set_container_id(container_id);
   req.set_timeout(grace_period_s);
   // The runtime may legitimately take the whole grace period before it kills.
-  auto timeout = options_.call_timeout + std::chrono::seconds(grace_period_s > 0 ? grace_period_s : 0);
+  auto timeout =
+      options_.call_timeout + std::chrono::seconds(grace_period_s > 0 ? grace_period_s : 0);
   auto r = invoke<v1::StopContainerResponse>(
       CriMethod::kStopContainer, timeout,
       [&](grpc::ClientContext* c, v1::StopContainerResponse* resp) {

@@ -65,7 +65,8 @@ class GrpcCriClient final : public CriClient {
 
   Result<v1::VersionResponse> version() override;
   Result<v1::RuntimeStatus> status() override;
-  Result<std::vector<v1::PodSandbox>> list_pod_sandboxes(const v1::PodSandboxFilter& filter) override;
+  Result<std::vector<v1::PodSandbox>> list_pod_sandboxes(
+      const v1::PodSandboxFilter& filter) override;
   Result<v1::PodSandboxStatus> pod_sandbox_status(const std::string& pod_sandbox_id) override;
   Result<std::vector<v1::Container>> list_containers(const v1::ContainerFilter& filter) override;
   Result<v1::ContainerStatus> container_status(const std::string& container_id) override;

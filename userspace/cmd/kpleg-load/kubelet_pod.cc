@@ -26,9 +26,12 @@ Result<QosClass> parse_qos_class(std::string_view name) {
 
 std::string_view qos_class_name(QosClass qos) {
   switch (qos) {
-    case QosClass::kGuaranteed: return "guaranteed";
-    case QosClass::kBurstable: return "burstable";
-    case QosClass::kBestEffort: return "besteffort";
+    case QosClass::kGuaranteed:
+      return "guaranteed";
+    case QosClass::kBurstable:
+      return "burstable";
+    case QosClass::kBestEffort:
+      return "besteffort";
   }
   return "besteffort";
 }
@@ -48,10 +51,11 @@ std::string new_pod_uid() {
   }
   b[6] = static_cast<uint8_t>((b[6] & 0x0f) | 0x40);  // version 4
   b[8] = static_cast<uint8_t>((b[8] & 0x3f) | 0x80);  // RFC 4122 variant
-  return fmt::format("{:02x}{:02x}{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-"
-                     "{:02x}{:02x}{:02x}{:02x}{:02x}{:02x}",
-                     b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11],
-                     b[12], b[13], b[14], b[15]);
+  return fmt::format(
+      "{:02x}{:02x}{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-"
+      "{:02x}{:02x}{:02x}{:02x}{:02x}{:02x}",
+      b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14],
+      b[15]);
 }
 
 Result<std::vector<std::string>> split_command(std::string_view line) {
@@ -79,7 +83,8 @@ Result<std::vector<std::string>> split_command(std::string_view line) {
       size_t j = i + 1;
       for (; j < line.size() && line[j] != '"'; ++j) {
         if (line[j] == '\\' && j + 1 < line.size() &&
-            (line[j + 1] == '"' || line[j + 1] == '\\' || line[j + 1] == '$' || line[j + 1] == '`')) {
+            (line[j + 1] == '"' || line[j + 1] == '\\' || line[j + 1] == '$' ||
+             line[j + 1] == '`')) {
           ++j;
         }
         word += line[j];
@@ -119,9 +124,12 @@ v1::NamespaceOption namespace_options(const PodSpec& pod) {
 // nothing: guaranteed pods are protected, best-effort ones die first.
 int64_t oom_score_adj(QosClass qos) {
   switch (qos) {
-    case QosClass::kGuaranteed: return -997;
-    case QosClass::kBurstable: return 999;
-    case QosClass::kBestEffort: return 1000;
+    case QosClass::kGuaranteed:
+      return -997;
+    case QosClass::kBurstable:
+      return 999;
+    case QosClass::kBestEffort:
+      return 1000;
   }
   return 1000;
 }
@@ -179,7 +187,8 @@ v1::ContainerConfig container_config(const PodSpec& pod, const ContainerSpec& co
   auto& annotations = *c.mutable_annotations();
   std::string spec_key = container.image;
   for (const auto& w : container.command) spec_key += "\x1f" + w;
-  annotations["io.kubernetes.container.hash"] = fmt::format("{:x}", std::hash<std::string>{}(spec_key) & 0xffffffff);
+  annotations["io.kubernetes.container.hash"] =
+      fmt::format("{:x}", std::hash<std::string>{}(spec_key)&0xffffffff);
   annotations["io.kubernetes.container.restartCount"] = std::to_string(container.attempt);
   annotations["io.kubernetes.container.terminationMessagePath"] = "/dev/termination-log";
   annotations["io.kubernetes.container.terminationMessagePolicy"] = "File";
@@ -190,7 +199,8 @@ v1::ContainerConfig container_config(const PodSpec& pod, const ContainerSpec& co
   res->set_oom_score_adj(oom_score_adj(pod.qos));
   res->set_cpu_shares(pod.qos == QosClass::kBestEffort ? 2 : 1024);
   res->set_cpu_period(100000);
-  if (container.memory_limit_bytes > 0) res->set_memory_limit_in_bytes(container.memory_limit_bytes);
+  if (container.memory_limit_bytes > 0)
+    res->set_memory_limit_in_bytes(container.memory_limit_bytes);
   *linux->mutable_security_context()->mutable_namespace_options() = namespace_options(pod);
   return c;
 }

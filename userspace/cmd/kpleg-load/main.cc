@@ -79,7 +79,8 @@ class Load {
     std::error_code ec;
     fs::create_directories(pod.spec.log_directory, ec);
     if (ec) {
-      return Error{ec.value(), "creating log directory " + pod.spec.log_directory + ": " + ec.message()};
+      return Error{ec.value(),
+                   "creating log directory " + pod.spec.log_directory + ": " + ec.message()};
     }
     pod.config = sandbox_config(pod.spec);
     auto id = cri_.run_pod_sandbox(pod.config);
@@ -102,7 +103,8 @@ class Load {
     auto id = cri_.create_container(pod.sandbox_id, config, pod.config);
     int64_t t1 = realtime_ns();
     if (trace != nullptr) {
-      emit_call(*trace, "CreateContainer", "", t0, t1, id ? *id : "", id ? Status{} : Status(id.error()));
+      emit_call(*trace, "CreateContainer", "", t0, t1, id ? *id : "",
+                id ? Status{} : Status(id.error()));
     }
     if (!id) return id.error();
     t0 = realtime_ns();
@@ -242,14 +244,16 @@ int cmd_remove_pod(cri::CriClient& cri, const std::string& id) {
   Load load(cri);
   auto s = load.remove_pod(id, st->metadata().uid(), annotation(*st, kLogDirectoryAnnotation));
   if (!s) return fail(s.error().message);
-  emit(json{{"op", "remove-pod"}, {"sandbox_id", id}, {"pod_uid", st->metadata().uid()}, {"ok", true}});
+  emit(json{
+      {"op", "remove-pod"}, {"sandbox_id", id}, {"pod_uid", st->metadata().uid()}, {"ok", true}});
   return 0;
 }
 
 int cmd_clean(cri::CriClient& cri, const std::string& namespace_) {
   v1::PodSandboxFilter filter;
   (*filter.mutable_label_selector())[std::string(kLoadLabel)] = "true";
-  if (!namespace_.empty()) (*filter.mutable_label_selector())[std::string(kPodNamespaceLabel)] = namespace_;
+  if (!namespace_.empty())
+    (*filter.mutable_label_selector())[std::string(kPodNamespaceLabel)] = namespace_;
   auto pods = cri.list_pod_sandboxes(filter);
   if (!pods) return fail(pods.error().message);
   Load load(cri);
@@ -258,7 +262,9 @@ int cmd_clean(cri::CriClient& cri, const std::string& namespace_) {
     auto it = p.annotations().find(std::string(kLogDirectoryAnnotation));
     std::string log_dir = it == p.annotations().end() ? "" : it->second;
     auto s = load.remove_pod(p.id(), p.metadata().uid(), log_dir);
-    json line{{"op", "remove-pod"}, {"sandbox_id", p.id()}, {"pod_uid", p.metadata().uid()},
+    json line{{"op", "remove-pod"},
+              {"sandbox_id", p.id()},
+              {"pod_uid", p.metadata().uid()},
               {"ok", s.ok()}};
     if (!s) {
       line["error"] = s.error().message;
@@ -266,7 +272,8 @@ int cmd_clean(cri::CriClient& cri, const std::string& namespace_) {
     }
     emit(line);
   }
-  emit(json{{"op", "clean"}, {"pods_removed", static_cast<int>(pods->size()) - failures},
+  emit(json{{"op", "clean"},
+            {"pods_removed", static_cast<int>(pods->size()) - failures},
             {"failures", failures}});
   return failures == 0 ? 0 : fail(std::to_string(failures) + " pod(s) could not be removed");
 }
@@ -305,7 +312,9 @@ int cmd_churn(cri::CriClient& cri, const PodOptions& o, const ChurnOptions& c) {
       teardown_pods();
       return fail("creating pod " + std::to_string(i) + ": " + pod.error().message);
     }
-    emit(json{{"op", "pod"}, {"pod_uid", pod->spec.uid}, {"sandbox_id", pod->sandbox_id},
+    emit(json{{"op", "pod"},
+              {"pod_uid", pod->spec.uid},
+              {"sandbox_id", pod->sandbox_id},
               {"cgroup_parent", pod->config.linux().cgroup_parent()}});
     pods.push_back(std::move(*pod));
   }
@@ -318,7 +327,9 @@ int cmd_churn(cri::CriClient& cri, const PodOptions& o, const ChurnOptions& c) {
   std::vector<uint32_t> attempts(pods.size(), 0);
   uint64_t transitions = 0, errors = 0, consecutive_errors = 0;
   size_t next_pod = 0;
-  auto base = [&](size_t pod) { return json{{"pod_uid", pods[pod].spec.uid}, {"sandbox_id", pods[pod].sandbox_id}}; };
+  auto base = [&](size_t pod) {
+    return json{{"pod_uid", pods[pod].spec.uid}, {"sandbox_id", pods[pod].sandbox_id}};
+  };
 
   const auto interval = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
       std::chrono::duration<double>(1.0 / c.rate));
@@ -383,22 +394,31 @@ int cmd_churn(cri::CriClient& cri, const PodOptions& o, const ChurnOptions& c) {
             {"rate", c.rate},
             {"pods", pods.size()},
             {"teardown_failures", teardown_failures}});
-  if (gave_up) return fail("gave up after " + std::to_string(kMaxConsecutiveErrors) + " failed CRI calls in a row");
-  if (teardown_failures > 0) return fail(std::to_string(teardown_failures) + " pod(s) could not be removed");
+  if (gave_up)
+    return fail("gave up after " + std::to_string(kMaxConsecutiveErrors) +
+                " failed CRI calls in a row");
+  if (teardown_failures > 0)
+    return fail(std::to_string(teardown_failures) + " pod(s) could not be removed");
   return errors == 0 ? 0 : 1;
 }
 
 void add_pod_options(CLI::App* cmd, PodOptions& o) {
   cmd->add_option("--namespace", o.namespace_, "Pod namespace")->capture_default_str();
-  cmd->add_option("--name-prefix", o.name_prefix, "Pod names are <prefix>-<n>")->capture_default_str();
-  cmd->add_option("--qos", o.qos, "guaranteed, burstable, besteffort, or auto (burstable with a memory limit)")
+  cmd->add_option("--name-prefix", o.name_prefix, "Pod names are <prefix>-<n>")
       ->capture_default_str();
-  cmd->add_option("--image", o.image, "Container image (must be present in the runtime)")->capture_default_str();
-  cmd->add_option("--command", o.command, "Container command, split like a shell would")->capture_default_str();
+  cmd->add_option("--qos", o.qos,
+                  "guaranteed, burstable, besteffort, or auto (burstable with a memory limit)")
+      ->capture_default_str();
+  cmd->add_option("--image", o.image, "Container image (must be present in the runtime)")
+      ->capture_default_str();
+  cmd->add_option("--command", o.command, "Container command, split like a shell would")
+      ->capture_default_str();
   cmd->add_option("--memory-limit", o.memory_limit, "Container memory limit in bytes (0: none)")
       ->check(CLI::NonNegativeNumber);
-  cmd->add_flag("--pod-network", o.pod_network, "Give pods their own network namespace (needs CNI) instead of the host's");
-  cmd->add_option("--log-root", o.log_root, "Directory under which pod log directories are made")->capture_default_str();
+  cmd->add_flag("--pod-network", o.pod_network,
+                "Give pods their own network namespace (needs CNI) instead of the host's");
+  cmd->add_option("--log-root", o.log_root, "Directory under which pod log directories are made")
+      ->capture_default_str();
 }
 
 }  // namespace
@@ -406,7 +426,8 @@ void add_pod_options(CLI::App* cmd, PodOptions& o) {
 
 int main(int argc, char** argv) {
   using namespace kpleg::load;
-  CLI::App app{"kpleg-load: creates pods and container churn through the CRI the way the kubelet does"};
+  CLI::App app{
+      "kpleg-load: creates pods and container churn through the CRI the way the kubelet does"};
   app.require_subcommand(1);
 
   const char* env_endpoint = std::getenv("KPLEG_RUNTIME_ENDPOINT");
@@ -415,20 +436,27 @@ int main(int argc, char** argv) {
                              : std::string(kpleg::cri::kDefaultRuntimeEndpoint);
   int64_t call_timeout_ms = 20000;
   std::string log_level = "warn";
-  app.add_option("--runtime-endpoint", endpoint, "CRI endpoint (unix:///path or /path); default $KPLEG_RUNTIME_ENDPOINT")
+  app.add_option("--runtime-endpoint", endpoint,
+                 "CRI endpoint (unix:///path or /path); default $KPLEG_RUNTIME_ENDPOINT")
       ->capture_default_str();
   app.add_option("--call-timeout-ms", call_timeout_ms, "Deadline of each CRI call")
       ->check(CLI::Range(int64_t{1}, int64_t{600000}))
       ->capture_default_str();
-  app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off")->capture_default_str();
+  app.add_option("--log-level", log_level, "trace, debug, info, warn, error or off")
+      ->capture_default_str();
 
   auto* version_cmd = app.add_subcommand("version", "Print the runtime's name and version");
 
   PodOptions run_opts;
   int run_pods = 1, run_containers = 1;
-  auto* run_cmd = app.add_subcommand("run", "Create pods with running containers; one JSON line per pod");
-  run_cmd->add_option("--pods", run_pods, "Number of pods")->check(CLI::Range(1, 1000))->capture_default_str();
-  run_cmd->add_option("--containers", run_containers, "Containers per pod")->check(CLI::Range(1, 100))->capture_default_str();
+  auto* run_cmd =
+      app.add_subcommand("run", "Create pods with running containers; one JSON line per pod");
+  run_cmd->add_option("--pods", run_pods, "Number of pods")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  run_cmd->add_option("--containers", run_containers, "Containers per pod")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
   add_pod_options(run_cmd, run_opts);
 
   std::string container_id, sandbox_id;
@@ -441,21 +469,28 @@ int main(int argc, char** argv) {
   remove_c->add_option("CONTAINER_ID", container_id)->required();
   auto* stop_p = app.add_subcommand("stop-pod", "Stop a pod sandbox and its containers");
   stop_p->add_option("SANDBOX_ID", sandbox_id)->required();
-  auto* remove_p = app.add_subcommand("remove-pod", "Stop and remove a pod sandbox, its pod cgroup and logs");
+  auto* remove_p =
+      app.add_subcommand("remove-pod", "Stop and remove a pod sandbox, its pod cgroup and logs");
   remove_p->add_option("SANDBOX_ID", sandbox_id)->required();
 
   PodOptions churn_pod_opts;
   churn_pod_opts.name_prefix = "churn";
   ChurnOptions churn;
-  auto* churn_cmd = app.add_subcommand("churn", "Start, stop and remove short-lived containers at a fixed rate; one JSON line per CRI call");
+  auto* churn_cmd = app.add_subcommand(
+      "churn",
+      "Start, stop and remove short-lived containers at a fixed rate; one JSON line per CRI call");
   churn_cmd->add_option("--rate", churn.rate, "Transitions (start, death, removal) per second")
-      ->check(CLI::Range(0.1, 1000.0))->capture_default_str();
+      ->check(CLI::Range(0.1, 1000.0))
+      ->capture_default_str();
   churn_cmd->add_option("--duration", churn.duration_s, "Seconds of churn")
-      ->check(CLI::Range(0.1, 3600.0))->capture_default_str();
+      ->check(CLI::Range(0.1, 3600.0))
+      ->capture_default_str();
   churn_cmd->add_option("--pods", churn.pods, "Pods the containers are spread over")
-      ->check(CLI::Range(1, 100))->capture_default_str();
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
   churn_cmd->add_option("--max-live", churn.max_live, "Containers running at once")
-      ->check(CLI::Range(1, 1000))->capture_default_str();
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
   churn_cmd->add_option("--grace-period", churn.grace, "StopContainer grace period in seconds")
       ->check(CLI::Range(int64_t{0}, int64_t{60}));
   add_pod_options(churn_cmd, churn_pod_opts);
@@ -476,7 +511,8 @@ int main(int argc, char** argv) {
   auto& cri = **client;
   auto version = cri.version();
   if (!version) {
-    return fail("cannot reach the container runtime at " + cri.target() + ": " + version.error().message);
+    return fail("cannot reach the container runtime at " + cri.target() + ": " +
+                version.error().message);
   }
 
   if (*version_cmd) return cmd_version(cri, *version, cri.target());
