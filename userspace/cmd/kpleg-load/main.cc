@@ -122,8 +122,14 @@ class Load {
   // the pod cgroup and the log directory.
   Status remove_pod(const std::string& sandbox_id, const std::string& pod_uid,
                     const std::string& log_directory) {
-    if (auto s = cri_.stop_pod_sandbox(sandbox_id); !s) return s;
-    if (auto s = cri_.remove_pod_sandbox(sandbox_id); !s) return s;
+    // A failed stop (e.g. the network teardown of a sandbox whose network setup failed) does
+    // not end the attempt: the runtime may still be able to remove the sandbox.
+    auto stopped = cri_.stop_pod_sandbox(sandbox_id);
+    if (auto s = cri_.remove_pod_sandbox(sandbox_id); !s) {
+      return stopped.ok() ? s
+                          : Error{stopped.error().code,
+                                  stopped.error().message + "; then " + s.error().message};
+    }
     return remove_pod_leftovers(pod_uid, log_directory);
   }
 
@@ -156,6 +162,24 @@ class Load {
   cri::CriClient& cri_;
 };
 
+// The kubelet starts no pod-network pod while the runtime reports NetworkReady=false, and for
+// good reason: containerd 1.6 then keeps the failed sandbox and cannot remove it either (its
+// network teardown fails the same way) until a CNI config appears.
+Status require_pod_network(cri::CriClient& cri, const PodOptions& o) {
+  if (!o.pod_network) return {};
+  auto status = cri.status();
+  if (!status) return status.error();
+  for (const auto& c : status->conditions()) {
+    if (c.type() == "NetworkReady" && !c.status()) {
+      return Error{EHOSTUNREACH,
+                   "--pod-network: the runtime's pod network is not ready (NetworkReady=false: " +
+                       c.reason() + ": " + c.message() +
+                       "); it needs a CNI config (scripts/testbed.sh up --cni)"};
+    }
+  }
+  return {};
+}
+
 Result<QosClass> effective_qos(const PodOptions& o) {
   if (o.qos == "auto") return o.memory_limit > 0 ? QosClass::kBurstable : QosClass::kBestEffort;
   return parse_qos_class(o.qos);
@@ -170,6 +194,7 @@ int cmd_version(cri::CriClient&, const v1::VersionResponse& v, const std::string
 }
 
 int cmd_run(cri::CriClient& cri, const PodOptions& o, int pods, int containers) {
+  if (auto s = require_pod_network(cri, o); !s) return fail(s.error().message);
   auto qos = effective_qos(o);
   if (!qos) return fail(qos.error().message);
   auto command = split_command(o.command);
@@ -292,6 +317,7 @@ struct ChurnOptions {
 // one (ContainerStarted). In the steady state every container lives 3 * max_live ticks. The
 // container keeps the kubelet's restart shape: one name per pod, attempt counting up.
 int cmd_churn(cri::CriClient& cri, const PodOptions& o, const ChurnOptions& c) {
+  if (auto s = require_pod_network(cri, o); !s) return fail(s.error().message);
   auto qos = effective_qos(o);
   if (!qos) return fail(qos.error().message);
   auto command = split_command(o.command);
