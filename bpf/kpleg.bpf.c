@@ -1,0 +1,285 @@
+// SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
+/*
+ * kpleg's kernel side: container start/stop signals from cgroup and process hooks, filtered in
+ * the kernel so that only container transitions cost a ring-buffer record.
+ *
+ *  cgroup_mkdir   under a tracked root (kubepods, kubepods.slice, ...) -> track it, emit
+ *  cgroup_rmdir   of a tracked cgroup                                  -> emit, untrack
+ *  sched_process_exec  first exec in a tracked cgroup  ("container started")
+ *  sched_process_exit  death of that process's group   ("container died")
+ *  oom:mark_victim     OOM kill in a tracked cgroup    (so the death can say OOMKilled)
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+
+#include "kpleg_events.h"
+#include "core_fixes.bpf.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+/* Tunables, set by the loader before load. */
+const volatile __u32 kpleg_abi_version = KPLEG_ABI_VERSION;
+const volatile __u32 root_name_count = 2;
+const volatile char root_names[KPLEG_MAX_ROOT_NAMES][KPLEG_ROOT_NAME_MAX] = {
+	"kubepods", "kubepods.slice",
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 20); /* resized by the loader */
+} events SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384); /* resized by the loader */
+	__type(key, __u64);         /* cgroup2 id */
+	__type(value, struct kpleg_tracked_cgroup);
+} tracked_cgroups SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, KPLEG_CNT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} counters SEC(".maps");
+
+static __always_inline void counter__inc(__u32 idx)
+{
+	__u64 *v = bpf_map_lookup_elem(&counters, &idx);
+
+	if (v)
+		*v += 1;
+}
+
+static __always_inline void *event__reserve(__u64 size, __u32 type)
+{
+	void *rec = bpf_ringbuf_reserve(&events, size, 0);
+
+	if (!rec) {
+		counter__inc(KPLEG_CNT_RINGBUF_DROPS);
+		counter__inc(KPLEG_CNT_DROPS_MKDIR + type - KPLEG_EVENT_CGROUP_MKDIR);
+		return NULL;
+	}
+	struct kpleg_event_header *hdr = rec;
+
+	hdr->type = type;
+	hdr->flags = 0;
+	hdr->size = size;
+	hdr->ktime_ns = bpf_ktime_get_ns();
+	return rec;
+}
+
+static __always_inline void event__submit(void *rec)
+{
+	bpf_ringbuf_submit(rec, 0);
+	counter__inc(KPLEG_CNT_EMITTED);
+}
+
+static __always_inline bool cgroup__is_v2(struct cgroup *cgrp)
+{
+	/* On hybrid hosts mkdir fires once per hierarchy; the cgroup2 (default) hierarchy is 0. */
+	return BPF_CORE_READ(cgrp, root, hierarchy_id) == 0;
+}
+
+static __always_inline __u64 cgroup__id(struct cgroup *cgrp)
+{
+	return BPF_CORE_READ(cgrp, kn, id);
+}
+
+static __always_inline bool cgroup__name_is_root(struct cgroup *cgrp)
+{
+	char name[KPLEG_ROOT_NAME_MAX];
+	const char *kn_name = BPF_CORE_READ(cgrp, kn, name);
+
+	if (bpf_probe_read_kernel_str(name, sizeof(name), kn_name) < 0) {
+		counter__inc(KPLEG_CNT_HELPER_FAILURES);
+		return false;
+	}
+	for (__u32 r = 0; r < KPLEG_MAX_ROOT_NAMES; r++) {
+		if (r >= root_name_count)
+			break;
+		bool equal = true;
+
+		for (__u32 i = 0; i < KPLEG_ROOT_NAME_MAX; i++) {
+			if (name[i] != root_names[r][i]) {
+				equal = false;
+				break;
+			}
+			if (name[i] == '\0')
+				break;
+		}
+		if (equal)
+			return true;
+	}
+	return false;
+}
+
+static __always_inline void cgroup__emit(struct cgroup *cgrp, const char *path, __u32 type,
+					 __u64 id, __u64 parent_id)
+{
+	struct kpleg_cgroup_event *e = event__reserve(sizeof(*e), type);
+
+	if (!e)
+		return;
+	e->cgroup_id = id;
+	e->parent_cgroup_id = parent_id;
+	e->level = BPF_CORE_READ(cgrp, level);
+	long n = bpf_probe_read_kernel_str(e->path, sizeof(e->path), path);
+
+	if (n < 0) {
+		counter__inc(KPLEG_CNT_HELPER_FAILURES);
+		e->path[0] = '\0';
+		n = 1;
+	}
+	e->path_len = n - 1;
+	if (n == sizeof(e->path))
+		e->hdr.flags |= KPLEG_FLAG_PATH_TRUNCATED;
+	event__submit(e);
+}
+
+SEC("tp_btf/cgroup_mkdir")
+int BPF_PROG(cgroup_mkdir, struct cgroup *cgrp, const char *path)
+{
+	if (!cgroup__is_v2(cgrp))
+		return 0;
+
+	struct cgroup *parent = kpleg__cgroup_parent(cgrp);
+	__u64 parent_id = parent ? cgroup__id(parent) : 0;
+	struct kpleg_tracked_cgroup t = {};
+
+	if (bpf_map_lookup_elem(&tracked_cgroups, &parent_id))
+		t.kind = KPLEG_TRACKED_DESCENDANT;
+	else if (cgroup__name_is_root(cgrp))
+		t.kind = KPLEG_TRACKED_ROOT;
+	else {
+		counter__inc(KPLEG_CNT_FILTERED);
+		return 0;
+	}
+
+	__u64 id = cgroup__id(cgrp);
+
+	if (bpf_map_update_elem(&tracked_cgroups, &id, &t, BPF_ANY) < 0)
+		counter__inc(KPLEG_CNT_TRACK_FULL);
+	cgroup__emit(cgrp, path, KPLEG_EVENT_CGROUP_MKDIR, id, parent_id);
+	return 0;
+}
+
+SEC("tp_btf/cgroup_rmdir")
+int BPF_PROG(cgroup_rmdir, struct cgroup *cgrp, const char *path)
+{
+	if (!cgroup__is_v2(cgrp))
+		return 0;
+
+	__u64 id = cgroup__id(cgrp);
+
+	if (!bpf_map_lookup_elem(&tracked_cgroups, &id)) {
+		counter__inc(KPLEG_CNT_FILTERED);
+		return 0;
+	}
+	struct cgroup *parent = kpleg__cgroup_parent(cgrp);
+
+	cgroup__emit(cgrp, path, KPLEG_EVENT_CGROUP_RMDIR, id, parent ? cgroup__id(parent) : 0);
+	bpf_map_delete_elem(&tracked_cgroups, &id);
+	return 0;
+}
+
+SEC("tp_btf/sched_process_exec")
+int BPF_PROG(sched_process_exec, struct task_struct *task, pid_t old_pid,
+	     struct linux_binprm *bprm)
+{
+	__u64 cgid = bpf_get_current_cgroup_id();
+	struct kpleg_tracked_cgroup *t = bpf_map_lookup_elem(&tracked_cgroups, &cgid);
+
+	if (!t) {
+		counter__inc(KPLEG_CNT_FILTERED);
+		return 0;
+	}
+	/* Claim the first exec once, even when two CPUs exec in the same cgroup at once. */
+	if (t->exec_seen || __sync_val_compare_and_swap(&t->exec_seen, 0, 1) != 0) {
+		counter__inc(KPLEG_CNT_EXEC_REPEATED);
+		return 0;
+	}
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+
+	t->init_tgid = tgid;
+
+	struct kpleg_exec_event *e = event__reserve(sizeof(*e), KPLEG_EVENT_EXEC);
+
+	if (!e)
+		return 0;
+	e->cgroup_id = cgid;
+	e->pid = tgid;
+	e->tid = (__u32)bpf_get_current_pid_tgid();
+	e->ppid = BPF_CORE_READ(task, real_parent, tgid);
+	e->_pad0 = 0;
+	bpf_get_current_comm(e->comm, sizeof(e->comm));
+	if (bpf_probe_read_kernel_str(e->filename, sizeof(e->filename),
+				      BPF_CORE_READ(bprm, filename)) < 0) {
+		counter__inc(KPLEG_CNT_HELPER_FAILURES);
+		e->filename[0] = '\0';
+	}
+	event__submit(e);
+	return 0;
+}
+
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(sched_process_exit, struct task_struct *task)
+{
+	__u64 cgid = bpf_get_current_cgroup_id();
+	struct kpleg_tracked_cgroup *t = bpf_map_lookup_elem(&tracked_cgroups, &cgid);
+
+	if (!t) {
+		counter__inc(KPLEG_CNT_FILTERED);
+		return 0;
+	}
+	__u32 tgid = BPF_CORE_READ(task, tgid);
+
+	if (!t->exec_seen || t->init_tgid != tgid || !kpleg__task_group_dead(task) ||
+	    t->exit_seen || __sync_val_compare_and_swap(&t->exit_seen, 0, 1) != 0) {
+		counter__inc(KPLEG_CNT_EXIT_IGNORED);
+		return 0;
+	}
+
+	struct kpleg_exit_event *e = event__reserve(sizeof(*e), KPLEG_EVENT_EXIT);
+
+	if (!e)
+		return 0;
+	/* exit_code holds the wait(2) status: (status << 8) | signal, 0x80 = core dumped. */
+	__u32 code = BPF_CORE_READ(task, exit_code);
+
+	e->cgroup_id = cgid;
+	e->pid = tgid;
+	e->exit_code = (code >> 8) & 0xff;
+	e->signal = code & 0x7f;
+	e->_pad0 = 0;
+	if (code & 0x80)
+		e->hdr.flags |= KPLEG_FLAG_CORE_DUMPED;
+	event__submit(e);
+	return 0;
+}
+
+SEC("tracepoint/oom/mark_victim")
+int oom_mark_victim(struct trace_event_raw_mark_victim *ctx)
+{
+	/*
+	 * The OOM killer runs in the context of the task whose allocation failed; for a memory
+	 * limit that task is in the limited cgroup, which is the container's.
+	 */
+	__u64 cgid = bpf_get_current_cgroup_id();
+
+	if (!bpf_map_lookup_elem(&tracked_cgroups, &cgid)) {
+		counter__inc(KPLEG_CNT_FILTERED);
+		return 0;
+	}
+	struct kpleg_oom_event *e = event__reserve(sizeof(*e), KPLEG_EVENT_OOM);
+
+	if (!e)
+		return 0;
+	e->cgroup_id = cgid;
+	e->victim_pid = BPF_CORE_READ(ctx, pid);
+	e->_pad0 = 0;
+	event__submit(e);
+	return 0;
+}

@@ -1,0 +1,114 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * The event ABI between kpleg's BPF programs and userspace. Included by both sides: by the BPF
+ * programs (after vmlinux.h) and by C++ (after <linux/types.h>). Fixed-width types only, explicit
+ * padding, numbered enums; every record starts with struct kpleg_event_header. The C++ side
+ * static_asserts every size and offset (userspace/kernel/kernel_event.h).
+ *
+ * Bump KPLEG_ABI_VERSION on any layout change: the loader refuses an object whose baked-in
+ * version differs from the one it was compiled with.
+ */
+#ifndef KPLEG_EVENTS_H
+#define KPLEG_EVENTS_H
+
+#define KPLEG_ABI_VERSION 1
+
+#define KPLEG_CGROUP_PATH_MAX 512 /* systemd paths of nested nodes exceed 256 */
+#define KPLEG_COMM_MAX 16
+#define KPLEG_FILENAME_MAX 128
+#define KPLEG_ROOT_NAME_MAX 32
+#define KPLEG_MAX_ROOT_NAMES 4
+
+enum kpleg_event_type {
+	KPLEG_EVENT_CGROUP_MKDIR = 1,
+	KPLEG_EVENT_CGROUP_RMDIR = 2,
+	KPLEG_EVENT_EXEC = 3,
+	KPLEG_EVENT_EXIT = 4,
+	KPLEG_EVENT_OOM = 5,
+	KPLEG_EVENT_TYPE_MAX = 6, /* one past the last valid type */
+};
+
+/* Header flags. */
+enum kpleg_event_flags {
+	KPLEG_FLAG_PATH_TRUNCATED = 1 << 0, /* cgroup path did not fit KPLEG_CGROUP_PATH_MAX */
+	KPLEG_FLAG_CORE_DUMPED = 1 << 1,    /* exit: the process dumped core */
+};
+
+/* Per-CPU counters, indices into the `counters` array map. */
+enum kpleg_counter {
+	KPLEG_CNT_EMITTED = 0,         /* records committed to the ring buffer */
+	KPLEG_CNT_FILTERED = 1,        /* hook invocations outside tracked cgroups */
+	KPLEG_CNT_RINGBUF_DROPS = 2,   /* records lost because the ring buffer was full */
+	KPLEG_CNT_HELPER_FAILURES = 3, /* a BPF helper returned an error */
+	KPLEG_CNT_EXEC_REPEATED = 4,   /* execs in a tracked cgroup after its first (not emitted) */
+	KPLEG_CNT_EXIT_IGNORED = 5,    /* exits in a tracked cgroup that are not its init's death */
+	KPLEG_CNT_TRACK_FULL = 6,      /* a cgroup could not be tracked: the map is full */
+	KPLEG_CNT_DROPS_MKDIR = 7,     /* ring-buffer drops by event type ... */
+	KPLEG_CNT_DROPS_RMDIR = 8,
+	KPLEG_CNT_DROPS_EXEC = 9,
+	KPLEG_CNT_DROPS_EXIT = 10,
+	KPLEG_CNT_DROPS_OOM = 11,
+	KPLEG_CNT_MAX = 12,
+};
+
+/* Kind of a tracked cgroup, the value type of the `tracked_cgroups` map. */
+enum kpleg_tracked_kind {
+	KPLEG_TRACKED_ROOT = 1,       /* a tracked root (kubepods, kubepods.slice, ...) */
+	KPLEG_TRACKED_DESCENDANT = 2, /* any cgroup below a tracked root */
+};
+
+struct kpleg_tracked_cgroup {
+	__u32 kind;        /* enum kpleg_tracked_kind */
+	__u32 init_tgid;   /* tgid of the first exec'd process, 0 until then */
+	__u64 exec_seen;   /* 1 once the first exec was claimed (64-bit: BPF cmpxchg width) */
+	__u64 exit_seen;   /* 1 once the init's death was claimed */
+};
+
+struct kpleg_event_header {
+	__u16 type;  /* enum kpleg_event_type */
+	__u16 flags; /* enum kpleg_event_flags */
+	__u32 size;  /* size of the whole record, header included */
+	__u64 ktime_ns; /* bpf_ktime_get_ns(): CLOCK_MONOTONIC */
+};
+
+/* KPLEG_EVENT_CGROUP_MKDIR and KPLEG_EVENT_CGROUP_RMDIR (cgroup2 hierarchy only). */
+struct kpleg_cgroup_event {
+	struct kpleg_event_header hdr;
+	__u64 cgroup_id;        /* cgroup2 id == inode of its directory */
+	__u64 parent_cgroup_id;
+	__u32 level;            /* depth below the cgroup2 root */
+	__u32 path_len;         /* bytes of path[] used, without the NUL */
+	char path[KPLEG_CGROUP_PATH_MAX]; /* relative to the cgroup2 root, starts with '/' */
+};
+
+/* KPLEG_EVENT_EXEC: the first exec in a tracked cgroup ("container started"). */
+struct kpleg_exec_event {
+	struct kpleg_event_header hdr;
+	__u64 cgroup_id;
+	__u32 pid;  /* tgid */
+	__u32 tid;
+	__u32 ppid;
+	__u32 _pad0;
+	char comm[KPLEG_COMM_MAX];
+	char filename[KPLEG_FILENAME_MAX];
+};
+
+/* KPLEG_EVENT_EXIT: the death of a tracked cgroup's init ("container died"). */
+struct kpleg_exit_event {
+	struct kpleg_event_header hdr;
+	__u64 cgroup_id;
+	__u32 pid; /* tgid */
+	__u32 exit_code; /* exit status (0..255) when signal == 0 */
+	__u32 signal;    /* terminating signal, 0 on a normal exit */
+	__u32 _pad0;
+};
+
+/* KPLEG_EVENT_OOM: the OOM killer chose a victim in a tracked cgroup. */
+struct kpleg_oom_event {
+	struct kpleg_event_header hdr;
+	__u64 cgroup_id;
+	__u32 victim_pid;
+	__u32 _pad0;
+};
+
+#endif /* KPLEG_EVENTS_H */

@@ -1,0 +1,215 @@
+#include "kernel/bpf_program.h"
+
+#include <bpf/bpf.h>
+#include <bpf/libbpf.h>
+#include <spdlog/spdlog.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdarg>
+#include <cstring>
+#include <deque>
+#include <mutex>
+
+#include "kpleg_bpf.skel.h"
+
+namespace kpleg::kernel {
+
+namespace {
+
+std::mutex g_log_mu;
+std::deque<std::string> g_log_tail;
+constexpr size_t kLogTailLines = 60;
+
+int libbpf_print(enum libbpf_print_level level, const char* fmt, va_list args) {
+  char buf[1024];
+  int n = vsnprintf(buf, sizeof(buf), fmt, args);
+  std::string line(buf, n > 0 ? std::min<size_t>(n, sizeof(buf) - 1) : 0);
+  while (!line.empty() && line.back() == '\n') line.pop_back();
+  if (line.rfind("libbpf: ", 0) == 0) line.erase(0, 8);
+  if (level == LIBBPF_WARN) {  // the verifier log of a failed load comes at this level
+    std::lock_guard lk(g_log_mu);
+    g_log_tail.push_back(line);
+    if (g_log_tail.size() > kLogTailLines) g_log_tail.pop_front();
+  }
+  switch (level) {
+    case LIBBPF_WARN: spdlog::warn("libbpf: {}", line); break;
+    case LIBBPF_INFO: spdlog::debug("libbpf: {}", line); break;
+    case LIBBPF_DEBUG: spdlog::trace("libbpf: {}", line); break;
+  }
+  return n;
+}
+
+bool is_power_of_two(uint32_t v) { return v && !(v & (v - 1)); }
+
+}  // namespace
+
+void install_libbpf_logger() { libbpf_set_print(libbpf_print); }
+
+std::string libbpf_log_tail() {
+  std::lock_guard lk(g_log_mu);
+  std::string out;
+  for (const auto& l : g_log_tail) out += l + "\n";
+  return out;
+}
+
+Status validate(const BpfOptions& opts) {
+  long page = sysconf(_SC_PAGESIZE);
+  if (!is_power_of_two(opts.ringbuf_bytes) || opts.ringbuf_bytes < uint32_t(page)) {
+    return Error{EINVAL, "ring buffer size " + std::to_string(opts.ringbuf_bytes) +
+                             " must be a power of two and at least the page size (" +
+                             std::to_string(page) + ")"};
+  }
+  if (opts.max_tracked_cgroups == 0) return Error{EINVAL, "max tracked cgroups must be > 0"};
+  if (opts.root_names.empty()) return Error{EINVAL, "at least one cgroup root name is needed"};
+  if (opts.root_names.size() > KPLEG_MAX_ROOT_NAMES) {
+    return Error{EINVAL, "at most " + std::to_string(KPLEG_MAX_ROOT_NAMES) +
+                             " cgroup root names are supported"};
+  }
+  for (const auto& n : opts.root_names) {
+    if (n.empty() || n.size() >= KPLEG_ROOT_NAME_MAX || n.find('/') != std::string::npos) {
+      return Error{EINVAL, "cgroup root name '" + n + "' must be a single path component of 1-" +
+                               std::to_string(KPLEG_ROOT_NAME_MAX - 1) + " characters"};
+    }
+  }
+  return {};
+}
+
+Result<std::unique_ptr<BpfProgram>> BpfProgram::load(const BpfOptions& opts) {
+  if (auto st = validate(opts); !st) return st.error();
+
+  LIBBPF_OPTS(bpf_object_open_opts, open_opts);
+  if (!opts.btf_path.empty()) open_opts.btf_custom_path = opts.btf_path.c_str();
+
+  kpleg_bpf* skel = kpleg_bpf__open_opts(&open_opts);
+  if (!skel) {
+    int err = errno;
+    return Error{err, std::string("opening the BPF object failed: ") + std::strerror(err)};
+  }
+  auto owner = std::unique_ptr<BpfProgram>(new BpfProgram(skel));
+
+  if (skel->rodata->kpleg_abi_version != KPLEG_ABI_VERSION) {
+    return Error{EPROTO, "BPF object ABI version " +
+                             std::to_string(skel->rodata->kpleg_abi_version) +
+                             " does not match userspace ABI version " +
+                             std::to_string(KPLEG_ABI_VERSION)};
+  }
+  std::memset(const_cast<char(*)[KPLEG_ROOT_NAME_MAX]>(skel->rodata->root_names), 0,
+              sizeof(skel->rodata->root_names));
+  for (size_t i = 0; i < opts.root_names.size(); ++i) {
+    std::memcpy(const_cast<char*>(skel->rodata->root_names[i]), opts.root_names[i].data(),
+                opts.root_names[i].size());
+  }
+  skel->rodata->root_name_count = opts.root_names.size();
+  bpf_map__set_max_entries(skel->maps.events, opts.ringbuf_bytes);
+  // The OOM hook is a classic tracepoint (see core_fixes.bpf.h) and needs tracefs; it is
+  // attached on its own so that its absence costs only the OOMKilled hint.
+  bpf_program__set_autoattach(skel->progs.oom_mark_victim, false);
+  bpf_map__set_max_entries(skel->maps.tracked_cgroups, opts.max_tracked_cgroups);
+
+  if (int err = kpleg_bpf__load(skel); err) {
+    err = -err;
+    std::string cause = std::strerror(err);
+    if (err == EPERM || err == EACCES) {
+      cause += " (missing CAP_BPF/CAP_PERFMON or CAP_SYS_ADMIN?)";
+    }
+    return Error{err, "loading the BPF programs failed: " + cause + "\n" + libbpf_log_tail()};
+  }
+  return owner;
+}
+
+BpfProgram::~BpfProgram() { kpleg_bpf__destroy(skel_); }
+
+Status BpfProgram::attach() {
+  if (int err = kpleg_bpf__attach(skel_); err) {
+    return Error{-err, std::string("attaching the BPF programs failed: ") + std::strerror(-err)};
+  }
+  oom_attached_ = attach_oom();
+  return {};
+}
+
+bool BpfProgram::attach_oom() {
+  auto try_attach = [this] {
+    bpf_link* link = bpf_program__attach(skel_->progs.oom_mark_victim);
+    if (!link) return false;
+    skel_->links.oom_mark_victim = link;  // destroyed with the skeleton
+    return true;
+  };
+  if (try_attach()) return true;
+  // tracefs is often not mounted on nodes; the daemon runs privileged, so mount it once.
+  struct stat st;
+  if (stat("/sys/kernel/tracing/events", &st) != 0 &&
+      mount("nodev", "/sys/kernel/tracing", "tracefs", 0, nullptr) == 0) {
+    spdlog::info("mounted tracefs at /sys/kernel/tracing for the oom:mark_victim tracepoint");
+    if (try_attach()) return true;
+  }
+  spdlog::warn("oom:mark_victim tracepoint unavailable (tracefs?): OOM kills are not seen in the "
+               "kernel; the OOMKilled reason then comes from the runtime alone");
+  return false;
+}
+
+int BpfProgram::ringbuf_fd() const { return bpf_map__fd(skel_->maps.events); }
+int BpfProgram::tracked_map_fd() const { return bpf_map__fd(skel_->maps.tracked_cgroups); }
+
+Status BpfProgram::track(uint64_t cgroup_id, const kpleg_tracked_cgroup& value) {
+  if (bpf_map_update_elem(tracked_map_fd(), &cgroup_id, &value, BPF_ANY) != 0) {
+    return Error::from_errno(errno, "tracking cgroup " + std::to_string(cgroup_id));
+  }
+  return {};
+}
+
+bool BpfProgram::is_tracked(uint64_t cgroup_id) const {
+  kpleg_tracked_cgroup v;
+  return bpf_map_lookup_elem(tracked_map_fd(), &cgroup_id, &v) == 0;
+}
+
+size_t BpfProgram::tracked_count() const {
+  size_t n = 0;
+  uint64_t key = 0, next = 0;
+  uint64_t* prev = nullptr;
+  while (bpf_map_get_next_key(tracked_map_fd(), prev, &next) == 0) {
+    ++n;
+    key = next;
+    prev = &key;
+  }
+  return n;
+}
+
+Result<BpfCounters> BpfProgram::counters() const {
+  int ncpu = libbpf_num_possible_cpus();
+  if (ncpu <= 0) return Error{-ncpu, "cannot count possible CPUs"};
+  std::vector<uint64_t> values(ncpu);
+  uint64_t sums[KPLEG_CNT_MAX] = {};
+  int fd = bpf_map__fd(skel_->maps.counters);
+  for (uint32_t i = 0; i < KPLEG_CNT_MAX; ++i) {
+    if (bpf_map_lookup_elem(fd, &i, values.data()) != 0) {
+      return Error::from_errno(errno, "reading BPF counter " + std::to_string(i));
+    }
+    for (auto v : values) sums[i] += v;
+  }
+  BpfCounters c;
+  c.emitted = sums[KPLEG_CNT_EMITTED];
+  c.filtered = sums[KPLEG_CNT_FILTERED];
+  c.ringbuf_drops = sums[KPLEG_CNT_RINGBUF_DROPS];
+  c.helper_failures = sums[KPLEG_CNT_HELPER_FAILURES];
+  c.exec_repeated = sums[KPLEG_CNT_EXEC_REPEATED];
+  c.exit_ignored = sums[KPLEG_CNT_EXIT_IGNORED];
+  c.track_full = sums[KPLEG_CNT_TRACK_FULL];
+  for (int t = 0; t < 5; ++t) c.drops_by_type[t] = sums[KPLEG_CNT_DROPS_MKDIR + t];
+  return c;
+}
+
+std::vector<ProgramStats> BpfProgram::program_stats() const {
+  std::vector<ProgramStats> out;
+  bpf_program* prog;
+  bpf_object__for_each_program(prog, skel_->obj) {
+    bpf_prog_info info{};
+    uint32_t len = sizeof(info);
+    if (bpf_obj_get_info_by_fd(bpf_program__fd(prog), &info, &len) != 0) continue;
+    out.push_back({bpf_program__name(prog), info.run_time_ns, info.run_cnt});
+  }
+  return out;
+}
+
+}  // namespace kpleg::kernel

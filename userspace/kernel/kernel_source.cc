@@ -1,0 +1,244 @@
+#include "kernel/kernel_source.h"
+
+#include <bpf/bpf.h>
+#include <bpf/libbpf.h>
+#include <linux/capability.h>
+#include <spdlog/spdlog.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/syscall.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <vector>
+
+#include "cgroup/cgroup2_mount.h"
+
+namespace kpleg::kernel {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kFallback = "; the kernel event source cannot start, relist mode (--mode=relist) is the fallback";
+
+bool has_cap(const __user_cap_data_struct data[2], int cap) {
+  return (data[cap / 32].effective & (1u << (cap % 32))) != 0;
+}
+
+// The container's init among the processes of a cgroup: the one whose parent is outside it
+// (the shim). Ties go to the oldest (lowest) pid.
+uint32_t find_init(const std::vector<uint32_t>& pids) {
+  std::set<uint32_t> members(pids.begin(), pids.end());
+  uint32_t best = 0;
+  for (uint32_t pid : pids) {
+    std::ifstream st("/proc/" + std::to_string(pid) + "/stat");
+    std::string line;
+    if (!std::getline(st, line)) continue;
+    auto close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    char state;
+    uint32_t ppid = 0;
+    if (sscanf(line.c_str() + close + 1, " %c %u", &state, &ppid) != 2) continue;
+    if (!members.count(ppid) && (best == 0 || pid < best)) best = pid;
+  }
+  return best;
+}
+
+std::vector<uint32_t> read_procs(const fs::path& dir) {
+  std::vector<uint32_t> pids;
+  std::ifstream in(dir / "cgroup.procs");
+  uint32_t pid;
+  while (in >> pid) pids.push_back(pid);
+  return pids;
+}
+
+}  // namespace
+
+Status preflight(const KernelSourceOptions& opts) {
+  const std::string btf = opts.bpf.btf_path.empty() ? "/sys/kernel/btf/vmlinux" : opts.bpf.btf_path;
+  if (access(btf.c_str(), R_OK) != 0) {
+    return Error{ENOENT, "kernel BTF not readable at " + btf +
+                             " (the kernel needs CONFIG_DEBUG_INFO_BTF=y, or pass a BTF file)" +
+                             kFallback};
+  }
+  __user_cap_header_struct hdr{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[2]{};
+  if (syscall(SYS_capget, &hdr, data) != 0) {
+    return Error::from_errno(errno, std::string("reading process capabilities") + kFallback);
+  }
+  bool admin = has_cap(data, CAP_SYS_ADMIN);
+  if (!admin && !(has_cap(data, CAP_BPF) && has_cap(data, CAP_PERFMON))) {
+    return Error{EPERM, std::string("missing CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN) to load "
+                                    "BPF programs") + kFallback};
+  }
+  auto mount = cgroup::find_cgroup2_mount(opts.cgroup_base);
+  if (!mount) return Error{mount.error().code, "no cgroup2 hierarchy: " + mount.error().message + kFallback};
+  if (auto st = validate(opts.bpf); !st) return st;
+  return {};
+}
+
+BpfKernelSource::BpfKernelSource(KernelSourceOptions opts) : opts_(std::move(opts)) {}
+
+BpfKernelSource::~BpfKernelSource() { stop(); }
+
+Status BpfKernelSource::start(KernelSink sink) {
+  if (auto st = preflight(opts_); !st) return st;
+  sink_ = std::move(sink);
+  cgroup2_mount_ = *cgroup::find_cgroup2_mount(opts_.cgroup_base);
+
+  install_libbpf_logger();
+  auto prog = BpfProgram::load(opts_.bpf);
+  if (!prog) return Error{prog.error().code, prog.error().message + kFallback};
+  program_ = std::move(*prog);
+
+  rb_ = ring_buffer__new(program_->ringbuf_fd(), &BpfKernelSource::on_record, this, nullptr);
+  if (!rb_) return Error::from_errno(errno, "creating the ring buffer consumer");
+
+  // Attach first, then seed top-down: a cgroup made after its parent was seeded is caught by the
+  // mkdir hook, one made before is in the directory listing.
+  if (auto st = program_->attach(); !st) return Error{st.error().code, st.error().message + kFallback};
+  if (auto st = seed(cgroup2_mount_); !st) return st;
+
+  stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (stop_fd_ < 0) return Error::from_errno(errno, "eventfd");
+  if (auto c = program_->counters()) drops_seen_ = c->ringbuf_drops;
+  consuming_ = true;
+  thread_ = std::thread([this] { consume_loop(); });
+  spdlog::info("kernel source attached: cgroup2 at {}, {} cgroups tracked, ring buffer {} KiB",
+               cgroup2_mount_, seeded_, opts_.bpf.ringbuf_bytes / 1024);
+  return {};
+}
+
+Status BpfKernelSource::seed(const std::string& root) {
+  const auto& names = opts_.bpf.root_names;
+  // Depth-first, parent before children; `tracked` says whether the dir is at/below a root.
+  std::vector<std::pair<fs::path, bool>> stack{{fs::path(root), false}};
+  while (!stack.empty()) {
+    auto [dir, parent_tracked] = stack.back();
+    stack.pop_back();
+    bool tracked = parent_tracked;
+    if (dir != fs::path(root)) {
+      bool is_root = std::find(names.begin(), names.end(), dir.filename().string()) != names.end();
+      if (parent_tracked || is_root) {
+        struct stat st;
+        if (stat(dir.c_str(), &st) != 0) continue;  // removed meanwhile
+        kpleg_tracked_cgroup v{};
+        v.kind = parent_tracked ? KPLEG_TRACKED_DESCENDANT : KPLEG_TRACKED_ROOT;
+        auto pids = read_procs(dir);
+        if (!pids.empty()) {
+          // Already running: its start happened before kpleg; its init's exit is still news.
+          v.exec_seen = 1;
+          v.init_tgid = find_init(pids);
+        }
+        uint64_t id = st.st_ino;
+        if (bpf_map_update_elem(program_->tracked_map_fd(), &id, &v, BPF_NOEXIST) == 0) {
+          ++seeded_;
+        } else if (errno != EEXIST) {
+          return Error::from_errno(errno, "seeding tracked cgroup " + dir.string());
+        }
+        tracked = true;
+      }
+    }
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(dir, ec)) {
+      std::error_code ec2;
+      if (entry.is_directory(ec2) && !entry.is_symlink(ec2)) stack.emplace_back(entry.path(), tracked);
+    }
+  }
+  return {};
+}
+
+int BpfKernelSource::on_record(void* ctx, void* data, size_t size) {
+  auto* self = static_cast<BpfKernelSource*>(ctx);
+  auto ev = decode_event({static_cast<const std::byte*>(data), size}, &self->decode_stats_);
+  if (!ev) {
+    spdlog::warn("kernel source: {}", ev.error().message);
+    return 0;
+  }
+  self->received_.fetch_add(1, std::memory_order_relaxed);
+  if (self->sink_.on_event) self->sink_.on_event(*ev);
+  return 0;
+}
+
+void BpfKernelSource::check_loss() {
+  auto c = program_->counters();
+  if (!c) return;
+  if (c->ringbuf_drops > drops_seen_) {
+    uint64_t lost = c->ringbuf_drops - drops_seen_;
+    drops_seen_ = c->ringbuf_drops;
+    lost_reported_.fetch_add(lost, std::memory_order_relaxed);
+    spdlog::warn("kernel source: {} events lost (ring buffer full)", lost);
+    if (sink_.on_loss) sink_.on_loss(lost);
+  }
+}
+
+void BpfKernelSource::consume_loop() {
+  int ep = epoll_create1(EPOLL_CLOEXEC);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = ring_buffer__epoll_fd(rb_);
+  epoll_ctl(ep, EPOLL_CTL_ADD, ring_buffer__epoll_fd(rb_), &ev);
+  ev.data.fd = stop_fd_;
+  epoll_ctl(ep, EPOLL_CTL_ADD, stop_fd_, &ev);
+
+  bool running = true;
+  while (running) {
+    epoll_event out[2];
+    int n = epoll_wait(ep, out, 2, int(opts_.loss_check_interval.count()));
+    if (n < 0 && errno != EINTR) {
+      spdlog::error("kernel source: epoll_wait: {}", std::strerror(errno));
+      break;
+    }
+    for (int i = 0; i < n; ++i) {
+      if (out[i].data.fd == stop_fd_) running = false;
+    }
+    int err = ring_buffer__consume(rb_);
+    if (err < 0 && err != -EINTR) {
+      spdlog::error("kernel source: consuming the ring buffer: {}", std::strerror(-err));
+      break;
+    }
+    check_loss();
+  }
+  close(ep);
+  consuming_ = false;
+}
+
+void BpfKernelSource::stop() {
+  if (thread_.joinable()) {
+    uint64_t one = 1;
+    (void)!write(stop_fd_, &one, sizeof(one));
+    thread_.join();
+  }
+  if (rb_) {
+    ring_buffer__free(rb_);
+    rb_ = nullptr;
+  }
+  if (stop_fd_ >= 0) {
+    close(stop_fd_);
+    stop_fd_ = -1;
+  }
+  program_.reset();
+}
+
+KernelSourceStats BpfKernelSource::stats() const {
+  KernelSourceStats s;
+  if (program_) {
+    if (auto c = program_->counters()) s.bpf = *c;
+    s.attached = true;
+  }
+  s.received = received_.load(std::memory_order_relaxed);
+  s.decode_errors = decode_stats_.total();
+  s.lost_reported = lost_reported_.load(std::memory_order_relaxed);
+  s.consuming = consuming_.load();
+  s.seeded_cgroups = seeded_;
+  s.cgroup2_mount = cgroup2_mount_;
+  return s;
+}
+
+}  // namespace kpleg::kernel

@@ -1,0 +1,92 @@
+// KernelSource: the kernel's container start/stop signals as typed events.
+//
+// The BPF implementation loads kpleg's programs, attaches them, seeds the tracked cgroups from
+// the existing cgroup2 tree, and consumes the ring buffer on its own thread (epoll), handing
+// every decoded event to the sink in ring-buffer order. Loss (the BPF drop counter moved) is
+// reported to the sink so that the daemon can reconcile at once.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "common/result.h"
+#include "kernel/bpf_program.h"
+#include "kernel/kernel_event.h"
+
+struct ring_buffer;  // libbpf
+
+namespace kpleg::kernel {
+
+struct KernelSourceOptions {
+  BpfOptions bpf;
+  std::string cgroup_base = "/sys/fs/cgroup";  // cgroup2 is found here or at <base>/unified
+  std::chrono::milliseconds loss_check_interval{1000};
+};
+
+struct KernelSink {
+  std::function<void(const KernelEvent&)> on_event;
+  std::function<void(uint64_t lost)> on_loss;  // records lost since the last report
+};
+
+struct KernelSourceStats {
+  BpfCounters bpf;
+  uint64_t received = 0;       // records decoded and handed to the sink
+  uint64_t decode_errors = 0;  // records rejected by decode_event
+  uint64_t lost_reported = 0;  // drops reported through on_loss
+  bool attached = false;
+  bool consuming = false;      // the consumer thread is alive
+  size_t seeded_cgroups = 0;
+  std::string cgroup2_mount;
+};
+
+class KernelSource {
+ public:
+  virtual ~KernelSource() = default;
+  virtual Status start(KernelSink sink) = 0;
+  virtual void stop() = 0;
+  virtual KernelSourceStats stats() const = 0;
+};
+
+// Checks what the BPF source needs before anything is loaded, and returns one line that names
+// the missing piece (BTF, CAP_BPF/CAP_PERFMON, cgroup2) and that relist mode is the fallback.
+Status preflight(const KernelSourceOptions& opts);
+
+class BpfKernelSource final : public KernelSource {
+ public:
+  explicit BpfKernelSource(KernelSourceOptions opts);
+  ~BpfKernelSource() override;
+
+  Status start(KernelSink sink) override;
+  void stop() override;
+  KernelSourceStats stats() const override;
+
+  // The loaded program, for tests and benchmarks (program stats, tracked map).
+  BpfProgram* program() { return program_.get(); }
+
+ private:
+  Status seed(const std::string& cgroup2_root);
+  void consume_loop();
+  void check_loss();
+  static int on_record(void* ctx, void* data, size_t size);
+
+  KernelSourceOptions opts_;
+  KernelSink sink_;
+  std::unique_ptr<BpfProgram> program_;
+  ::ring_buffer* rb_ = nullptr;
+  int stop_fd_ = -1;
+  std::thread thread_;
+  std::string cgroup2_mount_;
+  DecodeStats decode_stats_;
+  std::atomic<uint64_t> received_{0};
+  std::atomic<uint64_t> lost_reported_{0};
+  std::atomic<bool> consuming_{false};
+  uint64_t drops_seen_ = 0;
+  size_t seeded_ = 0;
+};
+
+}  // namespace kpleg::kernel
