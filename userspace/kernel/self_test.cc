@@ -106,6 +106,11 @@ bool EventCollector::wait_for(const std::function<bool(const std::vector<KernelE
   return cv_.wait_for(lk, timeout, [&] { return pred(events_); });
 }
 
+bool EventCollector::wait_accounted(uint64_t n, std::chrono::milliseconds timeout) {
+  std::unique_lock lk(mu_);
+  return cv_.wait_for(lk, timeout, [&] { return events_.size() + lost_ >= n; });
+}
+
 std::vector<KernelEvent> EventCollector::events() const {
   std::lock_guard lk(mu_);
   return events_;

@@ -51,6 +51,8 @@ class EventCollector {
   // Waits until `pred` holds over the collected events or the deadline passes.
   bool wait_for(const std::function<bool(const std::vector<KernelEvent>&)>& pred,
                 std::chrono::milliseconds timeout);
+  // Waits until received events plus reported losses reach `n`.
+  bool wait_accounted(uint64_t n, std::chrono::milliseconds timeout);
   std::vector<KernelEvent> events() const;
   // Events whose cgroup id is in `ids`, in arrival order.
   std::vector<KernelEvent> for_cgroups(const std::vector<uint64_t>& ids) const;

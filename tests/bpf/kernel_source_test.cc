@@ -1,0 +1,291 @@
+// The kernel source against the real kernel: real BPF programs, real cgroups, real processes.
+// Every test works in a private cgroup2 subtree (kpleg-bpf-test-<pid>/...) and looks only at
+// the events of the cgroups it made, so a runtime on the same machine does not disturb it.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <fstream>
+#include <optional>
+#include <thread>
+#include <csignal>
+#include <string>
+#include <vector>
+
+#include "cgroup/cgroup2_mount.h"
+#include "kernel/kernel_source.h"
+#include "kernel/self_test.h"
+#include "support/privileged.h"
+
+namespace kpleg::kernel {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr auto kDeadline = 5s;
+const std::string kPodUid = "0c1d2e3f-4a5b-4c6d-8e7f-000000000001";
+
+std::string hex_id(char c) { return std::string(64, c); }
+
+std::vector<std::string> kinds_of(const std::vector<KernelEvent>& evs) {
+  std::vector<std::string> out;
+  for (const auto& e : evs) out.push_back(e.kind());
+  return out;
+}
+
+class KernelSourceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    KPLEG_REQUIRE_OR_SKIP(geteuid() == 0, "needs root to load BPF programs and make cgroups");
+    KernelSourceOptions probe;
+    auto pf = preflight(probe);
+    KPLEG_REQUIRE_OR_SKIP(pf.ok(), pf.ok() ? "" : pf.error().message);
+    mount_ = *cgroup::find_cgroup2_mount();
+    static int n = 0;
+    auto base = ScratchCgroup::create(mount_ + "/kpleg-bpf-test-" + std::to_string(getpid()) + "-" +
+                                      std::to_string(n++));
+    ASSERT_TRUE(base.ok()) << base.error().message;
+    base_.emplace(std::move(*base));
+  }
+
+  void start(KernelSourceOptions opts = {}) {
+    opts.loss_check_interval = 50ms;
+    source_ = std::make_unique<BpfKernelSource>(opts);
+    auto st = source_->start(collector_.sink());
+    ASSERT_TRUE(st.ok()) << st.error().message;
+  }
+
+  void TearDown() override {
+    if (source_) source_->stop();
+  }
+
+  // base/kubepods/burstable/pod<uid>/<id>
+  std::string container_path(char id_char) {
+    return base_->path() + "/kubepods/burstable/pod" + kPodUid + "/" + hex_id(id_char);
+  }
+
+  Result<ScratchCgroup> make_tree(const std::string& leaf) {
+    // mkdir -p, one level at a time, so the kernel sees each mkdir.
+    std::string rel = leaf.substr(base_->path().size());
+    std::string cur = base_->path();
+    size_t pos = 1;
+    while (true) {
+      size_t next = rel.find('/', pos);
+      cur = base_->path() + rel.substr(0, next);
+      if (next == std::string::npos) break;
+      if (mkdir(cur.c_str(), 0755) != 0 && errno != EEXIST) return Error::from_errno(errno, cur);
+      pos = next + 1;
+    }
+    return ScratchCgroup::create(leaf);
+  }
+
+  bool wait_kinds(uint64_t id, const std::vector<std::string>& want) {
+    return collector_.wait_for(
+        [&](const auto& evs) { return kinds_of(filter_cgroups(evs, {id})).size() >= want.size(); },
+        kDeadline);
+  }
+
+  std::string mount_;
+  std::optional<ScratchCgroup> base_;
+  EventCollector collector_;
+  std::unique_ptr<BpfKernelSource> source_;
+};
+
+TEST_F(KernelSourceTest, ContainerLifecycleExactlyOneExecThenExitThenRmdir) {
+  start();
+  auto ctr = make_tree(container_path('a'));
+  ASSERT_TRUE(ctr.ok()) << ctr.error().message;
+  const uint64_t id = ctr->id();
+
+  // The init execs itself five more times (an exec chain, like entrypoint wrappers), then exits 3.
+  const std::string chain =
+      "n=${N:-0}; if [ $n -lt 5 ]; then export N=$((n+1)); exec /bin/sh -c \"$0\" \"$0\"; fi; exit 3";
+  auto status = run_in_cgroup(ctr->path(), {"/bin/sh", "-c", chain, chain});
+  ASSERT_TRUE(status.ok());
+  ASSERT_TRUE(WIFEXITED(*status));
+  ASSERT_EQ(WEXITSTATUS(*status), 3);
+  ASSERT_TRUE(ctr->remove().ok());
+
+  const std::vector<std::string> want{"cgroup_mkdir", "exec", "exit", "cgroup_rmdir"};
+  ASSERT_TRUE(wait_kinds(id, want)) << "events: " << ::testing::PrintToString(kinds_of(collector_.for_cgroups({id})));
+  auto evs = collector_.for_cgroups({id});
+  EXPECT_EQ(kinds_of(evs), want);
+
+  const auto& mk = std::get<CgroupMkdir>(evs[0].body);
+  EXPECT_EQ(mk.path, container_path('a').substr(mount_.size()));
+  const auto& ex = std::get<ProcessExec>(evs[1].body);
+  EXPECT_EQ(ex.filename, "/bin/sh");
+  const auto& xt = std::get<ProcessExit>(evs[2].body);
+  EXPECT_EQ(xt.pid, ex.pid);
+  EXPECT_EQ(xt.exit_code, 3u);
+  EXPECT_EQ(xt.signal, 0u);
+  // Timestamps are ordered like the transitions.
+  EXPECT_LT(evs[0].ktime_ns, evs[1].ktime_ns);
+  EXPECT_LT(evs[1].ktime_ns, evs[2].ktime_ns);
+  EXPECT_LT(evs[2].ktime_ns, evs[3].ktime_ns);
+
+  auto st = source_->stats();
+  EXPECT_GE(st.bpf.exec_repeated, 5u);
+  EXPECT_EQ(st.bpf.ringbuf_drops, 0u);
+  EXPECT_EQ(st.decode_errors, 0u);
+}
+
+TEST_F(KernelSourceTest, ExitBySignalReportsTheSignal) {
+  start();
+  auto ctr = make_tree(container_path('b'));
+  ASSERT_TRUE(ctr.ok());
+  auto pid = spawn_in_cgroup(ctr->path(), {"/bin/sleep", "30"});
+  ASSERT_TRUE(pid.ok());
+  ASSERT_TRUE(collector_.wait_for(
+      [&](const auto& evs) { return count_kind(filter_cgroups(evs, {ctr->id()}), "exec") == 1; },
+      kDeadline));
+  kill(*pid, SIGKILL);
+  auto status = wait_child(*pid);
+  ASSERT_TRUE(status.ok());
+  ASSERT_TRUE(WIFSIGNALED(*status));
+  ASSERT_TRUE(collector_.wait_for(
+      [&](const auto& evs) { return count_kind(filter_cgroups(evs, {ctr->id()}), "exit") == 1; },
+      kDeadline));
+  for (const auto& e : collector_.for_cgroups({ctr->id()})) {
+    if (auto* x = std::get_if<ProcessExit>(&e.body)) {
+      EXPECT_EQ(x->signal, unsigned(SIGKILL));
+      EXPECT_EQ(x->exit_code, 0u);
+      EXPECT_EQ(x->pid, unsigned(*pid));
+    }
+  }
+}
+
+TEST_F(KernelSourceTest, UntrackedCgroupProducesNothingFor1000Execs) {
+  start();
+  auto other = make_tree(base_->path() + "/not-kubernetes/" + hex_id('c'));
+  ASSERT_TRUE(other.ok());
+  auto before = source_->stats().bpf.filtered;
+  // One process execs 1,000 times in the untracked cgroup.
+  auto status = run_in_cgroup(other->path(),
+                              {"/bin/sh", "-c", "i=0; while [ $i -lt 1000 ]; do /bin/true; i=$((i+1)); done"});
+  ASSERT_TRUE(status.ok());
+  ASSERT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0);
+  // A tracked cgroup made afterwards is a barrier: once its mkdir arrived, anything the
+  // untracked execs produced would have arrived before it.
+  auto barrier = make_tree(container_path('d'));
+  ASSERT_TRUE(barrier.ok());
+  ASSERT_TRUE(wait_kinds(barrier->id(), {"cgroup_mkdir"}));
+  EXPECT_TRUE(collector_.for_cgroups({other->id()}).empty());
+  EXPECT_GE(source_->stats().bpf.filtered - before, 2000u) << "each exec and exit is filtered";
+}
+
+TEST_F(KernelSourceTest, ForkedChildrenThatExecAddNoLifecycleEvents) {
+  start();
+  auto ctr = make_tree(container_path('e'));
+  ASSERT_TRUE(ctr.ok());
+  // The init forks 10 children that exec, waits for them, then exits 0.
+  auto status = run_in_cgroup(ctr->path(), {"/bin/sh", "-c",
+                                            "for i in 1 2 3 4 5 6 7 8 9 10; do /bin/true & done; wait; exit 0"});
+  ASSERT_TRUE(status.ok());
+  ASSERT_TRUE(ctr->remove().ok());
+  ASSERT_TRUE(wait_kinds(ctr->id(), {"cgroup_mkdir", "exec", "exit", "cgroup_rmdir"}));
+  auto evs = collector_.for_cgroups({ctr->id()});
+  EXPECT_EQ(kinds_of(evs), (std::vector<std::string>{"cgroup_mkdir", "exec", "exit", "cgroup_rmdir"}));
+  auto st = source_->stats();
+  EXPECT_GE(st.bpf.exec_repeated, 10u);
+  EXPECT_GE(st.bpf.exit_ignored, 10u);
+}
+
+TEST_F(KernelSourceTest, CgroupsThatExistedBeforeTheLoaderAreTracked) {
+  // Made before the source starts: an empty container cgroup and one with a running init.
+  auto idle = make_tree(container_path('f'));
+  auto busy = make_tree(container_path('9'));
+  ASSERT_TRUE(idle.ok() && busy.ok());
+  auto pid = spawn_in_cgroup(busy->path(), {"/bin/sleep", "30"});
+  ASSERT_TRUE(pid.ok());
+  // The child must be in the cgroup before the walk; wait until cgroup.procs lists it.
+  auto deadline = std::chrono::steady_clock::now() + kDeadline;
+  while (true) {
+    std::ifstream procs(busy->path() + "/cgroup.procs");
+    std::string line;
+    if (std::getline(procs, line) && !line.empty()) break;
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "child never joined its cgroup";
+    std::this_thread::yield();
+  }
+  start();
+  EXPECT_TRUE(source_->program()->is_tracked(idle->id()));
+  EXPECT_TRUE(source_->program()->is_tracked(busy->id()));
+  EXPECT_GE(source_->stats().seeded_cgroups, 5u);  // kubepods, burstable, pod, 2 containers
+
+  // The running container's start predates kpleg: an exec probe now is not a start.
+  auto probe = run_in_cgroup(busy->path(), {"/bin/true"});
+  ASSERT_TRUE(probe.ok());
+  // Its init's death is news.
+  kill(*pid, SIGTERM);
+  ASSERT_TRUE(wait_child(*pid).ok());
+  // The idle container starts now: its first exec is a start.
+  auto run = run_in_cgroup(idle->path(), {"/bin/sh", "-c", "exit 4"});
+  ASSERT_TRUE(run.ok());
+  ASSERT_TRUE(wait_kinds(idle->id(), {"exec", "exit"}));
+  ASSERT_TRUE(wait_kinds(busy->id(), {"exit"}));
+  EXPECT_EQ(kinds_of(collector_.for_cgroups({busy->id()})), std::vector<std::string>{"exit"});
+  EXPECT_EQ(kinds_of(collector_.for_cgroups({idle->id()})), (std::vector<std::string>{"exec", "exit"}));
+  for (const auto& e : collector_.for_cgroups({busy->id()})) {
+    EXPECT_EQ(std::get<ProcessExit>(e.body).signal, unsigned(SIGTERM));
+  }
+}
+
+TEST_F(KernelSourceTest, TinyRingBufferReportsExactlyWhatWasLost) {
+  // A consumer stalled behind a slow sink, as in a daemon that cannot keep up: the first record
+  // blocks the consumer thread until the burst is over, so the one-page ring buffer overflows.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool gate_open = false;
+  auto inner = collector_.sink();
+  KernelSink gated;
+  gated.on_event = [&](const KernelEvent& ev) {
+    {
+      std::unique_lock lk(mu);
+      cv.wait(lk, [&] { return gate_open; });
+    }
+    inner.on_event(ev);
+  };
+  gated.on_loss = inner.on_loss;
+
+  KernelSourceOptions opts;
+  opts.bpf.ringbuf_bytes = uint32_t(sysconf(_SC_PAGESIZE));
+  opts.loss_check_interval = 50ms;
+  source_ = std::make_unique<BpfKernelSource>(opts);
+  ASSERT_TRUE(source_->start(gated).ok());
+
+  constexpr int kBurst = 300;  // cgroup records: 3 parents + 300 containers
+  auto pod = make_tree(base_->path() + "/kubepods/besteffort/pod" + kPodUid);
+  ASSERT_TRUE(pod.ok());
+  std::vector<ScratchCgroup> burst;
+  for (int i = 0; i < kBurst; ++i) {
+    char id[65];
+    snprintf(id, sizeof(id), "%064x", i);
+    auto c = ScratchCgroup::create(pod->path() + "/" + id);
+    ASSERT_TRUE(c.ok());
+    burst.push_back(std::move(*c));
+  }
+  const uint64_t generated = kBurst + 3;
+  {
+    std::lock_guard lk(mu);
+    gate_open = true;
+  }
+  cv.notify_all();
+
+  // Accounted for once received + reported lost covers everything generated.
+  ASSERT_TRUE(collector_.wait_accounted(generated, kDeadline))
+      << "received " << collector_.events().size() << " lost " << collector_.lost();
+  const auto st = source_->stats();
+  const uint64_t received = collector_.events().size();
+  EXPECT_GT(st.bpf.ringbuf_drops, 0u) << "a one-page ring buffer must overflow under the burst";
+  EXPECT_EQ(received + st.bpf.ringbuf_drops, generated);
+  EXPECT_EQ(st.bpf.drops_by_type[0], st.bpf.ringbuf_drops) << "all drops were mkdir records";
+  EXPECT_EQ(st.lost_reported, st.bpf.ringbuf_drops) << "every drop reported to the sink";
+  EXPECT_EQ(collector_.lost(), st.lost_reported);
+  burst.clear();
+}
+
+}  // namespace
+}  // namespace kpleg::kernel
