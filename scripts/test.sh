@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Runs every kpleg test on this machine: installs the build and test dependencies (Debian
+# packages), builds, runs the CTest suite (unit, bpf, cri, e2e, api, vmtest labels), fuzzes the
+# cgroup path parser for a bounded time, and takes the local test bed down afterwards.
+#
+# Tests that need root, BPF or containerd skip with a reason when run unprivileged; with
+# KPLEG_REQUIRE_PRIVILEGED=1 (as in CI) such a skip is a failure.
+#
+#   KPLEG_BUILD_DIR   build directory (default <repo>/build)
+#   CTEST_ARGS        extra ctest arguments (e.g. "-L unit")
+#   FUZZ_SECONDS      fuzzing time (default 60; 0 skips fuzzing)
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build=${KPLEG_BUILD_DIR:-$repo/build}
+cd "$repo"
+
+bash scripts/install-deps.sh
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
+cmake --build "$build" -j "$(nproc)"
+
+status=0
+# The cri/e2e tests share one containerd test bed (one kills and restarts it), so tests run
+# one at a time.
+(cd "$build" && ctest --output-on-failure --no-tests=error ${CTEST_ARGS:-}) || status=$?
+
+if [ "${FUZZ_SECONDS:-60}" != 0 ]; then
+  FUZZ_SECONDS=${FUZZ_SECONDS:-60} bash scripts/fuzz.sh || status=1
+fi
+
+bash scripts/testbed.sh down || true
+exit $status
