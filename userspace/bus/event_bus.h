@@ -1,0 +1,166 @@
+// The EventBus owns kpleg's event stream: it gives every published event its global sequence
+// number, keeps a bounded history for consumers that resume, and fans events out to
+// subscribers through per-subscriber bounded queues.
+//
+// Guarantees:
+// - Sequence numbers start at 1 and strictly increase, in publish order.
+// - A subscriber sees events in sequence order, never a silent gap: a position older than the
+//   history (or not from this stream) gets an explicit RESYNC event first, meaning "List again".
+// - publish() never waits for a subscriber. A subscriber whose queue is full is cut off (its
+//   queue dropped, the reason recorded); the others are unaffected. Memory is bounded by the
+//   history capacity plus each subscriber's queue capacity.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "pleg/event.h"
+
+namespace kpleg::bus {
+
+// Published events are immutable and shared by the history and every subscriber queue.
+using EventPtr = std::shared_ptr<const pleg::PodLifecycleEvent>;
+
+// Which events a subscriber wants; empty fields match everything. RESYNC always matches.
+struct EventFilter {
+  std::string pod_uid;
+  std::string pod_namespace;
+
+  bool matches(const pleg::PodLifecycleEvent& ev) const;
+};
+
+// A from_seq that is not a position in this stream (e.g. one from another daemon instance):
+// the subscription starts with RESYNC, then live events.
+inline constexpr uint64_t kUnknownPosition = UINT64_MAX;
+
+inline constexpr size_t kDefaultHistoryCapacity = 10'000;
+inline constexpr size_t kDefaultQueueCapacity = 1'000;
+
+struct EventBusOptions {
+  size_t history_capacity = kDefaultHistoryCapacity;  // at least 1
+  size_t default_queue_capacity = kDefaultQueueCapacity;
+  // Called for every event once its seq is assigned, under the publish lock, before fan-out:
+  // it must be cheap and must not publish (metrics: events by type, detection latency).
+  std::function<void(const pleg::PodLifecycleEvent&)> on_publish;
+};
+
+struct BusStats {
+  uint64_t last_seq = 0;
+  uint64_t oldest_retained_seq = 0;  // 0 while nothing is retained
+  uint64_t history_size = 0;
+  uint64_t history_capacity = 0;
+  uint64_t subscribers = 0;          // open subscriptions
+  uint64_t subscribers_cut_off = 0;  // since start
+  uint64_t discarded_events = 0;     // queued events dropped with cut-off subscribers
+};
+
+namespace detail {
+struct Subscriber;
+struct BusCore;
+}  // namespace detail
+
+// One consumer's view of the stream. Move-only; destroying it cancels it.
+class Subscription {
+ public:
+  enum class Status {
+    kEvent,    // `event` is set
+    kTimeout,  // nothing arrived within the timeout
+    kClosed,   // cancelled, cut off, or the bus was closed: see close_reason()
+  };
+  struct Next {
+    Status status = Status::kTimeout;
+    EventPtr event;
+  };
+
+  Subscription() = default;
+  Subscription(Subscription&&) noexcept;
+  Subscription& operator=(Subscription&&) noexcept;
+  Subscription(const Subscription&) = delete;
+  Subscription& operator=(const Subscription&) = delete;
+  ~Subscription();
+
+  // Waits up to `timeout` for the next event. After the subscription closes, returns kClosed
+  // at once (a cut-off subscriber's queued events are dropped with it: resume from the last
+  // seq received).
+  Next next(std::chrono::milliseconds timeout);
+  // Stops delivery and wakes a blocked next(). Idempotent; safe from any thread.
+  void cancel();
+
+  bool closed() const;
+  bool cut_off() const;
+  // Why the subscription closed: "subscriber too slow: queue of N events full", "cancelled",
+  // or the reason given to EventBus::close(); empty while open.
+  std::string close_reason() const;
+  uint64_t id() const;
+  size_t queue_capacity() const;
+  // Live events waiting (the initial backlog of retained events is not counted).
+  size_t queued() const;
+  // The most live events that were ever waiting at once; never above queue_capacity().
+  size_t max_queued() const;
+  // Initial backlog (RESYNC and retained events) not yet taken.
+  size_t backlog() const;
+
+ private:
+  friend class EventBus;
+  explicit Subscription(std::shared_ptr<detail::Subscriber> s);
+  std::shared_ptr<detail::Subscriber> sub_;
+};
+
+class EventBus final : public pleg::EventSink {
+ public:
+  explicit EventBus(EventBusOptions options = {});
+  ~EventBus() override;  // closes every subscription ("event bus shut down")
+  EventBus(const EventBus&) = delete;
+  EventBus& operator=(const EventBus&) = delete;
+
+  // Assigns ev.seq (and emit_ts_ns when unset), records it in the history and queues it for
+  // every matching subscriber. Never blocks on a subscriber.
+  void publish(pleg::PodLifecycleEvent ev) override;
+
+  // Events with seq > from_seq (0: only events published from now on), filtered.
+  // queue_capacity 0 takes the bus's default. The initial backlog (RESYNC when from_seq is
+  // older than the history or not in this stream, then the retained events after from_seq)
+  // does not count against queue_capacity, so a consumer can always resume from anywhere in
+  // the history; live events do.
+  Subscription subscribe(uint64_t from_seq, EventFilter filter = {}, size_t queue_capacity = 0);
+
+  // Runs f while holding the publish lock and returns the last assigned seq with f's result
+  // ({seq, result}, or just seq when f returns void). A snapshot taken inside f is exactly
+  // consistent with that seq, provided producers update the state the snapshot reads before
+  // they publish, under a lock that f takes too. f must not publish.
+  template <typename F>
+  auto with_seq(F&& f) {
+    using R = std::invoke_result_t<F&>;
+    if constexpr (std::is_void_v<R>) {
+      return run_locked([&] { f(); });
+    } else {
+      std::optional<R> result;
+      uint64_t seq = run_locked([&] { result.emplace(f()); });
+      return std::pair<uint64_t, R>(seq, std::move(*result));
+    }
+  }
+
+  // Closes every subscription with `reason`; later subscriptions start closed. Publishing
+  // still assigns sequence numbers and fills the history.
+  void close(const std::string& reason);
+
+  uint64_t last_seq() const;
+  BusStats stats() const;
+  // Random, fixed for this bus: sequence numbers mean something only within one instance.
+  const std::string& instance_id() const { return instance_id_; }
+
+ private:
+  uint64_t run_locked(const std::function<void()>& f);
+
+  std::unique_ptr<detail::BusCore> core_;
+  std::string instance_id_;
+};
+
+}  // namespace kpleg::bus
