@@ -1,0 +1,255 @@
+// The tracker's state machine against an in-memory runtime: kernel signals become events only
+// once the runtime confirms them, with the kubelet's rules, no duplicates, no Died before Started.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <vector>
+
+#include "cri/fake_cri_client.h"
+#include "pleg/reconciler.h"
+#include "pleg/tracker.h"
+
+namespace kpleg::pleg {
+namespace {
+
+using namespace std::chrono_literals;
+namespace v1 = ::runtime::v1;
+
+class CollectingSink : public EventSink {
+ public:
+  void publish(PodLifecycleEvent ev) override {
+    std::lock_guard lk(mu_);
+    events_.push_back(std::move(ev));
+    cv_.notify_all();
+  }
+  bool wait_count(size_t n, std::chrono::milliseconds t = 5s) {
+    std::unique_lock lk(mu_);
+    return cv_.wait_for(lk, t, [&] { return events_.size() >= n; });
+  }
+  std::vector<PodLifecycleEvent> events() {
+    std::lock_guard lk(mu_);
+    return events_;
+  }
+  std::vector<std::string> types_for(const std::string& id) {
+    std::lock_guard lk(mu_);
+    std::vector<std::string> out;
+    for (const auto& e : events_) {
+      if (e.container_id == id) out.push_back(to_string(e.type));
+    }
+    return out;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<PodLifecycleEvent> events_;
+};
+
+const std::string kUid = "5f1e2d3c-4b5a-4968-8776-655443322110";
+
+class TrackerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    TrackerOptions o;
+    o.removal_check_first = 20ms;
+    o.removal_check_max = 40ms;
+    o.correction_grace = 20ms;
+    tracker_ = std::make_unique<Tracker>(cri_, index_, sink_, o);
+    v1::PodSandboxConfig cfg;
+    cfg.mutable_metadata()->set_name("web");
+    cfg.mutable_metadata()->set_namespace_("shop");
+    cfg.mutable_metadata()->set_uid(kUid);
+    (*cfg.mutable_labels())["io.kubernetes.pod.uid"] = kUid;
+    (*cfg.mutable_labels())["io.kubernetes.pod.name"] = "web";
+    (*cfg.mutable_labels())["io.kubernetes.pod.namespace"] = "shop";
+    sandbox_cfg_ = cfg;
+    sandbox_ = *cri_.run_pod_sandbox(cfg);
+    index_.on_mkdir(cgroup_of(sandbox_), path_of(sandbox_));
+  }
+  void TearDown() override { tracker_->stop(); }
+
+  static uint64_t cgroup_of(const std::string& id) { return std::hash<std::string>{}(id) | 1; }
+  static std::string path_of(const std::string& id) {
+    return "/kubepods/burstable/pod" + kUid + "/" + id;
+  }
+
+  std::string create(const std::string& name) {
+    v1::ContainerConfig c;
+    c.mutable_metadata()->set_name(name);
+    (*c.mutable_labels())["io.kubernetes.pod.uid"] = kUid;
+    (*c.mutable_labels())["io.kubernetes.pod.name"] = "web";
+    (*c.mutable_labels())["io.kubernetes.pod.namespace"] = "shop";
+    (*c.mutable_labels())["io.kubernetes.container.name"] = name;
+    auto id = *cri_.create_container(sandbox_, c, sandbox_cfg_);
+    index_.on_mkdir(cgroup_of(id), path_of(id));
+    return id;
+  }
+
+  void kernel_exec(const std::string& id) {
+    kernel::KernelEvent ev;
+    ev.ktime_ns = 1;
+    ev.body = kernel::ProcessExec{cgroup_of(id), 100, 100, 1, "sh", "/bin/sh"};
+    tracker_->on_kernel_event(ev);
+  }
+  void kernel_exit(const std::string& id, uint32_t code) {
+    kernel::KernelEvent ev;
+    ev.ktime_ns = 2;
+    ev.body = kernel::ProcessExit{cgroup_of(id), 100, code, 0, false};
+    tracker_->on_kernel_event(ev);
+  }
+  void kernel_oom(const std::string& id) {
+    kernel::KernelEvent ev;
+    ev.body = kernel::OomKill{cgroup_of(id), 100};
+    tracker_->on_kernel_event(ev);
+  }
+
+  bool wait_types(const std::string& id, const std::vector<std::string>& want) {
+    auto deadline = std::chrono::steady_clock::now() + 5s;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (sink_.types_for(id).size() >= want.size()) return sink_.types_for(id) == want;
+      sink_.wait_count(sink_.events().size() + 1, 50ms);
+    }
+    return false;
+  }
+
+  cri::FakeCriClient cri_;
+  cgroup::CgroupIndex index_;
+  CollectingSink sink_;
+  std::unique_ptr<Tracker> tracker_;
+  v1::PodSandboxConfig sandbox_cfg_;
+  std::string sandbox_;
+};
+
+TEST_F(TrackerTest, StartDieRemoveConfirmedByTheRuntime) {
+  auto id = create("app");
+  ASSERT_TRUE(cri_.start_container(id).ok());
+  kernel_exec(id);
+  ASSERT_TRUE(wait_types(id, {"ContainerStarted"}));
+  ASSERT_TRUE(cri_.exit_container(id, 3).ok());
+  kernel_exit(id, 3);
+  ASSERT_TRUE(wait_types(id, {"ContainerStarted", "ContainerDied"}));
+  ASSERT_TRUE(cri_.remove_container(id).ok());
+  ASSERT_TRUE(wait_types(id, {"ContainerStarted", "ContainerDied", "ContainerRemoved"}));
+
+  auto evs = sink_.events();
+  ASSERT_EQ(evs.size(), 3u);
+  EXPECT_EQ(evs[0].pod_name, "web");
+  EXPECT_EQ(evs[0].pod_namespace, "shop");
+  EXPECT_EQ(evs[0].pod_uid, kUid);
+  EXPECT_EQ(evs[0].container_name, "app");
+  EXPECT_EQ(evs[0].source, EventSource::kKernel);
+  EXPECT_GT(evs[0].status.started_at_ns, 0);
+  EXPECT_EQ(evs[1].exit_code, 3);
+  EXPECT_EQ(evs[1].status.state, ContainerState::kExited);
+  EXPECT_FALSE(evs[1].correction);
+  EXPECT_EQ(tracker_->stats().corrections_total(), 0u);
+}
+
+TEST_F(TrackerTest, WaitsForTheRuntimeToReportTheStart) {
+  auto id = create("slow");
+  kernel_exec(id);  // the kernel is ahead: the runtime still says CREATED
+  EXPECT_FALSE(sink_.wait_count(1, 100ms)) << "an event for a state the runtime does not report";
+  ASSERT_TRUE(cri_.start_container(id).ok());
+  ASSERT_TRUE(wait_types(id, {"ContainerStarted"}));
+  EXPECT_GT(tracker_->stats().confirm_retries, 0u);
+}
+
+TEST_F(TrackerTest, DuplicateSignalsGiveOneEvent) {
+  auto id = create("dup");
+  ASSERT_TRUE(cri_.start_container(id).ok());
+  for (int i = 0; i < 5; ++i) kernel_exec(id);
+  ASSERT_TRUE(wait_types(id, {"ContainerStarted"}));
+  ASSERT_TRUE(cri_.exit_container(id, 0).ok());
+  for (int i = 0; i < 5; ++i) kernel_exit(id, 0);
+  ASSERT_TRUE(wait_types(id, {"ContainerStarted", "ContainerDied"}));
+  // Give stray duplicates every chance to show up before checking there are none.
+  EXPECT_FALSE(sink_.wait_count(3, 200ms));
+  EXPECT_EQ(sink_.types_for(id), (std::vector<std::string>{"ContainerStarted", "ContainerDied"}));
+}
+
+TEST_F(TrackerTest, ShortLivedContainerReportsStartThenDeath) {
+  auto id = create("crash");
+  ASSERT_TRUE(cri_.start_container(id).ok());
+  ASSERT_TRUE(cri_.exit_container(id, 1).ok());  // died before kpleg confirmed the start
+  kernel_exec(id);
+  kernel_exit(id, 1);
+  ASSERT_TRUE(wait_types(id, {"ContainerStarted", "ContainerDied"}));
+}
+
+TEST_F(TrackerTest, OomKillNamesTheReason) {
+  auto id = create("hog");
+  ASSERT_TRUE(cri_.start_container(id).ok());
+  kernel_exec(id);
+  ASSERT_TRUE(wait_types(id, {"ContainerStarted"}));
+  ASSERT_TRUE(cri_.exit_container(id, 137, "").ok());
+  kernel_oom(id);
+  kernel_exit(id, 137);
+  ASSERT_TRUE(wait_types(id, {"ContainerStarted", "ContainerDied"}));
+  EXPECT_EQ(sink_.events().back().reason, "OOMKilled");
+}
+
+TEST_F(TrackerTest, SandboxIsConfirmedThroughPodSandboxStatus) {
+  kernel_exec(sandbox_);
+  ASSERT_TRUE(wait_types(sandbox_, {"ContainerStarted"}));
+  EXPECT_TRUE(sink_.events()[0].sandbox);
+  ASSERT_TRUE(cri_.stop_pod_sandbox(sandbox_).ok());
+  kernel_exit(sandbox_, 0);
+  ASSERT_TRUE(wait_types(sandbox_, {"ContainerStarted", "ContainerDied"}));
+  ASSERT_TRUE(cri_.remove_pod_sandbox(sandbox_).ok());
+  ASSERT_TRUE(wait_types(sandbox_, {"ContainerStarted", "ContainerDied", "ContainerRemoved"}));
+}
+
+TEST_F(TrackerTest, InitialSyncThenCorrectionsAreCounted) {
+  auto running = create("running");
+  auto missed = create("missed");
+  ASSERT_TRUE(cri_.start_container(running).ok());
+  ASSERT_TRUE(cri_.start_container(missed).ok());
+  Reconciler rec(cri_, *tracker_, 1h);
+  ASSERT_TRUE(rec.start().ok());
+  ASSERT_TRUE(wait_types(running, {"ContainerStarted"}));
+  ASSERT_TRUE(wait_types(missed, {"ContainerStarted"}));
+  EXPECT_EQ(tracker_->stats().corrections_total(), 0u) << "the start-up sync is no correction";
+
+  // A reconcile with nothing missed corrects nothing.
+  rec.request("test");
+  auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (rec.stats().runs < 2 && std::chrono::steady_clock::now() < deadline) sink_.wait_count(100, 10ms);
+  EXPECT_EQ(tracker_->stats().corrections_total(), 0u);
+
+  // An exit the kernel path never reported: the next reconcile corrects it, marked as such.
+  ASSERT_TRUE(cri_.exit_container(missed, 2).ok());
+  rec.request("test");
+  ASSERT_TRUE(wait_types(missed, {"ContainerStarted", "ContainerDied"}));
+  auto evs = sink_.events();
+  EXPECT_TRUE(evs.back().correction);
+  EXPECT_EQ(evs.back().source, EventSource::kReconcile);
+  EXPECT_EQ(evs.back().exit_code, 2);
+  EXPECT_EQ(tracker_->stats().corrections.at("ContainerDied"), 1u);
+  rec.stop();
+}
+
+TEST_F(TrackerTest, RunningContainerThatVanishesGivesDiedThenRemoved) {
+  auto id = create("gone");
+  ASSERT_TRUE(cri_.start_container(id).ok());
+  kernel_exec(id);
+  ASSERT_TRUE(wait_types(id, {"ContainerStarted"}));
+  ASSERT_TRUE(cri_.stop_container(id, 0).ok());
+  ASSERT_TRUE(cri_.remove_container(id).ok());
+  kernel_exit(id, 0);  // by the time the exit is confirmed, the container is gone
+  ASSERT_TRUE(wait_types(id, {"ContainerStarted", "ContainerDied", "ContainerRemoved"}));
+}
+
+TEST_F(TrackerTest, UnknownCgroupAsksForAReconcile) {
+  std::string reason;
+  tracker_->set_inconsistency_handler([&](const std::string& r) { reason = r; });
+  kernel::KernelEvent ev;
+  ev.body = kernel::ProcessExec{424242, 1, 1, 1, "x", "/x"};
+  tracker_->on_kernel_event(ev);
+  EXPECT_NE(reason.find("unknown cgroup"), std::string::npos);
+  EXPECT_EQ(tracker_->stats().unresolved_signals, 1u);
+}
+
+}  // namespace
+}  // namespace kpleg::pleg

@@ -1,0 +1,54 @@
+// Work for pods, run by a small pool of threads: one pod's tasks run one at a time and in order
+// (its events stay ordered), different pods run in parallel, and a task can be delayed (retries
+// while the runtime catches up) without holding a thread. A pod whose CRI calls hang occupies at
+// most one worker, so the others keep confirming other pods' events.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace kpleg::pleg {
+
+class PodWorkQueue {
+ public:
+  using Clock = std::chrono::steady_clock;
+  using Task = std::function<void()>;
+
+  explicit PodWorkQueue(size_t workers);
+  ~PodWorkQueue();
+  PodWorkQueue(const PodWorkQueue&) = delete;
+  PodWorkQueue& operator=(const PodWorkQueue&) = delete;
+
+  // Runs `task` for `pod` no earlier than `not_before`, after the pod's earlier tasks.
+  void post(const std::string& pod, Task task, Clock::time_point not_before = Clock::now());
+  // Stops the workers; pending tasks are dropped.
+  void stop();
+
+  size_t pending() const;
+  // Pods whose task has been running for longer than `threshold` (a stalled runtime call).
+  std::vector<std::string> stalled(Clock::duration threshold) const;
+
+ private:
+  struct Item {
+    Clock::time_point not_before;
+    Task task;
+  };
+  void run();
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, std::deque<Item>> queues_;
+  std::map<std::string, Clock::time_point> busy_;  // pod -> when its running task started
+  bool stopping_ = false;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace kpleg::pleg

@@ -1,0 +1,83 @@
+#include "pleg/reconciler.h"
+
+#include <spdlog/spdlog.h>
+
+namespace kpleg::pleg {
+
+Reconciler::Reconciler(cri::CriClient& cri, Tracker& tracker, std::chrono::milliseconds period)
+    : cri_(cri), tracker_(tracker), period_(period) {}
+
+Reconciler::~Reconciler() { stop(); }
+
+Status Reconciler::start() {
+  auto st = run_once("start", true);
+  thread_ = std::thread([this] { loop(); });
+  return st;
+}
+
+void Reconciler::stop() {
+  {
+    std::lock_guard lk(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Reconciler::request(const std::string& reason) {
+  {
+    std::lock_guard lk(mu_);
+    if (!requested_) requested_ = reason;
+    ++stats_.requested;
+  }
+  cv_.notify_all();
+}
+
+ReconcilerStats Reconciler::stats() const {
+  std::lock_guard lk(mu_);
+  return stats_;
+}
+
+Status Reconciler::run_once(const std::string& reason, bool initial) {
+  auto t0 = std::chrono::steady_clock::now();
+  auto view = list_runtime(cri_);
+  std::lock_guard lk(mu_);
+  ++stats_.runs;
+  stats_.last_reason = reason;
+  stats_.last_duration = std::chrono::steady_clock::now() - t0;
+  if (!view) {
+    ++stats_.failures;
+    stats_.last_error = view.error().message;
+    spdlog::warn("reconcile ({}) failed: {}", reason, view.error().message);
+    return view.error();
+  }
+  // Until one sync succeeded, the tracker has no baseline: that first view is the start-up sync.
+  bool as_initial = initial || !initial_done_;
+  tracker_.reconcile(*view, as_initial);
+  initial_done_ = true;
+  stats_.last_success = std::chrono::system_clock::now();
+  stats_.last_error.clear();
+  spdlog::debug("reconcile ({}): {} containers and sandboxes", reason, view->size());
+  return {};
+}
+
+void Reconciler::loop() {
+  std::unique_lock lk(mu_);
+  auto next = std::chrono::steady_clock::now() + period_;
+  while (!stopping_) {
+    // After a failure, try again sooner than the period (the runtime may be back any moment).
+    auto due = stats_.last_error.empty() ? next
+                                         : std::min(next, std::chrono::steady_clock::now() +
+                                                              std::chrono::seconds(1));
+    cv_.wait_until(lk, due, [&] { return stopping_ || requested_.has_value(); });
+    if (stopping_) break;
+    std::string reason = requested_ ? *requested_ : "period";
+    requested_.reset();
+    if (std::chrono::steady_clock::now() >= next) next = std::chrono::steady_clock::now() + period_;
+    lk.unlock();
+    (void)run_once(reason, false);
+    lk.lock();
+  }
+}
+
+}  // namespace kpleg::pleg

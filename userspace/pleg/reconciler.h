@@ -1,0 +1,59 @@
+// Reconciler: the slow full relist that keeps the kernel-driven tracker honest. It runs at
+// start, every period (default 300 s), and at once when asked (ring-buffer loss, a runtime
+// reconnect, a tracker inconsistency). Each run lists the runtime and hands the view to the
+// tracker, which turns any difference into a counted correction.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "cri/cri_client.h"
+#include "pleg/tracker.h"
+
+namespace kpleg::pleg {
+
+struct ReconcilerStats {
+  uint64_t runs = 0;
+  uint64_t failures = 0;
+  uint64_t requested = 0;  // runs asked for out of schedule
+  std::optional<std::chrono::system_clock::time_point> last_success;
+  std::chrono::nanoseconds last_duration{0};
+  std::string last_error;
+  std::string last_reason;  // why the last run happened
+};
+
+class Reconciler {
+ public:
+  Reconciler(cri::CriClient& cri, Tracker& tracker, std::chrono::milliseconds period);
+  ~Reconciler();
+
+  // Runs the initial sync on the caller's thread (its error is returned: an unreachable runtime
+  // at start is the caller's to report), then starts the periodic thread.
+  Status start();
+  void stop();
+  // Asks for a run as soon as possible (coalesced).
+  void request(const std::string& reason);
+  ReconcilerStats stats() const;
+
+ private:
+  Status run_once(const std::string& reason, bool initial);
+  void loop();
+
+  cri::CriClient& cri_;
+  Tracker& tracker_;
+  std::chrono::milliseconds period_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  std::optional<std::string> requested_;
+  bool initial_done_ = false;
+  ReconcilerStats stats_;
+  std::thread thread_;
+};
+
+}  // namespace kpleg::pleg

@@ -1,0 +1,458 @@
+#include "pleg/tracker.h"
+
+#include <grpcpp/support/status_code_enum.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+namespace kpleg::pleg {
+
+namespace v1 = ::runtime::v1;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr const char* kPodUidLabel = "io.kubernetes.pod.uid";
+constexpr const char* kPodNameLabel = "io.kubernetes.pod.name";
+constexpr const char* kPodNamespaceLabel = "io.kubernetes.pod.namespace";
+
+// Forward order of the states a container id passes through; it never goes back.
+int rank(ContainerState s) {
+  switch (s) {
+    case ContainerState::kCreated:
+    case ContainerState::kUnknown: return 0;
+    case ContainerState::kRunning: return 1;
+    case ContainerState::kExited: return 2;
+    case ContainerState::kNonExistent: return 3;
+  }
+  return 0;
+}
+
+ContainerState from_cri(v1::ContainerState s) {
+  switch (s) {
+    case v1::CONTAINER_CREATED: return ContainerState::kCreated;
+    case v1::CONTAINER_RUNNING: return ContainerState::kRunning;
+    case v1::CONTAINER_EXITED: return ContainerState::kExited;
+    default: return ContainerState::kUnknown;
+  }
+}
+
+ContainerState from_cri(v1::PodSandboxState s) {
+  return s == v1::SANDBOX_READY ? ContainerState::kRunning : ContainerState::kExited;
+}
+
+std::string label(const google::protobuf::Map<std::string, std::string>& labels, const char* key) {
+  auto it = labels.find(key);
+  return it == labels.end() ? std::string() : it->second;
+}
+
+bool is_not_found(const Error& e) { return e.code == grpc::StatusCode::NOT_FOUND; }
+
+}  // namespace
+
+uint64_t TrackerStats::corrections_total() const {
+  uint64_t n = 0;
+  for (const auto& [_, v] : corrections) n += v;
+  return n;
+}
+
+Result<std::vector<RuntimeContainer>> list_runtime(cri::CriClient& cri) {
+  auto sandboxes = cri.list_pod_sandboxes({});
+  if (!sandboxes) return sandboxes.error();
+  auto containers = cri.list_containers({});
+  if (!containers) return containers.error();
+
+  std::vector<RuntimeContainer> out;
+  std::map<std::string, const v1::PodSandbox*> by_id;
+  for (const auto& s : *sandboxes) {
+    by_id[s.id()] = &s;
+    RuntimeContainer rc;
+    rc.id = s.id();
+    rc.sandbox = true;
+    rc.pod_uid = s.metadata().uid();
+    rc.pod_name = s.metadata().name();
+    rc.pod_namespace = s.metadata().namespace_();
+    rc.state = from_cri(s.state());
+    out.push_back(std::move(rc));
+  }
+  for (const auto& c : *containers) {
+    RuntimeContainer rc;
+    rc.id = c.id();
+    rc.name = c.metadata().name();
+    rc.pod_uid = label(c.labels(), kPodUidLabel);
+    rc.pod_name = label(c.labels(), kPodNameLabel);
+    rc.pod_namespace = label(c.labels(), kPodNamespaceLabel);
+    if (auto it = by_id.find(c.pod_sandbox_id()); it != by_id.end() && rc.pod_uid.empty()) {
+      rc.pod_uid = it->second->metadata().uid();
+      rc.pod_name = it->second->metadata().name();
+      rc.pod_namespace = it->second->metadata().namespace_();
+    }
+    rc.state = from_cri(c.state());
+    out.push_back(std::move(rc));
+  }
+  return out;
+}
+
+Tracker::Tracker(cri::CriClient& cri, cgroup::CgroupIndex& index, EventSink& sink,
+                 TrackerOptions opts)
+    : cri_(cri), index_(index), sink_(sink), opts_(opts), queue_(opts.workers) {}
+
+Tracker::~Tracker() { stop(); }
+
+void Tracker::stop() { queue_.stop(); }
+
+void Tracker::set_inconsistency_handler(std::function<void(const std::string&)> fn) {
+  std::lock_guard lk(mu_);
+  on_inconsistency_ = std::move(fn);
+}
+
+void Tracker::inconsistent(const std::string& reason) {
+  std::function<void(const std::string&)> fn;
+  {
+    std::lock_guard lk(mu_);
+    fn = on_inconsistency_;
+  }
+  spdlog::warn("tracker: {}; reconciling", reason);
+  if (fn) fn(reason);
+}
+
+void Tracker::adopt_identity(Record& rec, const Observation& obs) {
+  rec.sandbox_known = true;
+  rec.identity.sandbox = obs.sandbox;
+  if (!obs.pod_uid.empty()) rec.identity.pod_uid = obs.pod_uid;
+  if (!obs.pod_name.empty()) rec.identity.pod_name = obs.pod_name;
+  if (!obs.pod_namespace.empty()) rec.identity.pod_namespace = obs.pod_namespace;
+  if (!obs.name.empty()) rec.identity.name = obs.name;
+}
+
+void Tracker::on_kernel_event(const kernel::KernelEvent& ev) {
+  if (auto* mk = std::get_if<kernel::CgroupMkdir>(&ev.body)) {
+    index_.on_mkdir(mk->cgroup_id, mk->path);
+    return;
+  }
+  auto entry = index_.lookup(ev.cgroup_id());
+  if (std::holds_alternative<kernel::CgroupRmdir>(ev.body)) index_.on_rmdir(ev.cgroup_id());
+  if (!entry) {
+    if (!std::holds_alternative<kernel::CgroupRmdir>(ev.body)) {
+      {
+        std::lock_guard lk(mu_);
+        ++stats_.unresolved_signals;
+      }
+      inconsistent("kernel " + std::string(ev.kind()) + " for unknown cgroup " +
+                   std::to_string(ev.cgroup_id()));
+    }
+    return;
+  }
+  if (entry->identity.kind != cgroup::Kind::kContainerOrSandbox) return;
+  const std::string id = entry->identity.container_id;
+  const uint64_t ts = kernel::monotonic_to_realtime_ns(ev.ktime_ns);
+
+  Want want;
+  {
+    std::lock_guard lk(mu_);
+    auto& rec = records_[id];
+    if (rec.identity.id.empty()) {
+      rec.identity.id = id;
+      rec.identity.pod_uid = entry->identity.pod_uid;
+    }
+    if (std::holds_alternative<kernel::ProcessExec>(ev.body)) {
+      rec.kernel_exec_seen = true;
+      rec.kernel_start_ts = ts;
+      want = Want::kRunning;
+    } else if (std::holds_alternative<kernel::ProcessExit>(ev.body)) {
+      rec.kernel_exit_ts = ts;
+      want = Want::kExited;
+    } else if (std::holds_alternative<kernel::OomKill>(ev.body)) {
+      rec.oom_killed = true;  // the exit that follows says OOMKilled
+      return;
+    } else {  // rmdir: runc removes the cgroup after the init died; confirms a death
+      if (rank(rec.reported) >= rank(ContainerState::kExited) || rec.kernel_exit_ts != 0) return;
+      rec.kernel_exit_ts = ts;
+      want = Want::kExited;
+    }
+    ++rec.pending;
+    ++stats_.kernel_signals;
+  }
+  auto deadline = Clock::now() + opts_.confirm_budget;
+  queue_.post(entry->identity.pod_uid.empty() ? id : entry->identity.pod_uid,
+              [this, id, want, deadline] { confirm(id, want, opts_.confirm_retry_first, deadline); });
+}
+
+Result<Tracker::Observation> Tracker::observe(const std::string& id, bool sandbox_known,
+                                              bool sandbox) {
+  Observation obs;
+  if (!sandbox_known || !sandbox) {
+    auto st = cri_.container_status(id);
+    if (st) {
+      obs.state = from_cri(st->state());
+      obs.snapshot.state = obs.state;
+      obs.snapshot.created_at_ns = st->created_at();
+      obs.snapshot.started_at_ns = st->started_at();
+      obs.snapshot.finished_at_ns = st->finished_at();
+      obs.snapshot.exit_code = st->exit_code();
+      obs.snapshot.reason = st->reason();
+      obs.snapshot.message = st->message();
+      obs.name = st->metadata().name();
+      obs.pod_uid = label(st->labels(), kPodUidLabel);
+      obs.pod_name = label(st->labels(), kPodNameLabel);
+      obs.pod_namespace = label(st->labels(), kPodNamespaceLabel);
+      return obs;
+    }
+    if (!is_not_found(st.error())) return st.error();
+    if (sandbox_known) {
+      obs.state = obs.snapshot.state = ContainerState::kNonExistent;
+      return obs;
+    }
+  }
+  auto ps = cri_.pod_sandbox_status(id);
+  if (!ps) {
+    if (!is_not_found(ps.error())) return ps.error();
+    obs.state = obs.snapshot.state = ContainerState::kNonExistent;
+    obs.sandbox = sandbox;
+    return obs;
+  }
+  obs.sandbox = true;
+  obs.state = from_cri(ps->state());
+  obs.snapshot.state = obs.state;
+  obs.snapshot.created_at_ns = ps->created_at();
+  obs.pod_uid = ps->metadata().uid();
+  obs.pod_name = ps->metadata().name();
+  obs.pod_namespace = ps->metadata().namespace_();
+  return obs;
+}
+
+void Tracker::confirm(const std::string& id, Want want, std::chrono::milliseconds delay,
+                      Clock::time_point deadline) {
+  bool sandbox_known, sandbox;
+  {
+    std::lock_guard lk(mu_);
+    auto& rec = records_[id];
+    sandbox_known = rec.sandbox_known;
+    sandbox = rec.identity.sandbox;
+  }
+  auto obs = observe(id, sandbox_known, sandbox);
+
+  const int want_rank = want == Want::kRunning ? 1 : 2;
+  bool settled = obs.ok() && rank(obs->state) >= want_rank;
+  if (!settled && Clock::now() + delay < deadline) {
+    // The runtime has not caught up with the kernel yet (or did not answer): try again soon.
+    {
+      std::lock_guard lk(mu_);
+      ++stats_.confirm_retries;
+    }
+    auto next = std::min(delay * 2, std::chrono::milliseconds(500));
+    std::string pod;
+    {
+      std::lock_guard lk(mu_);
+      pod = records_[id].identity.pod_uid;
+    }
+    queue_.post(pod.empty() ? id : pod,
+                [this, id, want, next, deadline] { confirm(id, want, next, deadline); },
+                Clock::now() + delay);
+    return;
+  }
+
+  std::unique_lock lk(mu_);
+  auto& rec = records_[id];
+  --rec.pending;
+  if (!obs.ok()) {
+    ++stats_.confirm_failures;
+    lk.unlock();
+    inconsistent("could not confirm " + id.substr(0, 12) + ": " + obs.error().message);
+    return;
+  }
+  adopt_identity(rec, *obs);
+  if (!settled) {
+    // The runtime still reports the old state after the whole budget: let a relist decide.
+    ++stats_.confirm_failures;
+    lk.unlock();
+    inconsistent("runtime still reports " + std::string(to_string(obs->state)) + " for " +
+                 id.substr(0, 12) + " after a kernel " + (want == Want::kRunning ? "start" : "exit"));
+    return;
+  }
+  if (advance(rec, obs->state, obs->snapshot, EventSource::kKernel, false) > 0) ++stats_.confirmations;
+}
+
+int Tracker::advance(Record& rec, ContainerState target, const ContainerSnapshot& snap,
+                     EventSource source, bool correction) {
+  const ContainerState from = rec.reported;
+  if (rank(target) <= rank(from)) return 0;
+
+  std::vector<EventType> types;
+  switch (target) {
+    case ContainerState::kRunning:
+      types = {EventType::kContainerStarted};
+      break;
+    case ContainerState::kExited:
+      // The kernel saw it start though no one reported it running (it lived for
+      // milliseconds): report the start too, the runtime's started_at backs it.
+      if (rank(from) == 0 && rec.kernel_exec_seen && snap.started_at_ns != 0) {
+        types = {EventType::kContainerStarted, EventType::kContainerDied};
+      } else {
+        types = {EventType::kContainerDied};
+      }
+      break;
+    case ContainerState::kNonExistent:
+      types = from == ContainerState::kExited
+                  ? std::vector<EventType>{EventType::kContainerRemoved}
+                  : std::vector<EventType>{EventType::kContainerDied, EventType::kContainerRemoved};
+      break;
+    default:
+      return 0;  // created/unknown: ContainerChanged, never sent
+  }
+  rec.reported = target;
+
+  for (EventType t : types) {
+    PodLifecycleEvent ev;
+    ev.type = t;
+    ev.pod_uid = rec.identity.pod_uid;
+    ev.pod_name = rec.identity.pod_name;
+    ev.pod_namespace = rec.identity.pod_namespace;
+    ev.container_id = rec.identity.id;
+    ev.container_name = rec.identity.name;
+    ev.sandbox = rec.identity.sandbox;
+    ev.source = source;
+    ev.correction = correction;
+    ev.status = snap;
+    if (t == EventType::kContainerStarted) {
+      ev.kernel_ts_ns = source == EventSource::kKernel ? rec.kernel_start_ts : 0;
+    } else if (t == EventType::kContainerDied) {
+      ev.kernel_ts_ns = source == EventSource::kKernel ? rec.kernel_exit_ts : 0;
+      ev.exit_code = snap.exit_code;
+      ev.reason = snap.reason;
+      if (rec.oom_killed && ev.reason.empty()) ev.reason = "OOMKilled";
+    }
+    ev.emit_ts_ns = realtime_now_ns();
+    if (correction) ++stats_.corrections[to_string(t)];
+    sink_.publish(std::move(ev));
+  }
+  if (target == ContainerState::kExited) schedule_removal_check(rec);
+  if (target == ContainerState::kNonExistent) rec.removal_scheduled = false;
+  return int(types.size());
+}
+
+void Tracker::schedule_removal_check(Record& rec) {
+  if (rec.removal_scheduled) return;
+  rec.removal_scheduled = true;
+  rec.removal_backoff = opts_.removal_check_first;
+  const std::string id = rec.identity.id;
+  queue_.post(rec.identity.pod_uid.empty() ? id : rec.identity.pod_uid,
+              [this, id] { check_removed(id); }, Clock::now() + rec.removal_backoff);
+}
+
+void Tracker::check_removed(const std::string& id) {
+  bool sandbox;
+  {
+    std::lock_guard lk(mu_);
+    auto it = records_.find(id);
+    if (it == records_.end() || it->second.reported == ContainerState::kNonExistent) return;
+    sandbox = it->second.identity.sandbox;
+    ++stats_.removal_checks;
+  }
+  auto obs = observe(id, true, sandbox);
+  std::lock_guard lk(mu_);
+  auto& rec = records_[id];
+  if (obs.ok() && obs->state == ContainerState::kNonExistent) {
+    advance(rec, ContainerState::kNonExistent, obs->snapshot, EventSource::kKernel, false);
+    return;
+  }
+  // Still there (or the runtime did not answer): look again later, less often.
+  rec.removal_backoff = std::min(rec.removal_backoff * 2, opts_.removal_check_max);
+  queue_.post(rec.identity.pod_uid.empty() ? id : rec.identity.pod_uid,
+              [this, id] { check_removed(id); }, Clock::now() + rec.removal_backoff);
+}
+
+void Tracker::reconcile(const std::vector<RuntimeContainer>& view, bool initial) {
+  std::map<std::string, const RuntimeContainer*> seen;
+  for (const auto& rc : view) seen[rc.id] = &rc;
+
+  std::vector<std::string> recheck;
+  {
+    std::lock_guard lk(mu_);
+    for (const auto& rc : view) {
+      auto& rec = records_[rc.id];
+      bool fresh = rec.identity.id.empty();
+      if (fresh || rec.identity.pod_name.empty()) {
+        auto reported = rec.identity.id.empty() ? ContainerState::kUnknown : rec.reported;
+        rec.identity = rc;
+        rec.reported = reported;
+      }
+      rec.sandbox_known = true;
+      rec.identity.sandbox = rc.sandbox;
+      if (rank(rc.state) <= rank(rec.reported)) continue;
+      if (initial) {
+        ContainerSnapshot snap;
+        snap.state = rc.state;
+        advance(rec, rc.state, snap, EventSource::kReconcile, false);
+      } else if (rec.pending == 0) {
+        recheck.push_back(rc.id);
+      }
+    }
+    // Tracked containers the runtime no longer lists.
+    for (auto& [id, rec] : records_) {
+      if (seen.count(id) || rec.reported == ContainerState::kNonExistent) continue;
+      if (rec.identity.pod_name.empty() && rank(rec.reported) == 0) continue;  // never known
+      if (initial) {
+        advance(rec, ContainerState::kNonExistent, {ContainerState::kNonExistent}, EventSource::kReconcile, false);
+      } else if (rec.pending == 0) {
+        recheck.push_back(id);
+      }
+    }
+  }
+  // A difference may be a kernel event still on its way: look again after a grace period
+  // with a targeted call before calling it a correction.
+  for (const auto& id : recheck) {
+    std::string pod;
+    {
+      std::lock_guard lk(mu_);
+      pod = records_[id].identity.pod_uid;
+    }
+    queue_.post(pod.empty() ? id : pod, [this, id] { recheck_correction(id); },
+                Clock::now() + opts_.correction_grace);
+  }
+}
+
+void Tracker::recheck_correction(const std::string& id) {
+  bool sandbox;
+  {
+    std::lock_guard lk(mu_);
+    auto& rec = records_[id];
+    if (rec.pending > 0) return;  // the kernel path has it
+    sandbox = rec.identity.sandbox;
+  }
+  auto obs = observe(id, true, sandbox);
+  if (!obs) return;  // the next reconcile tries again
+  std::lock_guard lk(mu_);
+  auto& rec = records_[id];
+  if (rec.pending > 0) return;
+  adopt_identity(rec, *obs);
+  if (advance(rec, obs->state, obs->snapshot, EventSource::kReconcile, true) > 0) {
+    spdlog::warn("reconcile corrected {} {}/{} to {}", rec.identity.sandbox ? "sandbox" : "container",
+                 rec.identity.pod_namespace, rec.identity.pod_name, to_string(obs->state));
+  }
+}
+
+TrackerStats Tracker::stats() const {
+  std::lock_guard lk(mu_);
+  return stats_;
+}
+
+std::vector<TrackedContainer> Tracker::containers() const {
+  std::lock_guard lk(mu_);
+  std::vector<TrackedContainer> out;
+  for (const auto& [id, rec] : records_) {
+    if (rec.reported == ContainerState::kNonExistent || rec.identity.pod_uid.empty()) continue;
+    TrackedContainer tc;
+    tc.identity = rec.identity;
+    tc.identity.state = rec.reported;
+    tc.oom_killed = rec.oom_killed;
+    out.push_back(std::move(tc));
+  }
+  return out;
+}
+
+std::vector<std::string> Tracker::stalled_pods(std::chrono::milliseconds threshold) const {
+  return queue_.stalled(threshold);
+}
+
+}  // namespace kpleg::pleg

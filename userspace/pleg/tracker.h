@@ -1,0 +1,148 @@
+// Tracker: kpleg's per-container state machine with the kubelet PLEG's semantics.
+//
+// Kernel signals (first exec, init exit, OOM, cgroup rmdir) arrive on the kernel source's
+// thread; the tracker resolves the cgroup to a container (CgroupIndex) at once and hands a
+// confirmation task to the pod's work queue. The task makes ONE targeted CRI call for that
+// container (ContainerStatus, or PodSandboxStatus for a sandbox), retried briefly while the
+// runtime catches up; only a state the runtime reports is ever emitted. Removal, which no kernel
+// event marks, is found by targeted status checks of exited containers on a backoff schedule.
+//
+// Every emission goes through one forward-only transition per container (created/unknown ->
+// running -> exited -> non-existent), under one lock: no duplicate, no Died before Started, no
+// event for a state the runtime has not reported, whatever order the kernel path and the
+// reconciler see things in.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "cgroup/cgroup_index.h"
+#include "cri/cri_client.h"
+#include "kernel/kernel_event.h"
+#include "pleg/event.h"
+#include "pleg/pod_work_queue.h"
+
+namespace kpleg::pleg {
+
+struct TrackerOptions {
+  size_t workers = 4;  // pods confirmed in parallel
+  // Confirmation retries while the runtime has not caught up with the kernel yet.
+  std::chrono::milliseconds confirm_retry_first{5};
+  std::chrono::milliseconds confirm_budget{5000};
+  // Removal checks of exited containers: first after this, then doubling up to the max.
+  std::chrono::milliseconds removal_check_first{250};
+  std::chrono::milliseconds removal_check_max{8000};
+  // A difference found by a reconcile is re-checked after this grace period (a kernel event in
+  // flight is not a missed one) before it becomes a correction.
+  std::chrono::milliseconds correction_grace{300};
+};
+
+// One container (or sandbox) as a full runtime list reports it.
+struct RuntimeContainer {
+  std::string id;
+  std::string pod_uid;
+  std::string pod_name;
+  std::string pod_namespace;
+  std::string name;  // empty for sandboxes
+  bool sandbox = false;
+  ContainerState state = ContainerState::kUnknown;
+};
+
+// ListPodSandbox + ListContainers, as the reconciler and the List API need them.
+Result<std::vector<RuntimeContainer>> list_runtime(cri::CriClient& cri);
+
+// A container as the tracker last reported it (for List).
+struct TrackedContainer {
+  RuntimeContainer identity;  // state = last reported state
+  bool oom_killed = false;
+};
+
+struct TrackerStats {
+  uint64_t kernel_signals = 0;       // kernel events that mapped to a container
+  uint64_t unresolved_signals = 0;   // kernel events for cgroups the index does not know
+  uint64_t confirmations = 0;        // targeted CRI confirmations that changed state
+  uint64_t confirm_retries = 0;
+  uint64_t confirm_failures = 0;     // budget exhausted; handed to the reconciler
+  uint64_t removal_checks = 0;
+  std::map<std::string, uint64_t> corrections;  // by event type
+  uint64_t corrections_total() const;
+};
+
+class Tracker {
+ public:
+  Tracker(cri::CriClient& cri, cgroup::CgroupIndex& index, EventSink& sink,
+          TrackerOptions opts = {});
+  ~Tracker();
+
+  // Called on the kernel source's thread; never blocks on the runtime.
+  void on_kernel_event(const kernel::KernelEvent& ev);
+
+  // Applies a full runtime view. `initial` is the start-up sync (its events are ordinary events
+  // with source reconcile); later differences are corrections, after a grace-period re-check.
+  void reconcile(const std::vector<RuntimeContainer>& view, bool initial);
+
+  // Called when the tracker finds itself inconsistent (a confirmation that never settled, a
+  // signal for an unknown cgroup): the daemon reconciles at once.
+  void set_inconsistency_handler(std::function<void(const std::string& reason)> fn);
+
+  TrackerStats stats() const;
+  std::vector<TrackedContainer> containers() const;
+  // Pods whose confirmation has been stuck in a CRI call for longer than `threshold`.
+  std::vector<std::string> stalled_pods(std::chrono::milliseconds threshold) const;
+  void stop();
+
+ private:
+  struct Record {
+    RuntimeContainer identity;
+    bool sandbox_known = false;
+    ContainerState reported = ContainerState::kUnknown;  // last emitted state
+    bool kernel_exec_seen = false;
+    bool oom_killed = false;
+    uint64_t kernel_start_ts = 0;  // realtime ns
+    uint64_t kernel_exit_ts = 0;
+    int pending = 0;               // kernel confirmations queued or running
+    std::chrono::milliseconds removal_backoff{0};
+    bool removal_scheduled = false;
+  };
+  enum class Want { kRunning, kExited };
+
+  struct Observation {
+    ContainerState state = ContainerState::kUnknown;
+    ContainerSnapshot snapshot;
+    bool sandbox = false;
+    std::string pod_uid, pod_name, pod_namespace, name;
+  };
+
+  Result<Observation> observe(const std::string& id, bool sandbox_known, bool sandbox);
+  void confirm(const std::string& id, Want want, std::chrono::milliseconds delay,
+               std::chrono::steady_clock::time_point deadline);
+  void check_removed(const std::string& id);
+  void recheck_correction(const std::string& id);
+  // Moves a container forward to `target` and publishes the events the transition implies.
+  // Caller holds mu_. Returns the number of events published.
+  int advance(Record& rec, ContainerState target, const ContainerSnapshot& snap, EventSource source,
+              bool correction);
+  void schedule_removal_check(Record& rec);
+  void inconsistent(const std::string& reason);
+  static void adopt_identity(Record& rec, const Observation& obs);
+
+  cri::CriClient& cri_;
+  cgroup::CgroupIndex& index_;
+  EventSink& sink_;
+  TrackerOptions opts_;
+  PodWorkQueue queue_;
+
+  mutable std::mutex mu_;
+  std::map<std::string, Record> records_;  // by container/sandbox id
+  TrackerStats stats_;
+  std::function<void(const std::string&)> on_inconsistency_;
+};
+
+}  // namespace kpleg::pleg
