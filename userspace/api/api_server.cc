@@ -1,0 +1,346 @@
+#include "api/api_server.h"
+
+#include <grp.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include <fmt/format.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <spdlog/spdlog.h>
+
+#include "api/convert.h"
+#include "kpleg/v1/pleg.grpc.pb.h"
+
+namespace kpleg::api {
+namespace {
+
+// How often a Watch looks up from the subscription to notice a client cancellation or a
+// server stop: the bound on how long either takes to end the stream.
+constexpr auto kWatchPoll = std::chrono::milliseconds(50);
+
+Result<std::string> read_file(const std::string& path, const char* flag) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Error::from_errno(errno, fmt::format("{} {}: cannot read", flag, path));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (ss.str().empty()) return Error{EINVAL, fmt::format("{} {}: file is empty", flag, path)};
+  return ss.str();
+}
+
+bool matches(const PodRecord& pod, const v1::ListRequest& req) {
+  if (!req.pod_uid().empty() && pod.uid != req.pod_uid()) return false;
+  if (!req.pod_namespace().empty() && pod.pod_namespace != req.pod_namespace()) return false;
+  return true;
+}
+
+}  // namespace
+
+class PodLifecycleService final : public v1::PodLifecycle::Service {
+ public:
+  PodLifecycleService(bus::EventBus& bus, StateProvider& state, HealthProvider& health,
+                      StatsProvider& stats, size_t max_watchers)
+      : bus_(bus), state_(state), health_(health), stats_(stats), max_watchers_(max_watchers) {}
+
+  void stop() { stopping_.store(true); }
+
+  grpc::Status List(grpc::ServerContext*, const v1::ListRequest* req,
+                    v1::ListResponse* resp) override {
+    StateSnapshot snap = state_.snapshot();
+    resp->set_seq(snap.seq);
+    resp->set_instance_id(bus_.instance_id());
+    for (const auto& pod : snap.pods)
+      if (matches(pod, *req)) to_proto(pod, resp->add_pods());
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Stats(grpc::ServerContext*, const v1::StatsRequest*,
+                     v1::StatsResponse* resp) override {
+    DaemonStats d = stats_.stats();
+    bus::BusStats b = bus_.stats();
+    HealthReport h = health_.health();
+    resp->set_instance_id(bus_.instance_id());
+    resp->set_mode(d.mode);
+    resp->set_start_time_ns(d.start_time_ns);
+    resp->set_healthy(h.healthy);
+    for (auto& r : h.reasons) resp->add_health_reasons(r);
+    resp->set_last_seq(b.last_seq);
+    resp->set_oldest_retained_seq(b.oldest_retained_seq);
+    resp->set_history_capacity(b.history_capacity);
+    resp->set_subscribers(b.subscribers);
+    resp->set_subscribers_cut_off(b.subscribers_cut_off);
+    resp->set_pods(d.pods);
+    resp->set_containers(d.containers);
+    resp->set_kernel_events(d.kernel_events);
+    resp->set_lost_kernel_events(d.lost_kernel_events);
+    resp->set_corrections(d.corrections);
+    resp->set_relists(d.relists);
+    resp->set_last_reconcile_ns(d.last_reconcile_ns);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Watch(grpc::ServerContext* ctx, const v1::WatchRequest* req,
+                     grpc::ServerWriter<v1::Event>* writer) override {
+    if (watchers_.fetch_add(1) >= max_watchers_) {
+      watchers_.fetch_sub(1);
+      return {grpc::StatusCode::RESOURCE_EXHAUSTED,
+              fmt::format("too many watchers (limit {}, kplegd --max-watchers)", max_watchers_)};
+    }
+    struct Release {
+      std::atomic<size_t>& n;
+      ~Release() { n.fetch_sub(1); }
+    } release{watchers_};
+
+    uint64_t from = req->from_seq();
+    if (from != 0 && !req->instance_id().empty() && req->instance_id() != bus_.instance_id())
+      from = bus::kUnknownPosition;  // a position in another daemon instance's stream
+    bus::Subscription sub =
+        bus_.subscribe(from, bus::EventFilter{req->pod_uid(), req->pod_namespace()});
+
+    // Initial metadata tells the consumer that its subscription is in place: anything
+    // published from now on reaches it.
+    ctx->AddInitialMetadata("kpleg-instance-id", bus_.instance_id());
+    writer->SendInitialMetadata();
+
+    v1::Event msg;
+    for (;;) {
+      if (ctx->IsCancelled()) return grpc::Status::CANCELLED;
+      if (stopping_.load()) return {grpc::StatusCode::UNAVAILABLE, "kplegd is shutting down"};
+      bus::Subscription::Next n = sub.next(kWatchPoll);
+      if (n.status == bus::Subscription::Status::kTimeout) continue;
+      if (n.status == bus::Subscription::Status::kClosed) {
+        if (sub.cut_off()) {
+          spdlog::warn("api: Watch from {} cut off: {}", ctx->peer(), sub.close_reason());
+          return {grpc::StatusCode::RESOURCE_EXHAUSTED, sub.close_reason()};
+        }
+        return {grpc::StatusCode::UNAVAILABLE, sub.close_reason()};
+      }
+      to_proto(*n.event, &msg);
+      grpc::WriteOptions wo;
+      // More is waiting: let gRPC coalesce; the last event of a burst is flushed at once.
+      if (sub.queued() + sub.backlog() > 0) wo.set_buffer_hint();
+      if (!writer->Write(msg, wo)) return grpc::Status::CANCELLED;  // the consumer went away
+    }
+  }
+
+ private:
+  bus::EventBus& bus_;
+  StateProvider& state_;
+  HealthProvider& health_;
+  StatsProvider& stats_;
+  const size_t max_watchers_;
+  std::atomic<size_t> watchers_{0};
+  std::atomic<bool> stopping_{false};
+};
+
+ApiServer::ApiServer(ApiServerOptions options, bus::EventBus& bus, StateProvider& state,
+                     HealthProvider& health, StatsProvider& stats)
+    : options_(std::move(options)),
+      bus_(bus),
+      health_(health),
+      service_(std::make_unique<PodLifecycleService>(bus, state, health, stats,
+                                                     options_.max_watchers)) {}
+
+ApiServer::~ApiServer() { stop(); }
+
+Status ApiServer::prepare_socket_path() {
+  namespace fs = std::filesystem;
+  const std::string& path = options_.socket_path;
+  if (path.size() >= sizeof(sockaddr_un::sun_path))
+    return Error{ENAMETOOLONG, fmt::format("--socket {}: longer than the {} bytes a unix socket "
+                                           "path may have",
+                                           path, sizeof(sockaddr_un::sun_path) - 1)};
+  fs::path dir = fs::path(path).parent_path();
+  if (!dir.empty()) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) return Error{ec.value(), fmt::format("--socket {}: cannot create {}: {}", path,
+                                                 dir.string(), ec.message())};
+  }
+  struct stat st {};
+  if (lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return {};
+    return Error::from_errno(errno, "--socket " + path);
+  }
+  if (!S_ISSOCK(st.st_mode))
+    return Error{EEXIST, fmt::format("--socket {}: exists and is not a socket; refusing to "
+                                     "replace it",
+                                     path)};
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Error::from_errno(errno, "socket(AF_UNIX)");
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  int rc = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  int err = errno;
+  close(fd);
+  if (rc == 0)
+    return Error{EADDRINUSE, fmt::format("--socket {}: another server answers on it (is kplegd "
+                                         "already running?)",
+                                         path)};
+  if (err != ECONNREFUSED) return Error::from_errno(err, "--socket " + path + ": checking it");
+  // Nobody listens: a socket left behind by a daemon that did not shut down cleanly.
+  if (unlink(path.c_str()) != 0 && errno != ENOENT)
+    return Error::from_errno(errno, "--socket " + path + ": removing the stale socket");
+  spdlog::info("api: removed stale socket {}", path);
+  return {};
+}
+
+Status ApiServer::secure_socket() {
+  const std::string& path = options_.socket_path;
+  if (socket_gid_ != static_cast<gid_t>(-1) &&
+      chown(path.c_str(), static_cast<uid_t>(-1), socket_gid_) != 0)
+    return Error::from_errno(errno, "--socket-group: chown " + path);
+  mode_t mode = socket_gid_ != static_cast<gid_t>(-1) ? 0660 : 0600;
+  if (chmod(path.c_str(), mode) != 0) return Error::from_errno(errno, "chmod " + path);
+  struct stat st {};
+  if (stat(path.c_str(), &st) != 0) return Error::from_errno(errno, "stat " + path);
+  socket_ino_ = st.st_ino;
+  return {};
+}
+
+Status ApiServer::start() {
+  if (server_) return Error{EALREADY, "API server already started"};
+  if (auto st = options_.validate(); !st) return st;
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  builder.RegisterService(service_.get());
+
+  if (!options_.socket_group.empty()) {
+    std::vector<char> buf(16384);
+    group gr{};
+    group* found = nullptr;
+    int err = getgrnam_r(options_.socket_group.c_str(), &gr, buf.data(), buf.size(), &found);
+    if (found == nullptr)
+      return err != 0 ? Error::from_errno(err, "--socket-group " + options_.socket_group)
+                      : Error{ENOENT, "--socket-group " + options_.socket_group + ": no such group"};
+    socket_gid_ = found->gr_gid;
+  }
+  if (!options_.socket_path.empty()) {
+    if (auto st = prepare_socket_path(); !st) return st;
+    builder.AddListeningPort("unix:" + options_.socket_path, grpc::InsecureServerCredentials());
+  }
+  if (!options_.listen_address.empty()) {
+    std::shared_ptr<grpc::ServerCredentials> creds;
+    if (options_.insecure_tcp) {
+      creds = grpc::InsecureServerCredentials();
+    } else {
+      auto cert = read_file(options_.tls_cert_file, "--tls-cert");
+      if (!cert) return cert.error();
+      auto key = read_file(options_.tls_key_file, "--tls-key");
+      if (!key) return key.error();
+      grpc::SslServerCredentialsOptions ssl;
+      ssl.pem_key_cert_pairs.push_back({*key, *cert});
+      if (!options_.tls_client_ca_file.empty()) {
+        auto ca = read_file(options_.tls_client_ca_file, "--tls-client-ca");
+        if (!ca) return ca.error();
+        ssl.pem_root_certs = *ca;
+        ssl.client_certificate_request =
+            GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+      }
+      creds = grpc::SslServerCredentials(ssl);
+    }
+    builder.AddListeningPort(options_.listen_address, creds, &tcp_port_);
+  }
+
+  // The socket is born owner-only: no window in which another user could connect before the
+  // chmod below. umask is process-wide, so this belongs at start-up, before other threads
+  // create files.
+  mode_t old_umask = umask(0177);
+  server_ = builder.BuildAndStart();
+  umask(old_umask);
+  if (!server_) {
+    return Error{EADDRNOTAVAIL,
+                 fmt::format("cannot serve the API on {}{}{}: bind failed (gRPC logged why)",
+                             options_.socket_path.empty() ? "" : "unix:" + options_.socket_path,
+                             options_.socket_path.empty() || options_.listen_address.empty()
+                                 ? ""
+                                 : " and ",
+                             options_.listen_address)};
+  }
+  if (!options_.listen_address.empty() && tcp_port_ == 0) {
+    stop();
+    return Error{EADDRNOTAVAIL, "--listen " + options_.listen_address + ": cannot bind"};
+  }
+  if (!options_.socket_path.empty()) {
+    if (auto st = secure_socket(); !st) {
+      stop();
+      unlink(options_.socket_path.c_str());  // ours: it was bound just above
+      return st;
+    }
+  }
+
+  refresh_health();
+  {
+    std::lock_guard l(health_mu_);
+    stopping_ = false;
+  }
+  health_thread_ = std::thread([this] { health_loop(); });
+
+  if (!options_.socket_path.empty())
+    spdlog::info("api: serving kpleg.v1.PodLifecycle on unix:{} ({})", options_.socket_path,
+                 options_.socket_group.empty() ? "0600" : "0660, group " + options_.socket_group);
+  if (!options_.listen_address.empty())
+    spdlog::info("api: serving kpleg.v1.PodLifecycle on {} (port {}, {})",
+                 options_.listen_address, tcp_port_,
+                 options_.insecure_tcp                       ? "insecure"
+                 : options_.tls_client_ca_file.empty()       ? "TLS"
+                                                             : "TLS, client certificates required");
+  return {};
+}
+
+void ApiServer::refresh_health() {
+  if (!server_) return;
+  HealthReport h = health_.health();
+  auto* hs = server_->GetHealthCheckService();
+  if (hs == nullptr) return;
+  hs->SetServingStatus("", h.healthy);
+  hs->SetServingStatus(kHealthServiceName, h.healthy);
+}
+
+void ApiServer::health_loop() {
+  std::unique_lock l(health_mu_);
+  while (!stopping_) {
+    health_cv_.wait_for(l, options_.health_refresh_interval, [&] { return stopping_; });
+    if (stopping_) break;
+    l.unlock();
+    refresh_health();
+    l.lock();
+  }
+}
+
+void ApiServer::stop(std::chrono::milliseconds grace) {
+  {
+    std::lock_guard l(health_mu_);
+    stopping_ = true;
+  }
+  health_cv_.notify_all();
+  if (health_thread_.joinable()) health_thread_.join();
+  if (!server_) return;
+
+  service_->stop();
+  server_->Shutdown(std::chrono::system_clock::now() + grace);
+  server_->Wait();
+  server_.reset();
+
+  if (!options_.socket_path.empty() && socket_ino_ != 0) {
+    struct stat st {};
+    // Another instance may have replaced the socket meanwhile; remove only ours.
+    if (lstat(options_.socket_path.c_str(), &st) == 0 && st.st_ino == socket_ino_)
+      unlink(options_.socket_path.c_str());
+    socket_ino_ = 0;
+  }
+  spdlog::info("api: stopped");
+}
+
+}  // namespace kpleg::api

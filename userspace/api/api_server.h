@@ -1,0 +1,77 @@
+// The consumer API server: kpleg.v1.PodLifecycle (List, Watch, Stats) and the standard
+// grpc.health.v1.Health, on a unix socket (owner-only by default) and optionally on TCP with
+// TLS. Watch streams come from the EventBus; List, health and stats from the daemon's
+// providers. A slow consumer is cut off by the bus and its stream ends with
+// RESOURCE_EXHAUSTED; nothing a consumer does can block the daemon.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "api/options.h"
+#include "api/providers.h"
+#include "bus/event_bus.h"
+#include "common/result.h"
+
+namespace grpc {
+class Server;
+}
+
+namespace kpleg::api {
+
+// The service name grpc.health.v1 reports for, besides the server-wide "".
+inline constexpr const char* kHealthServiceName = "kpleg.v1.PodLifecycle";
+
+class PodLifecycleService;
+
+class ApiServer {
+ public:
+  // The bus and the providers must outlive the server.
+  ApiServer(ApiServerOptions options, bus::EventBus& bus, StateProvider& state,
+            HealthProvider& health, StatsProvider& stats);
+  ~ApiServer();  // stop()
+  ApiServer(const ApiServer&) = delete;
+  ApiServer& operator=(const ApiServer&) = delete;
+
+  // Validates the options, prepares the socket (creates its directory, removes a stale
+  // socket, refuses one a live server answers on), binds and starts serving.
+  Status start();
+  // Ends every Watch with UNAVAILABLE, stops serving within `grace` (then cancels what is
+  // left), and removes the socket. Idempotent.
+  void stop(std::chrono::milliseconds grace = std::chrono::seconds(2));
+
+  // Re-reads the HealthProvider now and updates grpc.health.v1 (it is also re-read every
+  // health_refresh_interval).
+  void refresh_health();
+
+  // The bound TCP port (useful with --listen host:0); 0 without --listen.
+  int tcp_port() const { return tcp_port_; }
+  const ApiServerOptions& options() const { return options_; }
+
+ private:
+  Status prepare_socket_path();
+  Status secure_socket();
+  void health_loop();
+
+  ApiServerOptions options_;
+  bus::EventBus& bus_;
+  HealthProvider& health_;
+  std::unique_ptr<PodLifecycleService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int tcp_port_ = 0;
+  gid_t socket_gid_ = static_cast<gid_t>(-1);
+  ino_t socket_ino_ = 0;  // to remove only the socket this server created
+
+  std::mutex health_mu_;
+  std::condition_variable health_cv_;
+  bool stopping_ = false;
+  std::thread health_thread_;
+};
+
+}  // namespace kpleg::api

@@ -1,0 +1,50 @@
+// Where and how kplegd serves its consumer API, and the command-line flags that set it (so
+// that kplegd, its docs and kplegctl spell them the same way).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <string>
+
+#include "bus/event_bus.h"
+#include "common/result.h"
+
+namespace CLI {
+class App;
+}
+
+namespace kpleg::api {
+
+inline constexpr const char* kDefaultSocketPath = "/run/kpleg/kpleg.sock";
+
+struct ApiServerOptions {
+  // Unix socket, owner-only (0600); empty: no unix socket.
+  std::string socket_path = kDefaultSocketPath;
+  // When set, the socket is chowned to this group and made 0660.
+  std::string socket_group;
+
+  // Optional TCP listener, "host:port" (port 0 picks a free one). Needs TLS unless
+  // insecure_tcp is set.
+  std::string listen_address;
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  // When set, clients must present a certificate signed by this CA.
+  std::string tls_client_ca_file;
+  bool insecure_tcp = false;
+
+  // Concurrent Watch streams; each holds one server thread.
+  size_t max_watchers = 64;
+  // How often the grpc.health.v1 status is refreshed from the HealthProvider (the daemon can
+  // also push a change at once with ApiServer::refresh_health()).
+  std::chrono::milliseconds health_refresh_interval{1000};
+
+  // Refuses contradictory or unsafe settings (plain TCP without --insecure-tcp, half a TLS
+  // key pair, nothing to listen on) with a message naming the flags.
+  Status validate() const;
+};
+
+// --socket, --socket-group, --listen, --tls-cert, --tls-key, --tls-client-ca, --insecure-tcp,
+// --max-watchers, and the event stream's --event-history and --watch-queue.
+void add_api_flags(CLI::App& app, ApiServerOptions& options, bus::EventBusOptions& bus_options);
+
+}  // namespace kpleg::api

@@ -1,0 +1,79 @@
+// What the consumer API and the HTTP endpoints need from the daemon, as three small
+// interfaces: kplegd implements them over its tracker, reconciler and kernel source; the API
+// server and the metrics server only read through them. Implementations must be thread-safe
+// (they are called from gRPC and HTTP threads) and quick (no CRI call in a snapshot).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "pleg/event.h"
+
+namespace kpleg::api {
+
+struct ContainerRecord {
+  std::string id;  // the sandbox id when `sandbox` is true
+  std::string name;
+  bool sandbox = false;
+  pleg::ContainerSnapshot status;
+};
+
+struct PodRecord {
+  std::string uid;
+  std::string name;
+  std::string pod_namespace;
+  std::vector<ContainerRecord> containers;  // sandboxes and containers
+};
+
+// A List snapshot and the last event seq it reflects. Take it inside
+// bus::EventBus::with_seq() so that the seq is exact: a consumer then watches from `seq`
+// without a gap or a duplicate.
+struct StateSnapshot {
+  uint64_t seq = 0;
+  std::vector<PodRecord> pods;
+};
+
+class StateProvider {
+ public:
+  virtual ~StateProvider() = default;
+  virtual StateSnapshot snapshot() = 0;
+};
+
+// healthy, or not with the reasons ("kernel path: ring buffer not consumed for 12 s", ...).
+struct HealthReport {
+  bool healthy = false;
+  std::vector<std::string> reasons;
+};
+
+class HealthProvider {
+ public:
+  virtual ~HealthProvider() = default;
+  // Liveness, like the kubelet's PLEG Healthy(): feeds grpc.health.v1 (SERVING/NOT_SERVING)
+  // and GET /healthz.
+  virtual HealthReport health() = 0;
+  // Readiness (e.g. the first reconcile has completed): feeds GET /readyz.
+  virtual HealthReport readiness() { return health(); }
+};
+
+// The daemon's key numbers for the Stats RPC; the event stream's own numbers (seq, history,
+// subscribers) come from the EventBus.
+struct DaemonStats {
+  std::string mode;  // "kernel" or "relist"
+  uint64_t start_time_ns = 0;
+  uint64_t pods = 0;
+  uint64_t containers = 0;
+  uint64_t kernel_events = 0;
+  uint64_t lost_kernel_events = 0;
+  uint64_t corrections = 0;
+  uint64_t relists = 0;
+  uint64_t last_reconcile_ns = 0;  // CLOCK_REALTIME ns, 0 = never
+};
+
+class StatsProvider {
+ public:
+  virtual ~StatsProvider() = default;
+  virtual DaemonStats stats() = 0;
+};
+
+}  // namespace kpleg::api
