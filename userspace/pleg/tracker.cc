@@ -240,7 +240,9 @@ void Tracker::confirm(const std::string& id, Want want, std::chrono::millisecond
       std::lock_guard lk(mu_);
       ++stats_.confirm_retries;
     }
-    auto next = std::min(delay * 2, std::chrono::milliseconds(500));
+    // Short steps: the runtime usually catches up within tens of milliseconds, and a long
+    // step would add its overshoot to the detection latency.
+    auto next = std::min(delay * 2, std::chrono::milliseconds(20));
     std::string pod;
     {
       std::lock_guard lk(mu_);
@@ -438,6 +440,11 @@ TrackerStats Tracker::stats() const {
 }
 
 std::vector<TrackedContainer> Tracker::containers() const {
+  return containers_at([] { return uint64_t(0); }).second;
+}
+
+std::pair<uint64_t, std::vector<TrackedContainer>> Tracker::containers_at(
+    const std::function<uint64_t()>& seq_now) const {
   std::lock_guard lk(mu_);
   std::vector<TrackedContainer> out;
   for (const auto& [id, rec] : records_) {
@@ -448,7 +455,7 @@ std::vector<TrackedContainer> Tracker::containers() const {
     tc.oom_killed = rec.oom_killed;
     out.push_back(std::move(tc));
   }
-  return out;
+  return {seq_now(), std::move(out)};
 }
 
 std::vector<std::string> Tracker::stalled_pods(std::chrono::milliseconds threshold) const {

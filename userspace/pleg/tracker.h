@@ -94,6 +94,10 @@ class Tracker {
 
   TrackerStats stats() const;
   std::vector<TrackedContainer> containers() const;
+  // The containers together with `seq_now()` read under the same lock that every emission
+  // holds: the snapshot is exactly the state after the events up to that sequence number.
+  std::pair<uint64_t, std::vector<TrackedContainer>> containers_at(
+      const std::function<uint64_t()>& seq_now) const;
   // Pods whose confirmation has been stuck in a CRI call for longer than `threshold`.
   std::vector<std::string> stalled_pods(std::chrono::milliseconds threshold) const;
   void stop();

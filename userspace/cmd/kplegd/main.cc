@@ -6,8 +6,11 @@
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
+#include "common/duration.h"
 #include "common/logging.h"
+#include "daemon/daemon.h"
 #include "kernel/kernel_source.h"
 #include "kernel/self_test.h"
 
@@ -15,11 +18,16 @@ namespace {
 
 using namespace kpleg;
 
-// Blocks SIGINT/SIGTERM in every thread and returns the signal that arrives.
 int wait_for_termination(const sigset_t& set) {
   int sig = 0;
   sigwait(&set, &sig);
   return sig;
+}
+
+void write_line(const std::string& s) {
+  std::string line = s + "\n";
+  fwrite(line.data(), 1, line.size(), stdout);
+  fflush(stdout);
 }
 
 nlohmann::json counters_json(const kernel::KernelSourceStats& s) {
@@ -39,17 +47,8 @@ nlohmann::json counters_json(const kernel::KernelSourceStats& s) {
 int trace_kernel(const kernel::KernelSourceOptions& opts, const sigset_t& sigs) {
   kernel::BpfKernelSource source(opts);
   kernel::KernelSink sink;
-  sink.on_event = [](const kernel::KernelEvent& ev) {
-    std::string line = kernel::to_json_line(ev);
-    line.push_back('\n');
-    fwrite(line.data(), 1, line.size(), stdout);
-    fflush(stdout);
-  };
-  sink.on_loss = [](uint64_t n) {
-    std::string line = nlohmann::json{{"kind", "lost"}, {"count", n}}.dump() + "\n";
-    fwrite(line.data(), 1, line.size(), stdout);
-    fflush(stdout);
-  };
+  sink.on_event = [](const kernel::KernelEvent& ev) { write_line(kernel::to_json_line(ev)); };
+  sink.on_loss = [](uint64_t n) { write_line(nlohmann::json{{"kind", "lost"}, {"count", n}}.dump()); };
   if (auto st = source.start(sink); !st) {
     spdlog::error("{}", st.error().message);
     return 1;
@@ -58,8 +57,7 @@ int trace_kernel(const kernel::KernelSourceOptions& opts, const sigset_t& sigs) 
   spdlog::info("received {}, stopping", strsignal(sig));
   auto stats = source.stats();
   source.stop();
-  std::cout << nlohmann::json{{"kind", "counters"}, {"counters", counters_json(stats)}}.dump()
-            << std::endl;
+  write_line(nlohmann::json{{"kind", "counters"}, {"counters", counters_json(stats)}}.dump());
   return 0;
 }
 
@@ -71,21 +69,70 @@ int self_test(const kernel::BpfOptions& bpf, const std::string& cgroup_base) {
   return r.passed ? 0 : 1;
 }
 
+int run_daemon(const daemon::DaemonOptions& opts, bool print_events, const sigset_t& sigs) {
+  auto d = daemon::Daemon::start(opts);
+  if (!d) {
+    spdlog::error("{}", d.error().message);
+    return 1;
+  }
+  auto& daemon = **d;
+  std::thread printer;
+  std::atomic<bool> stop_printer{false};
+  if (print_events) {
+    // Subscribed from the first sequence number: the initial sync's events are printed too.
+    auto sub = std::make_shared<bus::Subscription>(daemon.bus().subscribe(0, {}, 1 << 20));
+    printer = std::thread([sub, &stop_printer] {
+      while (!stop_printer) {
+        auto n = sub->next(std::chrono::milliseconds(200));
+        if (n.status == bus::Subscription::Status::kEvent) {
+          write_line(pleg::to_json_line(*n.event));
+        } else if (n.status == bus::Subscription::Status::kClosed) {
+          if (sub->cut_off()) spdlog::error("event printer: {}", sub->close_reason());
+          break;
+        }
+      }
+    });
+  }
+  int sig = wait_for_termination(sigs);
+  spdlog::info("received {}, shutting down", strsignal(sig));
+  stop_printer = true;
+  if (printer.joinable()) printer.join();
+  daemon.stop();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"kplegd: kernel-driven Pod Lifecycle Event Generator"};
   app.set_version_flag("--version", "kplegd 0.1.0");
 
+  daemon::DaemonOptions opts;
   bool trace = false;
   bool run_self_test = false;
   std::vector<std::string> roots;
   uint32_t ringbuf_kib = 4096;
-  std::string btf_path;
-  std::string cgroup_base = "/sys/fs/cgroup";
+  std::string mode = "auto";
+  std::string reconcile_period = "300s", relist_period = "1s", cri_timeout = "2s";
+  std::string print_events;
   std::string log_level = "info";
   std::string log_format = "text";
 
+  app.add_option("--runtime-endpoint", opts.runtime_endpoint,
+                 "CRI endpoint of the container runtime (unix:///path)")
+      ->capture_default_str();
+  app.add_option("--mode", mode,
+                 "auto: kernel events, relist when BPF cannot load; ebpf: kernel events only; "
+                 "relist: poll like the kubelet's generic PLEG")
+      ->check(CLI::IsMember({"auto", "ebpf", "relist"}))
+      ->capture_default_str();
+  app.add_option("--reconcile-period", reconcile_period, "Full relist period in ebpf mode")
+      ->capture_default_str();
+  app.add_option("--relist-period", relist_period, "Relist period in relist mode")
+      ->capture_default_str();
+  app.add_option("--cri-timeout", cri_timeout, "Deadline of every CRI call")->capture_default_str();
+  app.add_option("--print-events", print_events, "Print every event on stdout (json)")
+      ->check(CLI::IsMember({"json"}));
   app.add_flag("--trace-kernel", trace,
                "Print each decoded kernel event as a JSON line until SIGINT/SIGTERM, then the counters");
   app.add_flag("--self-test", run_self_test,
@@ -93,10 +140,11 @@ int main(int argc, char** argv) {
   app.add_option("--cgroup-root", roots,
                  "Name of a tracked cgroup root (repeatable; default: kubepods, kubepods.slice)");
   app.add_option("--ringbuf-kib", ringbuf_kib, "Ring buffer size in KiB (power of two)")
-      ->check(CLI::Range(4u, 1u << 20));
-  app.add_option("--kernel-btf", btf_path,
+      ->check(CLI::Range(4u, 1u << 20))
+      ->capture_default_str();
+  app.add_option("--kernel-btf", opts.kernel.bpf.btf_path,
                  "BTF file of the running kernel (default: /sys/kernel/btf/vmlinux)");
-  app.add_option("--cgroup-fs", cgroup_base, "Where the host's cgroup filesystem is mounted")
+  app.add_option("--cgroup-fs", opts.kernel.cgroup_base, "Where the host's cgroup filesystem is mounted")
       ->capture_default_str();
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off")->capture_default_str();
   app.add_option("--log-format", log_format, "text|json")
@@ -110,18 +158,32 @@ int main(int argc, char** argv) {
     std::cerr << "kplegd: " << st.error().message << std::endl;
     return 2;
   }
-
-  kernel::KernelSourceOptions opts;
-  if (!roots.empty()) opts.bpf.root_names = roots;
-  opts.bpf.ringbuf_bytes = ringbuf_kib * 1024;
-  opts.bpf.btf_path = btf_path;
-  opts.cgroup_base = cgroup_base;
-  if (auto st = kernel::validate(opts.bpf); !st) {
+  struct {
+    const char* flag;
+    std::string& text;
+    std::chrono::milliseconds& out;
+  } durations[] = {{"--reconcile-period", reconcile_period, opts.reconcile_period},
+                   {"--relist-period", relist_period, opts.relist_period},
+                   {"--cri-timeout", cri_timeout, opts.cri_timeout}};
+  for (auto& d : durations) {
+    auto v = parse_duration(d.text);
+    if (!v) {
+      std::cerr << "kplegd: " << d.flag << ": " << v.error().message << std::endl;
+      return 2;
+    }
+    d.out = *v;
+  }
+  opts.mode = mode == "ebpf" ? daemon::Mode::kEbpf
+              : mode == "relist" ? daemon::Mode::kRelist
+                                 : daemon::Mode::kAuto;
+  if (!roots.empty()) opts.kernel.bpf.root_names = roots;
+  opts.kernel.bpf.ringbuf_bytes = ringbuf_kib * 1024;
+  if (auto st = kernel::validate(opts.kernel.bpf); !st) {
     std::cerr << "kplegd: " << st.error().message << std::endl;
     return 2;
   }
 
-  if (run_self_test) return self_test(opts.bpf, cgroup_base);
+  if (run_self_test) return self_test(opts.kernel.bpf, opts.kernel.cgroup_base);
 
   // Signals are taken synchronously by the main thread; every other thread inherits the mask.
   sigset_t sigs;
@@ -130,8 +192,6 @@ int main(int argc, char** argv) {
   sigaddset(&sigs, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
 
-  if (trace) return trace_kernel(opts, sigs);
-
-  std::cerr << "kplegd: nothing to do yet: pass --trace-kernel or --self-test" << std::endl;
-  return 2;
+  if (trace) return trace_kernel(opts.kernel, sigs);
+  return run_daemon(opts, !print_events.empty(), sigs);
 }

@@ -1,0 +1,229 @@
+#include "daemon/daemon.h"
+
+#include <spdlog/spdlog.h>
+
+#include <map>
+
+namespace kpleg::daemon {
+
+const char* to_string(Mode m) {
+  switch (m) {
+    case Mode::kAuto: return "auto";
+    case Mode::kEbpf: return "ebpf";
+    case Mode::kRelist: return "relist";
+  }
+  return "?";
+}
+
+Daemon::Daemon(const DaemonOptions& opts) : opts_(opts) {}
+
+Daemon::~Daemon() { stop(); }
+
+Result<std::unique_ptr<Daemon>> Daemon::start(const DaemonOptions& opts) {
+  auto d = std::unique_ptr<Daemon>(new Daemon(opts));
+  d->start_time_ns_ = pleg::realtime_now_ns();
+  bus::EventBusOptions bo;
+  bo.history_capacity = opts.history;
+  d->bus_ = std::make_unique<bus::EventBus>(bo);
+
+  cri::GrpcCriClientOptions co;
+  co.call_timeout = opts.cri_timeout;
+  Daemon* self = d.get();
+  co.on_reconnect = [self] {
+    spdlog::info("container runtime reachable again");
+    if (self->reconciler_) self->reconciler_->request("runtime reconnect");
+  };
+  auto cri = cri::GrpcCriClient::create(opts.runtime_endpoint, co);
+  if (!cri) return Error{cri.error().code, "bad --runtime-endpoint: " + cri.error().message};
+  d->cri_ = std::move(*cri);
+  if (auto v = d->cri_->version(); !v) {
+    return Error{v.error().code, "cannot reach the container runtime at " + opts.runtime_endpoint +
+                                     ": " + v.error().message};
+  } else {
+    spdlog::info("container runtime {} {} (CRI {}) at {}", v->runtime_name(),
+                 v->runtime_version(), v->runtime_api_version(), opts.runtime_endpoint);
+  }
+
+  if (opts.mode == Mode::kRelist) {
+    if (auto st = d->start_relist(); !st) return st.error();
+    return d;
+  }
+  auto st = d->start_ebpf();
+  if (st) return d;
+  if (opts.mode == Mode::kEbpf) return st.error();
+  // auto: the kernel path cannot run here; relist mode keeps the node's events flowing.
+  d->fallback_reason_ = st.error().message;
+  spdlog::warn("mode auto: kernel event source unavailable ({}); running in relist mode",
+               st.error().message);
+  d->kernel_.reset();
+  d->reconciler_.reset();
+  d->tracker_.reset();
+  d->index_.reset();
+  if (auto rs = d->start_relist(); !rs) return rs.error();
+  return d;
+}
+
+Status Daemon::start_ebpf() {
+  index_ = std::make_unique<cgroup::CgroupIndex>();
+  tracker_ = std::make_unique<pleg::Tracker>(*cri_, *index_, *bus_);
+  reconciler_ = std::make_unique<pleg::Reconciler>(*cri_, *tracker_, opts_.reconcile_period);
+  tracker_->set_inconsistency_handler(
+      [this](const std::string& why) { reconciler_->request("tracker: " + why); });
+
+  kernel_ = std::make_unique<kernel::BpfKernelSource>(opts_.kernel);
+  kernel::KernelSink sink;
+  sink.on_event = [this](const kernel::KernelEvent& ev) { tracker_->on_kernel_event(ev); };
+  sink.on_loss = [this](uint64_t n) {
+    reconciler_->request("kernel events lost: " + std::to_string(n));
+  };
+  if (auto st = kernel_->start(sink); !st) return st;
+  // The index is seeded after the kernel source attached, so that no mkdir falls between.
+  if (auto st = index_->seed(kernel_->stats().cgroup2_mount); !st) return st;
+  if (auto st = reconciler_->start(); !st) {
+    spdlog::warn("initial sync failed ({}); retrying in the background", st.error().message);
+  }
+  active_ = Mode::kEbpf;
+  spdlog::info("running in ebpf mode (reconcile every {} s)",
+               std::chrono::duration_cast<std::chrono::seconds>(opts_.reconcile_period).count());
+  return {};
+}
+
+Status Daemon::start_relist() {
+  pleg::GenericRelistOptions ro;
+  ro.period = opts_.relist_period;
+  ro.health_threshold = opts_.relist_health_threshold;
+  relist_ = std::make_unique<pleg::GenericRelist>(*cri_, *bus_, ro);
+  relist_->start();
+  active_ = Mode::kRelist;
+  spdlog::info("running in relist mode (every {} ms)", opts_.relist_period.count());
+  return {};
+}
+
+void Daemon::stop() {
+  if (stopped_.exchange(true)) return;
+  if (kernel_) kernel_->stop();
+  if (reconciler_) reconciler_->stop();
+  if (tracker_) tracker_->stop();
+  if (relist_) relist_->stop();
+  if (bus_) bus_->close("kplegd shutting down");
+}
+
+api::StateSnapshot Daemon::snapshot() {
+  api::StateSnapshot snap;
+  std::map<std::string, api::PodRecord> pods;
+  if (tracker_) {
+    auto [seq, containers] = tracker_->containers_at([this] { return bus_->last_seq(); });
+    snap.seq = seq;
+    for (const auto& tc : containers) {
+      auto& pod = pods[tc.identity.pod_uid];
+      pod.uid = tc.identity.pod_uid;
+      if (!tc.identity.pod_name.empty()) pod.name = tc.identity.pod_name;
+      if (!tc.identity.pod_namespace.empty()) pod.pod_namespace = tc.identity.pod_namespace;
+      api::ContainerRecord cr;
+      cr.id = tc.identity.id;
+      cr.name = tc.identity.name;
+      cr.sandbox = tc.identity.sandbox;
+      cr.status.state = tc.identity.state;
+      if (tc.oom_killed) cr.status.reason = "OOMKilled";
+      pod.containers.push_back(std::move(cr));
+    }
+  } else if (relist_) {
+    // Relist mode: the records are those of the last relist; the sequence number is read first,
+    // so replaying from it can only repeat events the snapshot already reflects.
+    snap.seq = bus_->last_seq();
+    for (const auto& pr : relist_->pods()) {
+      auto& pod = pods[pr.uid];
+      pod.uid = pr.uid;
+      pod.name = pr.name;
+      pod.pod_namespace = pr.namespace_;
+      for (const auto* list : {&pr.sandboxes, &pr.containers}) {
+        for (const auto& c : *list) {
+          api::ContainerRecord cr;
+          cr.id = c.id;
+          cr.name = c.name;
+          cr.sandbox = c.sandbox;
+          cr.status = c.status;
+          cr.status.state = c.state;
+          pod.containers.push_back(std::move(cr));
+        }
+      }
+    }
+  }
+  for (auto& [_, p] : pods) snap.pods.push_back(std::move(p));
+  return snap;
+}
+
+api::HealthReport Daemon::health() {
+  api::HealthReport r;
+  r.healthy = true;
+  auto fail = [&r](std::string why) {
+    r.healthy = false;
+    r.reasons.push_back(std::move(why));
+  };
+  if (!cri_->connected()) {
+    fail("container runtime unreachable at " + opts_.runtime_endpoint + " (" +
+         std::string(cri::connection_state_name(cri_->state())) + ")");
+  }
+  if (active_ == Mode::kEbpf) {
+    auto ks = kernel_->stats();
+    if (!ks.attached) fail("kernel event source not attached");
+    if (!ks.consuming) fail("kernel event source stopped consuming the ring buffer");
+    auto rs = reconciler_->stats();
+    auto threshold = 2 * opts_.reconcile_period + std::chrono::seconds(60);
+    if (!rs.last_success) {
+      fail("no successful reconcile yet" + (rs.last_error.empty() ? "" : ": " + rs.last_error));
+    } else if (std::chrono::system_clock::now() - *rs.last_success > threshold) {
+      fail("last successful reconcile " +
+           std::to_string(std::chrono::duration_cast<std::chrono::seconds>(
+                              std::chrono::system_clock::now() - *rs.last_success)
+                              .count()) +
+           " s ago" + (rs.last_error.empty() ? "" : ": " + rs.last_error));
+    }
+    // A pod stuck in a runtime call is named, but does not make the node's events unhealthy:
+    // every other pod is confirmed by other workers.
+    for (const auto& pod : tracker_->stalled_pods(2 * opts_.cri_timeout)) {
+      r.reasons.push_back("pod " + pod + " stalled in a container runtime call");
+    }
+  } else if (relist_) {
+    auto h = relist_->health();
+    if (!h.healthy) fail(h.reason);
+    for (const auto& p : h.pending_inspections) {
+      r.reasons.push_back("pod " + p.pod_namespace + "/" + p.pod_name + " (" + p.pod_uid +
+                          ") failed inspection " + std::to_string(p.attempts) + " times: " + p.error);
+    }
+    if (!fallback_reason_.empty()) r.reasons.push_back("relist mode because: " + fallback_reason_);
+  }
+  return r;
+}
+
+api::DaemonStats Daemon::stats() {
+  api::DaemonStats s;
+  s.mode = active_ == Mode::kEbpf ? "ebpf" : "relist";
+  s.start_time_ns = start_time_ns_;
+  auto snap = snapshot();
+  s.pods = snap.pods.size();
+  for (const auto& p : snap.pods) s.containers += p.containers.size();
+  if (kernel_) {
+    auto ks = kernel_->stats();
+    s.kernel_events = ks.received;
+    s.lost_kernel_events = ks.bpf.ringbuf_drops;
+  }
+  if (tracker_) s.corrections = tracker_->stats().corrections_total();
+  if (reconciler_) {
+    auto rs = reconciler_->stats();
+    s.relists = rs.runs;
+    if (rs.last_success) {
+      s.last_reconcile_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                rs.last_success->time_since_epoch())
+                                .count();
+    }
+  }
+  if (relist_) {
+    auto rs = relist_->stats();
+    s.relists = rs.relists;
+    s.last_reconcile_ns = rs.last_success_ns;
+  }
+  return s;
+}
+
+}  // namespace kpleg::daemon

@@ -1,0 +1,81 @@
+// The daemon: wires the runtime client, the kernel source, the cgroup index, the tracker and
+// reconciler (ebpf mode) or the generic relist (relist mode), and the event bus; and answers
+// what the consumer API asks of it (state, health, stats). main() only parses flags.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "api/providers.h"
+#include "bus/event_bus.h"
+#include "cgroup/cgroup_index.h"
+#include "common/result.h"
+#include "cri/grpc_cri_client.h"
+#include "kernel/kernel_source.h"
+#include "pleg/generic_relist.h"
+#include "pleg/reconciler.h"
+#include "pleg/tracker.h"
+
+namespace kpleg::daemon {
+
+enum class Mode { kAuto, kEbpf, kRelist };
+const char* to_string(Mode m);
+
+struct DaemonOptions {
+  std::string runtime_endpoint = "unix:///run/containerd/containerd.sock";
+  Mode mode = Mode::kAuto;
+  std::chrono::milliseconds reconcile_period{std::chrono::seconds(300)};
+  std::chrono::milliseconds relist_period{std::chrono::seconds(1)};
+  std::chrono::milliseconds relist_health_threshold{std::chrono::minutes(3)};
+  std::chrono::milliseconds cri_timeout{std::chrono::seconds(2)};
+  kernel::KernelSourceOptions kernel;
+  size_t history = bus::kDefaultHistoryCapacity;
+};
+
+class Daemon : public api::StateProvider, public api::HealthProvider, public api::StatsProvider {
+ public:
+  // Connects to the runtime (an unreachable runtime is an error), starts the kernel source
+  // (ebpf/auto) or the relister, and the initial sync. `mode_reason` says why relist mode was
+  // picked when auto fell back.
+  static Result<std::unique_ptr<Daemon>> start(const DaemonOptions& opts);
+  ~Daemon() override;
+  void stop();
+
+  bus::EventBus& bus() { return *bus_; }
+  Mode active_mode() const { return active_; }
+  const std::string& fallback_reason() const { return fallback_reason_; }
+
+  api::StateSnapshot snapshot() override;
+  api::HealthReport health() override;
+  api::DaemonStats stats() override;
+
+  // Components, for metrics and tests.
+  cri::GrpcCriClient& cri() { return *cri_; }
+  pleg::Tracker* tracker() { return tracker_.get(); }
+  pleg::Reconciler* reconciler() { return reconciler_.get(); }
+  pleg::GenericRelist* relist() { return relist_.get(); }
+  kernel::BpfKernelSource* kernel_source() { return kernel_.get(); }
+
+ private:
+  explicit Daemon(const DaemonOptions& opts);
+  Status start_ebpf();
+  Status start_relist();
+
+  DaemonOptions opts_;
+  Mode active_ = Mode::kRelist;
+  std::string fallback_reason_;
+  uint64_t start_time_ns_ = 0;
+  std::unique_ptr<bus::EventBus> bus_;
+  std::unique_ptr<cri::GrpcCriClient> cri_;
+  std::unique_ptr<cgroup::CgroupIndex> index_;
+  std::unique_ptr<pleg::Tracker> tracker_;
+  std::unique_ptr<pleg::Reconciler> reconciler_;
+  std::unique_ptr<kernel::BpfKernelSource> kernel_;
+  std::unique_ptr<pleg::GenericRelist> relist_;
+  std::atomic<bool> stopped_{false};
+};
+
+}  // namespace kpleg::daemon
