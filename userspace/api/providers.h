@@ -59,7 +59,7 @@ class HealthProvider {
 // The daemon's key numbers for the Stats RPC; the event stream's own numbers (seq, history,
 // subscribers) come from the EventBus.
 struct DaemonStats {
-  std::string mode;  // "kernel" or "relist"
+  std::string mode;  // "ebpf" or "relist"
   uint64_t start_time_ns = 0;
   uint64_t pods = 0;
   uint64_t containers = 0;

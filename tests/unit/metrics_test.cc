@@ -1,0 +1,352 @@
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bus/event_bus.h"
+#include "cri/call_stats.h"
+#include "metrics/http_server.h"
+#include "metrics/kpleg_metrics.h"
+#include "metrics/registry.h"
+#include "support/privileged.h"
+
+namespace kpleg::metrics {
+namespace {
+
+bool contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+TEST(Registry, RendersCountersGaugesAndLabelsInTheTextFormat) {
+  Registry r;
+  auto& requests = r.counter("app_requests_total", "Requests.", {"method", "code"});
+  requests.with({"GET", "200"}).inc(3);
+  requests.with({"GET", "500"}).inc();
+  r.gauge("app_temperature", "Temp.").get().set(21.5);
+  EXPECT_EQ(r.render(),
+            "# HELP app_requests_total Requests.\n"
+            "# TYPE app_requests_total counter\n"
+            "app_requests_total{method=\"GET\",code=\"200\"} 3\n"
+            "app_requests_total{method=\"GET\",code=\"500\"} 1\n"
+            "# HELP app_temperature Temp.\n"
+            "# TYPE app_temperature gauge\n"
+            "app_temperature 21.5\n");
+}
+
+TEST(Registry, UnlabelledMetricsAppearAsZeroBeforeTheFirstUpdate) {
+  Registry r;
+  r.counter("x_total", "X.");
+  EXPECT_TRUE(contains(r.render(), "\nx_total 0\n"));
+}
+
+TEST(Registry, HistogramBucketsAreCumulativeAndInclusive) {
+  Registry r;
+  auto& h = r.histogram("lat_seconds", "Latency.", {0.1, 1}).get();
+  h.observe(0.1);  // le="0.1" is inclusive
+  h.observe(0.5);
+  h.observe(7);
+  EXPECT_EQ(r.render(),
+            "# HELP lat_seconds Latency.\n"
+            "# TYPE lat_seconds histogram\n"
+            "lat_seconds_bucket{le=\"0.1\"} 1\n"
+            "lat_seconds_bucket{le=\"1\"} 2\n"
+            "lat_seconds_bucket{le=\"+Inf\"} 3\n"
+            "lat_seconds_sum 7.6\n"
+            "lat_seconds_count 3\n");
+}
+
+TEST(Registry, LabelledHistogramPutsLeLast) {
+  Registry r;
+  r.histogram("d_seconds", "D.", {1}, {"op"}).with({"relist"}).observe(0.5);
+  EXPECT_TRUE(contains(r.render(), "d_seconds_bucket{op=\"relist\",le=\"1\"} 1\n"));
+  EXPECT_TRUE(contains(r.render(), "d_seconds_count{op=\"relist\"} 1\n"));
+}
+
+TEST(Registry, EscapesLabelValuesAndHelp) {
+  Registry r;
+  r.counter("e_total", "Line one\nback\\slash", {"v"}).with({"a\"b\\c\nd"}).inc();
+  std::string out = r.render();
+  EXPECT_TRUE(contains(out, "# HELP e_total Line one\\nback\\\\slash\n")) << out;
+  EXPECT_TRUE(contains(out, "e_total{v=\"a\\\"b\\\\c\\nd\"} 1\n")) << out;
+}
+
+TEST(Registry, RejectsBadDefinitions) {
+  Registry r;
+  r.counter("ok_total", "ok", {"kind"});
+  EXPECT_THROW(r.counter("ok_total", "again"), std::invalid_argument);
+  EXPECT_THROW(r.counter("bad-name", "x"), std::invalid_argument);
+  EXPECT_THROW(r.counter("x2_total", "x", {"__reserved"}), std::invalid_argument);
+  EXPECT_THROW(r.histogram("h", "x", {1}, {"le"}), std::invalid_argument);
+  EXPECT_THROW(r.histogram("h2", "x", {2, 1}), std::invalid_argument);
+  auto& fam = r.counter("arity_total", "x", {"a", "b"});
+  EXPECT_THROW(fam.with({"only-one"}), std::invalid_argument);
+}
+
+TEST(Registry, ConcurrentIncrementsAreAllCounted) {
+  Registry r;
+  auto& c = r.counter("hits_total", "Hits.").get();
+  auto& h = r.histogram("obs_seconds", "Obs.", {0.5}).get();
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&] {
+      for (int i = 0; i < 100'000; ++i) {
+        c.inc();
+        h.observe(0.25);
+      }
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(c.value(), 400'000);
+  auto s = h.snapshot();
+  EXPECT_EQ(s.count, 400'000u);
+  EXPECT_EQ(s.cumulative[0], 400'000u);
+  EXPECT_DOUBLE_EQ(s.sum, 100'000);
+}
+
+TEST(Registry, CollectorsRunAtScrapeTime) {
+  Registry r;
+  auto& g = r.gauge("mirrored", "M.").get();
+  int source = 0;
+  r.add_collector([&] { g.set(source); });
+  source = 7;
+  EXPECT_TRUE(contains(r.render(), "\nmirrored 7\n"));
+  source = 9;
+  EXPECT_TRUE(contains(r.render(), "\nmirrored 9\n"));
+}
+
+TEST(KplegMetrics, ExportsEveryFamily) {
+  Registry r;
+  KplegMetrics m(r);
+  std::string out = r.render();
+  for (auto name : kMetricNames)
+    EXPECT_TRUE(contains(out, "# TYPE " + std::string(name) + " ")) << name;
+  EXPECT_TRUE(contains(out, "# TYPE kubelet_pleg_relist_duration_seconds histogram\n"));
+  EXPECT_TRUE(contains(out, "# TYPE kubelet_pleg_discard_events counter\n"));
+  EXPECT_TRUE(contains(out, "# TYPE kubelet_pleg_last_seen_seconds gauge\n"));
+}
+
+TEST(KplegMetrics, CountsPublishedEventsAndTheirDetectionLatency) {
+  Registry r;
+  KplegMetrics m(r);
+  bus::EventBus bus(bus::EventBusOptions{
+      .on_publish = [&](const pleg::PodLifecycleEvent& ev) { m.observe_published(ev); }});
+  pleg::PodLifecycleEvent ev;
+  ev.type = pleg::EventType::kContainerDied;
+  ev.source = pleg::EventSource::kKernel;
+  ev.kernel_ts_ns = 1'000'000'000;
+  ev.emit_ts_ns = 1'003'000'000;  // 3 ms later
+  bus.publish(ev);
+  ev.source = pleg::EventSource::kReconcile;
+  ev.kernel_ts_ns = 0;  // nothing from the kernel: no latency sample
+  bus.publish(ev);
+
+  std::string out = r.render();
+  EXPECT_TRUE(contains(out, "kpleg_events_total{type=\"ContainerDied\",source=\"kernel\"} 1\n"));
+  EXPECT_TRUE(
+      contains(out, "kpleg_events_total{type=\"ContainerDied\",source=\"reconcile\"} 1\n"));
+  EXPECT_TRUE(contains(out, "kpleg_events_total{type=\"ContainerStarted\",source=\"kernel\"} 0\n"));
+  EXPECT_TRUE(contains(out, "kpleg_detection_latency_seconds_bucket{le=\"0.0025\"} 0\n")) << out;
+  EXPECT_TRUE(contains(out, "kpleg_detection_latency_seconds_bucket{le=\"0.005\"} 1\n"));
+  EXPECT_TRUE(contains(out, "kpleg_detection_latency_seconds_count 1\n"));
+}
+
+TEST(KplegMetrics, MirrorsCriCallsAndTheBusAtScrapeTime) {
+  Registry r;
+  KplegMetrics m(r);
+  cri::CallStats calls;
+  bus::EventBus bus;
+  m.mirror_cri_calls(calls);
+  m.mirror_bus(bus);
+
+  calls.record(cri::CriMethod::kContainerStatus, 0);
+  calls.record(cri::CriMethod::kContainerStatus, 0);
+  calls.record(cri::CriMethod::kListContainers, 4);
+  auto a = bus.subscribe(0, {}, 1);
+  auto b = bus.subscribe(0, {}, 1);
+  bus.publish({});
+  bus.publish({});  // cuts off both: each had room for one
+
+  std::string out = r.render();
+  EXPECT_TRUE(contains(out, "kpleg_cri_calls_total{method=\"ContainerStatus\",code=\"OK\"} 2\n"))
+      << out;
+  EXPECT_TRUE(contains(
+      out, "kpleg_cri_calls_total{method=\"ListContainers\",code=\"DEADLINE_EXCEEDED\"} 1\n"));
+  EXPECT_FALSE(contains(out, "method=\"Version\"")) << "calls that never happened stay out";
+  EXPECT_TRUE(contains(out, "\nkpleg_subscribers 0\n"));
+  EXPECT_TRUE(contains(out, "\nkpleg_subscribers_cut_off_total 2\n"));
+  EXPECT_TRUE(contains(out, "\nkubelet_pleg_discard_events 4\n"));
+
+  auto c = bus.subscribe(0);
+  EXPECT_TRUE(contains(r.render(), "\nkpleg_subscribers 1\n"));
+}
+
+TEST(KplegMetrics, ModeGaugeMarksOnlyTheActiveMode) {
+  Registry r;
+  KplegMetrics m(r);
+  m.set_mode("ebpf");
+  EXPECT_TRUE(contains(r.render(), "kpleg_mode{mode=\"ebpf\"} 1\nkpleg_mode{mode=\"relist\"} 0\n"));
+  m.set_mode("relist");
+  EXPECT_TRUE(contains(r.render(), "kpleg_mode{mode=\"ebpf\"} 0\nkpleg_mode{mode=\"relist\"} 1\n"));
+}
+
+// Runs `promtool check metrics` on `text`; returns its exit status and output.
+std::pair<int, std::string> promtool_check(const std::string& text) {
+  char path[] = "/tmp/kpleg-metrics-XXXXXX";
+  int fd = mkstemp(path);
+  if (fd < 0) return {-1, "mkstemp failed"};
+  ::close(fd);
+  std::ofstream(path) << text;
+  std::string cmd = std::string("/usr/bin/promtool check metrics < ") + path + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while (p != nullptr && (n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  int status = p != nullptr ? pclose(p) : -1;
+  unlink(path);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+TEST(KplegMetrics, PromtoolAcceptsTheExposition) {
+  KPLEG_REQUIRE_OR_SKIP(access("/usr/bin/promtool", X_OK) == 0,
+                        "promtool not installed (Debian package prometheus)");
+  Registry r;
+  KplegMetrics m(r);
+  cri::CallStats calls;
+  bus::EventBus bus;
+  m.mirror_cri_calls(calls);
+  m.mirror_bus(bus);
+  calls.record(cri::CriMethod::kContainerStatus, 0);
+  m.set_mode("ebpf");
+  m.kernel_events.with({"exec"}).inc();
+  m.corrections.with({"missed_start"}).inc();
+  m.relist_duration.observe(0.012);
+  m.last_seen.set_to_current_time();
+  m.observe_published(pleg::PodLifecycleEvent{});
+
+  auto [rc, out] = promtool_check(r.render());
+  // Parse errors exit 1. Lint findings exit 3; the only one allowed is the kubelet's own
+  // counter name, kept on purpose so that kubelet dashboards keep working.
+  EXPECT_NE(rc, 1) << out;
+  std::string rest = out;
+  const std::string expected =
+      "kubelet_pleg_discard_events counter metrics should have \"_total\" suffix\n";
+  if (auto at = rest.find(expected); at != std::string::npos) rest.erase(at, expected.size());
+  EXPECT_EQ(rest, "") << "promtool: " << out;
+  EXPECT_TRUE(rc == 0 || rc == 3) << out;
+}
+
+TEST(KplegMetrics, PromtoolRejectsBrokenText) {
+  // The check above must be able to fail.
+  KPLEG_REQUIRE_OR_SKIP(access("/usr/bin/promtool", X_OK) == 0,
+                        "promtool not installed (Debian package prometheus)");
+  EXPECT_EQ(promtool_check("broken{ 1\n").first, 1);
+}
+
+class SwitchableHealth : public api::HealthProvider {
+ public:
+  api::HealthReport health() override {
+    std::lock_guard l(mu_);
+    return report_;
+  }
+  api::HealthReport readiness() override {
+    std::lock_guard l(mu_);
+    return ready_;
+  }
+  void set(api::HealthReport h, api::HealthReport ready) {
+    std::lock_guard l(mu_);
+    report_ = std::move(h);
+    ready_ = std::move(ready);
+  }
+
+ private:
+  std::mutex mu_;
+  api::HealthReport report_{true, {}};
+  api::HealthReport ready_{true, {}};
+};
+
+TEST(MetricsServer, ServesMetricsHealthAndReadiness) {
+  Registry r;
+  KplegMetrics m(r);
+  SwitchableHealth health;
+  MetricsServer server(MetricsServerOptions{"127.0.0.1:0"}, r, health);
+  ASSERT_TRUE(server.start().ok());
+  ASSERT_GT(server.port(), 0);
+
+  httplib::Client client("127.0.0.1", server.port());
+  client.set_connection_timeout(5);
+  client.set_read_timeout(5);
+  auto res = client.Get("/metrics");
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  EXPECT_EQ(res->status, 200);
+  EXPECT_EQ(res->get_header_value("Content-Type"), "text/plain; version=0.0.4; charset=utf-8");
+  EXPECT_TRUE(contains(res->body, "# TYPE kpleg_events_total counter"));
+
+  res = client.Get("/healthz");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  EXPECT_EQ(res->body, "ok\n");
+
+  health.set({false, {"kernel path: no events consumed for 30 s", "runtime unreachable"}},
+             {false, {"initial reconcile not done"}});
+  res = client.Get("/healthz");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 503);
+  EXPECT_EQ(res->body,
+            "unhealthy\n- kernel path: no events consumed for 30 s\n- runtime unreachable\n");
+  res = client.Get("/readyz");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 503);
+  EXPECT_EQ(res->body, "unhealthy\n- initial reconcile not done\n");
+
+  res = client.Get("/nope");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 404);
+  server.stop();
+}
+
+TEST(MetricsServer, ReportsAnAddressInUse) {
+  Registry r;
+  SwitchableHealth health;
+  MetricsServer first(MetricsServerOptions{"127.0.0.1:0"}, r, health);
+  ASSERT_TRUE(first.start().ok());
+  MetricsServer second(
+      MetricsServerOptions{"127.0.0.1:" + std::to_string(first.port())}, r, health);
+  auto st = second.start();
+  ASSERT_FALSE(st.ok());
+  EXPECT_TRUE(contains(st.error().message, "--metrics-address 127.0.0.1:")) << st.error().message;
+  EXPECT_TRUE(contains(st.error().message, "cannot bind")) << st.error().message;
+}
+
+TEST(MetricsServer, StopsPromptlyRightAfterStart) {
+  Registry r;
+  SwitchableHealth health;
+  for (int i = 0; i < 20; ++i) {
+    MetricsServer s(MetricsServerOptions{"127.0.0.1:0"}, r, health);
+    ASSERT_TRUE(s.start().ok());
+  }  // destructors stop; a hang here fails by the test timeout
+}
+
+TEST(MetricsServer, ParsesAddresses) {
+  auto v4 = parse_host_port("127.0.0.1:10262");
+  ASSERT_TRUE(v4.ok());
+  EXPECT_EQ(v4->first, "127.0.0.1");
+  EXPECT_EQ(v4->second, 10262);
+  auto v6 = parse_host_port("[::1]:9");
+  ASSERT_TRUE(v6.ok());
+  EXPECT_EQ(v6->first, "::1");
+  EXPECT_EQ(v6->second, 9);
+  for (const char* bad : {"", "host", ":1", "h:", "h:70000", "h:12x", "::1:9", "[::1]9"})
+    EXPECT_FALSE(parse_host_port(bad).ok()) << bad;
+}
+
+}  // namespace
+}  // namespace kpleg::metrics

@@ -1,0 +1,127 @@
+#include "metrics/http_server.h"
+
+#include <cerrno>
+#include <chrono>
+#include <charconv>
+#include <cstring>
+
+#include <sys/socket.h>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <httplib.h>
+#include <spdlog/spdlog.h>
+
+namespace kpleg::metrics {
+namespace {
+
+void answer_health(const api::HealthReport& report, httplib::Response& res) {
+  if (report.healthy) {
+    res.status = 200;
+    res.set_content("ok\n", "text/plain; charset=utf-8");
+    return;
+  }
+  std::string body = "unhealthy\n";
+  for (const auto& r : report.reasons) body += "- " + r + "\n";
+  res.status = 503;
+  res.set_content(body, "text/plain; charset=utf-8");
+}
+
+}  // namespace
+
+Result<std::pair<std::string, int>> parse_host_port(const std::string& address) {
+  std::string host;
+  std::string port_text;
+  if (!address.empty() && address[0] == '[') {
+    auto close = address.find(']');
+    if (close == std::string::npos || close + 1 >= address.size() || address[close + 1] != ':')
+      return Error{EINVAL, "--metrics-address " + address + ": expected [v6 address]:port"};
+    host = address.substr(1, close - 1);
+    port_text = address.substr(close + 2);
+  } else {
+    auto colon = address.rfind(':');
+    if (colon == std::string::npos || address.find(':') != colon)
+      return Error{EINVAL, "--metrics-address " + address + ": expected host:port"};
+    host = address.substr(0, colon);
+    port_text = address.substr(colon + 1);
+  }
+  int port = -1;
+  auto [p, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
+  if (host.empty() || ec != std::errc() || p != port_text.data() + port_text.size() || port < 0 ||
+      port > 65535)
+    return Error{EINVAL, "--metrics-address " + address + ": expected host:port"};
+  return std::pair<std::string, int>(host, port);
+}
+
+void add_metrics_flags(CLI::App& app, MetricsServerOptions& o) {
+  app.add_option("--metrics-address", o.address,
+                 "host:port for /metrics, /healthz and /readyz; empty to disable")
+      ->capture_default_str();
+}
+
+MetricsServer::MetricsServer(MetricsServerOptions options, Registry& registry,
+                             api::HealthProvider& health)
+    : options_(std::move(options)), registry_(registry), health_(health) {}
+
+MetricsServer::~MetricsServer() { stop(); }
+
+Status MetricsServer::start() {
+  if (server_) return Error{EALREADY, "metrics server already started"};
+  auto hp = parse_host_port(options_.address);
+  if (!hp) return hp.error();
+  host_ = hp->first;
+
+  auto server = std::make_unique<httplib::Server>();
+  // httplib's default adds SO_REUSEPORT, which would let a second kplegd bind the same port
+  // and silently take half the scrapes: keep only SO_REUSEADDR (quick restarts).
+  server->set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
+  server->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(registry_.render(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  server->Get("/healthz", [this](const httplib::Request&, httplib::Response& res) {
+    answer_health(health_.health(), res);
+  });
+  server->Get("/readyz", [this](const httplib::Request&, httplib::Response& res) {
+    answer_health(health_.readiness(), res);
+  });
+
+  errno = 0;
+  if (hp->second == 0) {
+    port_ = server->bind_to_any_port(host_);
+    if (port_ <= 0) {
+      int err = errno;
+      return Error{err != 0 ? err : EADDRNOTAVAIL,
+                   fmt::format("--metrics-address {}: cannot bind: {}", options_.address,
+                               err != 0 ? std::strerror(err) : "unknown error")};
+    }
+  } else {
+    if (!server->bind_to_port(host_, hp->second)) {
+      int err = errno;
+      return Error{err != 0 ? err : EADDRNOTAVAIL,
+                   fmt::format("--metrics-address {}: cannot bind: {}", options_.address,
+                               err != 0 ? std::strerror(err) : "unknown error")};
+    }
+    port_ = hp->second;
+  }
+  server_ = std::move(server);
+  thread_ = std::thread([s = server_.get()] { s->listen_after_bind(); });
+  // httplib's stop() is a no-op until the listen loop has started: wait for it, or a quick
+  // start-stop would leave stop() joining a thread that never ends.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!server_->is_running() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  spdlog::info("metrics: serving /metrics, /healthz, /readyz on {}:{}", host_, port_);
+  return {};
+}
+
+void MetricsServer::stop() {
+  if (!server_) return;
+  server_->stop();
+  if (thread_.joinable()) thread_.join();
+  server_.reset();
+}
+
+}  // namespace kpleg::metrics

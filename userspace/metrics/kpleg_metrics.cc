@@ -1,0 +1,117 @@
+#include "metrics/kpleg_metrics.h"
+
+#include <string>
+
+#include "bus/event_bus.h"
+#include "cri/call_stats.h"
+
+#ifndef KPLEG_VERSION
+#define KPLEG_VERSION "unknown"
+#endif
+
+namespace kpleg::metrics {
+namespace {
+
+// Detection latency runs from ~100 us (exec seen, one ContainerStatus call) to seconds (CRI
+// retries while the runtime catches up): finer at the low end than the default buckets.
+std::vector<double> detection_buckets() {
+  return {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+          0.025,  0.05,    0.1,    0.25,  0.5,    1,     2.5, 5};
+}
+
+}  // namespace
+
+KplegMetrics::KplegMetrics(Registry& r)
+    : relist_duration(r.histogram("kubelet_pleg_relist_duration_seconds",
+                                  "Duration in seconds for relisting pods in PLEG.",
+                                  default_buckets())
+                          .get()),
+      relist_interval(r.histogram("kubelet_pleg_relist_interval_seconds",
+                                  "Interval in seconds between relisting in PLEG.",
+                                  default_buckets())
+                          .get()),
+      last_seen(r.gauge("kubelet_pleg_last_seen_seconds",
+                        "Timestamp in seconds when PLEG was last seen active.")
+                    .get()),
+      discard_events(r.counter("kubelet_pleg_discard_events",
+                               "The number of discard events in PLEG: events a consumer did "
+                               "not get because it fell too far behind and was cut off.")
+                         .get()),
+      kernel_events(r.counter("kpleg_kernel_events_total",
+                              "Kernel records consumed from the ring buffer, by kind.",
+                              {"kind"})),
+      lost_events(r.counter("kpleg_lost_events_total",
+                            "Kernel records lost before userspace could read them.")
+                      .get()),
+      corrections(r.counter("kpleg_corrections_total",
+                            "Differences the reconcile relist had to fix, by kind; zero in a "
+                            "correct system.",
+                            {"kind"})),
+      cri_calls(r.counter("kpleg_cri_calls_total", "CRI calls by method and gRPC status code.",
+                          {"method", "code"})),
+      detection_latency(r.histogram("kpleg_detection_latency_seconds",
+                                    "Time from the kernel's timestamp of a container "
+                                    "transition to the confirmed event being emitted.",
+                                    detection_buckets())
+                            .get()),
+      events(r.counter("kpleg_events_total", "Pod lifecycle events emitted, by type and source.",
+                       {"type", "source"})),
+      subscribers(r.gauge("kpleg_subscribers", "Open Watch subscriptions.").get()),
+      subscribers_cut_off(r.counter("kpleg_subscribers_cut_off_total",
+                                    "Watch subscribers cut off because their queue was full.")
+                              .get()),
+      mode(r.gauge("kpleg_mode", "1 for the active event source mode.", {"mode"})),
+      registry_(r) {
+  r.gauge("kpleg_build_info", "kpleg's version; always 1.", {"version"})
+      .with({KPLEG_VERSION})
+      .set(1);
+  for (size_t t = 0; t < kTypes; ++t)
+    for (size_t s = 0; s < kSources; ++s)
+      events_by_type_source_[t][s] =
+          &events.with({pleg::to_string(static_cast<pleg::EventType>(t)),
+                        pleg::to_string(static_cast<pleg::EventSource>(s))});
+  mode.with({"ebpf"});
+  mode.with({"relist"});
+}
+
+void KplegMetrics::set_mode(std::string_view active) {
+  mode.with({std::string(active)}).set(1);
+  for (const char* m : {"ebpf", "relist"})
+    if (active != m) mode.with({m}).set(0);
+}
+
+void KplegMetrics::observe_published(const pleg::PodLifecycleEvent& ev) {
+  auto t = static_cast<size_t>(ev.type);
+  auto s = static_cast<size_t>(ev.source);
+  if (t < kTypes && s < kSources) events_by_type_source_[t][s]->inc();
+  if (ev.kernel_ts_ns != 0 && ev.emit_ts_ns >= ev.kernel_ts_ns)
+    detection_latency.observe(static_cast<double>(ev.emit_ts_ns - ev.kernel_ts_ns) / 1e9);
+}
+
+void KplegMetrics::mirror_cri_calls(const cri::CallStats& stats) {
+  registry_.add_collector([this, &stats] {
+    for (size_t m = 0; m < cri::kCriMethodCount; ++m) {
+      auto method = static_cast<cri::CriMethod>(m);
+      for (size_t c = 0; c < cri::kGrpcStatusCodeCount; ++c) {
+        uint64_t n = stats.count(method, static_cast<int>(c));
+        // Only pairs that happened: 14 methods x 17 codes would be mostly zeros.
+        if (n == 0) continue;
+        cri_calls
+            .with({std::string(cri::cri_method_name(method)),
+                   std::string(cri::grpc_code_name(static_cast<int>(c)))})
+            .set(static_cast<double>(n));
+      }
+    }
+  });
+}
+
+void KplegMetrics::mirror_bus(const bus::EventBus& bus) {
+  registry_.add_collector([this, &bus] {
+    bus::BusStats st = bus.stats();
+    subscribers.set(static_cast<double>(st.subscribers));
+    subscribers_cut_off.set(static_cast<double>(st.subscribers_cut_off));
+    discard_events.set(static_cast<double>(st.discarded_events));
+  });
+}
+
+}  // namespace kpleg::metrics

@@ -1,0 +1,89 @@
+// The metric families kpleg exports. Where the meaning is the kubelet's, the name is the
+// kubelet's (kubelet_pleg_*), so existing dashboards and alerts keep working; the rest are
+// kpleg_*. Components get a handle once and update it on their hot path.
+#pragma once
+
+#include <array>
+#include <string>
+#include <string_view>
+
+#include "metrics/registry.h"
+#include "pleg/event.h"
+
+namespace kpleg::bus {
+class EventBus;
+}
+namespace kpleg::cri {
+class CallStats;
+}
+
+namespace kpleg::metrics {
+
+struct KplegMetrics {
+  explicit KplegMetrics(Registry& registry);
+
+  // kubelet_pleg_relist_duration_seconds: one relist (list + inspect + diff), either mode.
+  Histogram& relist_duration;
+  // kubelet_pleg_relist_interval_seconds: time between the starts of two relists.
+  Histogram& relist_interval;
+  // kubelet_pleg_last_seen_seconds: Unix time the pipeline was last seen active (a relist ran
+  // or kernel events were consumed); the kubelet's PLEG-is-not-healthy alert reads it.
+  Gauge& last_seen;
+  // kubelet_pleg_discard_events: events a consumer did not get because it fell too far
+  // behind and was cut off (mirrored from the event bus at scrape time).
+  Counter& discard_events;
+
+  // kpleg_kernel_events_total{kind}: kernel records consumed (exec, exit, cgroup_mkdir, ...).
+  Family<Counter>& kernel_events;
+  // kpleg_lost_events_total: kernel records lost (ring buffer full, helper failure).
+  Counter& lost_events;
+  // kpleg_corrections_total{kind}: differences the reconcile relist had to fix; zero in a
+  // correct system.
+  Family<Counter>& corrections;
+  // kpleg_cri_calls_total{method,code}: CRI calls by result (mirrored from cri::CallStats).
+  Family<Counter>& cri_calls;
+  // kpleg_detection_latency_seconds: kernel timestamp of a transition -> event emitted.
+  Histogram& detection_latency;
+  // kpleg_events_total{type,source}: events emitted.
+  Family<Counter>& events;
+  // kpleg_subscribers / kpleg_subscribers_cut_off_total: Watch consumers (from the bus).
+  Gauge& subscribers;
+  Counter& subscribers_cut_off;
+  // kpleg_mode{mode}: 1 for the active mode ("ebpf" or "relist"), 0 for the other.
+  Family<Gauge>& mode;
+
+  void set_mode(std::string_view active);
+
+  // For EventBusOptions::on_publish: counts the event and, when the kernel saw the
+  // transition, its detection latency. One atomic add per event (handles are cached).
+  void observe_published(const pleg::PodLifecycleEvent& ev);
+
+  // Copy kept-elsewhere numbers in at every scrape; the sources must outlive the registry.
+  void mirror_cri_calls(const cri::CallStats& stats);
+  void mirror_bus(const bus::EventBus& bus);
+
+ private:
+  Registry& registry_;
+  static constexpr size_t kTypes = 6, kSources = 3;
+  std::array<std::array<Counter*, kSources>, kTypes> events_by_type_source_{};
+};
+
+// The metric names, for docs and tests.
+inline constexpr std::array<std::string_view, 14> kMetricNames = {
+    "kubelet_pleg_relist_duration_seconds",
+    "kubelet_pleg_relist_interval_seconds",
+    "kubelet_pleg_last_seen_seconds",
+    "kubelet_pleg_discard_events",
+    "kpleg_kernel_events_total",
+    "kpleg_lost_events_total",
+    "kpleg_corrections_total",
+    "kpleg_cri_calls_total",
+    "kpleg_detection_latency_seconds",
+    "kpleg_events_total",
+    "kpleg_subscribers",
+    "kpleg_subscribers_cut_off_total",
+    "kpleg_mode",
+    "kpleg_build_info",
+};
+
+}  // namespace kpleg::metrics
