@@ -1,0 +1,231 @@
+#include "cmd/kplegctl/output.h"
+
+#include <time.h>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace kpleg::kplegctl {
+namespace {
+
+using ordered_json = nlohmann::ordered_json;
+
+std::string dump(const ordered_json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+ordered_json status_json(const v1::ContainerStatus& s) {
+  ordered_json j;
+  j["state"] = state_name(s.state());
+  j["created_at_ns"] = s.created_at_ns();
+  j["started_at_ns"] = s.started_at_ns();
+  j["finished_at_ns"] = s.finished_at_ns();
+  j["exit_code"] = s.exit_code();
+  j["reason"] = s.reason();
+  j["message"] = s.message();
+  return j;
+}
+
+std::string or_dash(const std::string& s) { return s.empty() ? "-" : s; }
+
+std::string pod_ref(const std::string& ns, const std::string& name, const std::string& uid) {
+  if (name.empty()) return uid.empty() ? "-" : uid;
+  return ns.empty() ? name : ns + "/" + name;
+}
+
+std::string container_ref(const std::string& name, const std::string& id, bool sandbox) {
+  if (sandbox) return "(sandbox " + id.substr(0, 12) + ")";
+  return name.empty() ? id.substr(0, 12) : name;
+}
+
+}  // namespace
+
+std::string type_name(v1::EventType t) {
+  switch (t) {
+    case v1::EVENT_TYPE_CONTAINER_STARTED: return "ContainerStarted";
+    case v1::EVENT_TYPE_CONTAINER_DIED: return "ContainerDied";
+    case v1::EVENT_TYPE_CONTAINER_REMOVED: return "ContainerRemoved";
+    case v1::EVENT_TYPE_POD_SYNC: return "PodSync";
+    case v1::EVENT_TYPE_CONTAINER_CHANGED: return "ContainerChanged";
+    case v1::EVENT_TYPE_RESYNC: return "Resync";
+    default: return fmt::format("Unknown({})", static_cast<int>(t));
+  }
+}
+
+std::string source_name(v1::EventSource s) {
+  switch (s) {
+    case v1::EVENT_SOURCE_KERNEL: return "kernel";
+    case v1::EVENT_SOURCE_RELIST: return "relist";
+    case v1::EVENT_SOURCE_RECONCILE: return "reconcile";
+    default: return "";
+  }
+}
+
+std::string state_name(v1::ContainerState s) {
+  switch (s) {
+    case v1::CONTAINER_STATE_CREATED: return "created";
+    case v1::CONTAINER_STATE_RUNNING: return "running";
+    case v1::CONTAINER_STATE_EXITED: return "exited";
+    case v1::CONTAINER_STATE_UNKNOWN: return "unknown";
+    case v1::CONTAINER_STATE_NON_EXISTENT: return "non-existent";
+    default: return "";
+  }
+}
+
+std::string clock_time(uint64_t unix_ns) {
+  if (unix_ns == 0) return "-";
+  time_t secs = static_cast<time_t>(unix_ns / 1'000'000'000ull);
+  tm local{};
+  localtime_r(&secs, &local);
+  return fmt::format("{:02}:{:02}:{:02}.{:03}", local.tm_hour, local.tm_min, local.tm_sec,
+                     (unix_ns / 1'000'000ull) % 1000);
+}
+
+std::string event_json(const v1::Event& ev) {
+  ordered_json j;
+  j["seq"] = ev.seq();
+  j["type"] = type_name(ev.type());
+  j["pod_uid"] = ev.pod_uid();
+  j["pod_name"] = ev.pod_name();
+  j["pod_namespace"] = ev.pod_namespace();
+  j["container_id"] = ev.container_id();
+  j["container_name"] = ev.container_name();
+  j["sandbox"] = ev.sandbox();
+  j["exit_code"] = ev.exit_code();
+  j["reason"] = ev.reason();
+  j["source"] = source_name(ev.source());
+  j["correction"] = ev.correction();
+  j["kernel_ts_ns"] = ev.kernel_ts_ns();
+  j["emit_ts_ns"] = ev.emit_ts_ns();
+  if (ev.has_status()) j["status"] = status_json(ev.status());
+  return dump(j);
+}
+
+// Fixed widths: a stream cannot be measured before it is printed.
+static constexpr const char* kEventRow = "{:<12}  {:<16}  {:<36}  {:<20}  {:<16}  {:<9}  {}";
+
+std::string event_table_header() {
+  return fmt::format(kEventRow, "TIME", "TYPE", "NAMESPACE/POD", "CONTAINER", "EXIT/REASON",
+                     "SOURCE", "SEQ");
+}
+
+std::string event_table_row(const v1::Event& ev) {
+  if (ev.type() == v1::EVENT_TYPE_RESYNC)
+    return fmt::format("{:<12}  {:<16}  {}", clock_time(ev.emit_ts_ns()), "Resync",
+                       ev.reason().empty() ? "history lost: List again" : ev.reason());
+  std::string exit = "-";
+  if (ev.type() == v1::EVENT_TYPE_CONTAINER_DIED || ev.exit_code() != 0 || !ev.reason().empty())
+    exit = ev.reason().empty() ? std::to_string(ev.exit_code())
+                               : fmt::format("{} {}", ev.exit_code(), ev.reason());
+  std::string source = or_dash(source_name(ev.source()));
+  if (ev.correction()) source += "*";  // fixed by the reconciler
+  return fmt::format(kEventRow, clock_time(ev.emit_ts_ns()), type_name(ev.type()),
+                     pod_ref(ev.pod_namespace(), ev.pod_name(), ev.pod_uid()),
+                     container_ref(ev.container_name(), ev.container_id(), ev.sandbox()), exit,
+                     source, ev.seq());
+}
+
+std::string list_json(const v1::ListResponse& resp) {
+  ordered_json j;
+  j["seq"] = resp.seq();
+  j["instance_id"] = resp.instance_id();
+  j["pods"] = ordered_json::array();
+  for (const auto& pod : resp.pods()) {
+    ordered_json p;
+    p["uid"] = pod.uid();
+    p["name"] = pod.name();
+    p["namespace"] = pod.namespace_();
+    p["containers"] = ordered_json::array();
+    for (const auto& c : pod.containers()) {
+      ordered_json cj;
+      cj["id"] = c.id();
+      cj["name"] = c.name();
+      cj["sandbox"] = c.sandbox();
+      cj["status"] = status_json(c.status());
+      p["containers"].push_back(std::move(cj));
+    }
+    j["pods"].push_back(std::move(p));
+  }
+  return dump(j);
+}
+
+std::string list_table(const v1::ListResponse& resp) {
+  std::vector<std::array<std::string, 6>> rows;
+  rows.push_back({"NAMESPACE/POD", "POD UID", "CONTAINER", "STATE", "EXIT/REASON", "STARTED"});
+  for (const auto& pod : resp.pods()) {
+    for (const auto& c : pod.containers()) {
+      const auto& s = c.status();
+      std::string exit = "-";
+      if (s.state() == v1::CONTAINER_STATE_EXITED)
+        exit = s.reason().empty() ? std::to_string(s.exit_code())
+                                  : fmt::format("{} {}", s.exit_code(), s.reason());
+      rows.push_back({pod_ref(pod.namespace_(), pod.name(), pod.uid()), pod.uid(),
+                      container_ref(c.name(), c.id(), c.sandbox()), or_dash(state_name(s.state())),
+                      exit, clock_time(static_cast<uint64_t>(s.started_at_ns()))});
+    }
+  }
+  std::array<size_t, 6> width{};
+  for (const auto& r : rows)
+    for (size_t i = 0; i < r.size(); ++i) width[i] = std::max(width[i], r[i].size());
+  std::string out;
+  for (const auto& r : rows) {
+    std::string line;
+    for (size_t i = 0; i < r.size(); ++i) {
+      line += r[i];
+      if (i + 1 < r.size()) line += std::string(width[i] - r[i].size() + 2, ' ');
+    }
+    out += line + "\n";
+  }
+  out += fmt::format("{} pods; consistent with seq {} (watch --from-seq {} --instance-id {} to "
+                     "follow)\n",
+                     resp.pods_size(), resp.seq(), resp.seq(), resp.instance_id());
+  return out;
+}
+
+std::string stats_json(const v1::StatsResponse& r) {
+  ordered_json j;
+  j["instance_id"] = r.instance_id();
+  j["mode"] = r.mode();
+  j["start_time_ns"] = r.start_time_ns();
+  j["healthy"] = r.healthy();
+  j["health_reasons"] = ordered_json::array();
+  for (const auto& reason : r.health_reasons()) j["health_reasons"].push_back(reason);
+  j["last_seq"] = r.last_seq();
+  j["oldest_retained_seq"] = r.oldest_retained_seq();
+  j["history_capacity"] = r.history_capacity();
+  j["subscribers"] = r.subscribers();
+  j["subscribers_cut_off"] = r.subscribers_cut_off();
+  j["pods"] = r.pods();
+  j["containers"] = r.containers();
+  j["kernel_events"] = r.kernel_events();
+  j["lost_kernel_events"] = r.lost_kernel_events();
+  j["corrections"] = r.corrections();
+  j["relists"] = r.relists();
+  j["last_reconcile_ns"] = r.last_reconcile_ns();
+  return dump(j);
+}
+
+std::string stats_text(const v1::StatsResponse& r) {
+  std::string out;
+  auto line = [&](const char* k, const std::string& v) { out += fmt::format("{:<22}{}\n", k, v); };
+  line("instance:", r.instance_id());
+  line("mode:", or_dash(r.mode()));
+  line("healthy:", r.healthy() ? "yes" : "no");
+  for (const auto& reason : r.health_reasons()) line("  reason:", reason);
+  line("started:", r.start_time_ns() ? clock_time(r.start_time_ns()) : "-");
+  line("last seq:", std::to_string(r.last_seq()));
+  line("history:", fmt::format("{}..{} (capacity {})", r.oldest_retained_seq(), r.last_seq(),
+                               r.history_capacity()));
+  line("subscribers:", fmt::format("{} ({} cut off since start)", r.subscribers(),
+                                   r.subscribers_cut_off()));
+  line("pods:", std::to_string(r.pods()));
+  line("containers:", std::to_string(r.containers()));
+  line("kernel events:", std::to_string(r.kernel_events()));
+  line("lost kernel events:", std::to_string(r.lost_kernel_events()));
+  line("corrections:", std::to_string(r.corrections()));
+  line("relists:", std::to_string(r.relists()));
+  line("last reconcile:", clock_time(r.last_reconcile_ns()));
+  return out;
+}
+
+}  // namespace kpleg::kplegctl
