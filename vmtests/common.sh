@@ -3,8 +3,11 @@
 KPLEG_VM_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 KPLEG_REPO_ROOT=$(cd "$KPLEG_VM_DIR/.." && pwd)
 KPLEG_VM_KERNEL_LIST=${KPLEG_VM_KERNEL_LIST:-$KPLEG_VM_DIR/kernels.txt}
-# Where fetch-kernels.sh unpacks kernels unless told otherwise.
-KPLEG_VM_KERNELS_DIR=${KPLEG_VM_KERNELS_DIR:-$KPLEG_REPO_ROOT/build/vmtests/kernels}
+# Where kernels are unpacked unless told otherwise: $KPLEG_VM_KERNELS_DIR, else under the build
+# tree ($KPLEG_BUILD_DIR, else <repo>/build).
+kpleg_vm_kernels_dir() {
+  echo "${KPLEG_VM_KERNELS_DIR:-${KPLEG_BUILD_DIR:-$KPLEG_REPO_ROOT/build}/vmtests/kernels}"
+}
 
 # Exit codes shared by the scripts; vmtest.sh turns them into the test's verdict.
 KPLEG_VM_EXIT_UNAVAILABLE=3   # fetch-kernels.sh: apt cannot provide the package

@@ -5,7 +5,8 @@
 #
 #   vmtests/fetch-kernels.sh [DEST] [NAME...]
 #
-# DEST defaults to build/vmtests/kernels in the repository. A kernel already unpacked at the
+# DEST defaults to $KPLEG_VM_KERNELS_DIR, else <build>/vmtests/kernels with <build> being
+# $KPLEG_BUILD_DIR or the repository's build/. A kernel already unpacked at the
 # version apt offers is not fetched again. Each DEST/<name>/kernel.env then says:
 #   KPLEG_VM_KERNEL_NAME, KPLEG_VM_KERNEL_PACKAGE, KPLEG_VM_KERNEL_VERSION (package version),
 #   KPLEG_VM_KERNEL_RELEASE (uname -r), KPLEG_VM_KERNEL_FLAVOUR, KPLEG_VM_KERNEL_IMAGE (vmlinuz path)
@@ -18,7 +19,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2; exit 2; }
 case "${1:-}" in -h|--help) usage ;; -*) kpleg_vm_log "unknown option $1"; usage ;; esac
 
-dest=${1:-$KPLEG_VM_KERNELS_DIR}
+dest=${1:-$(kpleg_vm_kernels_dir)}
 [ $# -gt 0 ] && shift
 mkdir -p "$dest"
 dest=$(cd "$dest" && pwd)

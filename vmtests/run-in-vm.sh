@@ -3,8 +3,8 @@
 #
 #   vmtests/run-in-vm.sh --kernel KERNEL [options] -- COMMAND [ARG...]
 #
-# KERNEL is a directory unpacked by fetch-kernels.sh, a name from kernels.txt (looked up in
-# $KPLEG_VM_KERNELS_DIR, default build/vmtests/kernels), or a vmlinuz file (its modules are
+# KERNEL is a directory unpacked by fetch-kernels.sh, a name from kernels.txt (looked up where
+# fetch-kernels.sh puts it by default), or a vmlinuz file (its modules are
 # looked for in ../lib/modules/<release> and /lib/modules/<release>).
 #
 # The guest sees the host's root filesystem read-only, the writable directories (--rwdir) at
@@ -107,8 +107,8 @@ release_of_image() {
 
 resolve_kernel() {
   local arg=$1
-  if [ ! -e "$arg" ] && [[ "$arg" != */* ]] && [ -d "$KPLEG_VM_KERNELS_DIR/$arg" ]; then
-    arg=$KPLEG_VM_KERNELS_DIR/$arg
+  if [ ! -e "$arg" ] && [[ "$arg" != */* ]] && [ -d "$(kpleg_vm_kernels_dir)/$arg" ]; then
+    arg=$(kpleg_vm_kernels_dir)/$arg
   fi
   if [ -d "$arg" ]; then
     local dir
