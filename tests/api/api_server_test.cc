@@ -1,0 +1,596 @@
+// The consumer API end to end in one process: the real ApiServer on a real unix socket (or
+// loopback TCP), real gRPC clients, events fed into the real EventBus.
+#include <grp.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "api/client.h"
+#include "api/convert.h"
+#include "api_test_support.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "support/privileged.h"
+
+namespace kpleg::apitest {
+namespace {
+
+using grpc::health::v1::HealthCheckRequest;
+using grpc::health::v1::HealthCheckResponse;
+
+v1::WatchRequest watch_from(uint64_t seq) {
+  v1::WatchRequest req;
+  req.set_from_seq(seq);
+  return req;
+}
+
+std::vector<uint64_t> seqs_of(const std::vector<v1::Event>& evs) {
+  std::vector<uint64_t> out;
+  for (const auto& e : evs) out.push_back(e.seq());
+  return out;
+}
+
+std::vector<uint64_t> range(uint64_t first, uint64_t last) {
+  std::vector<uint64_t> out;
+  for (uint64_t s = first; s <= last; ++s) out.push_back(s);
+  return out;
+}
+
+class ApiServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_TRUE(start_status_.ok()) << start_status_.error().message; }
+  ServerHarness h_;
+  Status start_status_ = h_.start();
+};
+
+TEST_F(ApiServerTest, ThreeWatchersReceiveTheSameEventsInTheSameOrder) {
+  WatchClient a(h_.channel(), watch_from(0));
+  WatchClient b(h_.channel(), watch_from(0));
+  WatchClient c(h_.channel(), watch_from(0));
+  ASSERT_TRUE(a.subscribed() && b.subscribed() && c.subscribed());
+  EXPECT_EQ(h_.bus.stats().subscribers, 3u);
+
+  // Two producers race: the order is the bus's, and every watcher must see that same order.
+  constexpr int kPerProducer = 300;
+  std::thread p1([&] {
+    for (int i = 0; i < kPerProducer; ++i) h_.bus.publish(sample_event(i, "one"));
+  });
+  std::thread p2([&] {
+    for (int i = 0; i < kPerProducer; ++i) h_.bus.publish(sample_event(i, "two"));
+  });
+  p1.join();
+  p2.join();
+
+  for (auto* w : {&a, &b, &c}) ASSERT_TRUE(w->wait_for(2 * kPerProducer, 10s)) << w->count();
+  auto ea = a.events(), eb = b.events(), ec = c.events();
+  EXPECT_EQ(seqs_of(ea), range(1, 2 * kPerProducer));
+  for (size_t i = 0; i < ea.size(); ++i) {
+    ASSERT_EQ(ea[i].SerializeAsString(), eb[i].SerializeAsString()) << "at " << i;
+    ASSERT_EQ(ea[i].SerializeAsString(), ec[i].SerializeAsString()) << "at " << i;
+  }
+  EXPECT_EQ(ea[0].type(), v1::EVENT_TYPE_CONTAINER_STARTED);
+  EXPECT_EQ(ea[0].source(), v1::EVENT_SOURCE_KERNEL);
+  EXPECT_EQ(ea[0].status().state(), v1::CONTAINER_STATE_RUNNING);
+  EXPECT_EQ(ea[0].container_id().size(), 64u);
+  EXPECT_GT(ea[0].emit_ts_ns(), 0u);
+}
+
+TEST_F(ApiServerTest, WatchResumedFromSeqGetsExactlyTheEventsAfterIt) {
+  for (int i = 0; i < 50; ++i) h_.bus.publish(sample_event(i));
+  WatchClient w(h_.channel(), watch_from(37));
+  for (int i = 50; i < 60; ++i) h_.bus.publish(sample_event(i));
+  ASSERT_TRUE(w.wait_for(23, 10s)) << w.count();
+  EXPECT_EQ(seqs_of(w.events()), range(38, 60));
+  // and nothing more arrives
+  EXPECT_FALSE(w.wait_for(24, 200ms));
+}
+
+TEST_F(ApiServerTest, ListThenWatchHasNoGapAndNoDuplicate) {
+  for (int i = 0; i < 5; ++i) h_.bus.publish(sample_event(i));
+  auto stub = h_.stub();
+  v1::ListResponse list;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(stub->List(&ctx, v1::ListRequest{}, &list).ok());
+  EXPECT_EQ(list.seq(), 5u);
+  EXPECT_EQ(list.instance_id(), h_.bus.instance_id());
+
+  h_.bus.publish(sample_event(5));  // between List and Watch
+  v1::WatchRequest req = watch_from(list.seq());
+  req.set_instance_id(list.instance_id());
+  WatchClient w(h_.channel(), req);
+  h_.bus.publish(sample_event(6));
+  ASSERT_TRUE(w.wait_for(2, 10s));
+  EXPECT_EQ(seqs_of(w.events()), (std::vector<uint64_t>{6, 7}));
+}
+
+TEST_F(ApiServerTest, WatchFromOlderThanTheHistoryGetsResyncFirst) {
+  ServerHarness small({}, bus::EventBusOptions{.history_capacity = 100});
+  ASSERT_TRUE(small.start().ok());
+  for (int i = 0; i < 250; ++i) small.bus.publish(sample_event(i));
+  WatchClient w(small.channel(), watch_from(10));
+  ASSERT_TRUE(w.wait_for(101, 10s)) << w.count();
+  auto evs = w.events();
+  ASSERT_EQ(evs[0].type(), v1::EVENT_TYPE_RESYNC);
+  EXPECT_EQ(evs[0].seq(), 150u);
+  EXPECT_NE(evs[0].reason().find("no longer retained"), std::string::npos) << evs[0].reason();
+  EXPECT_EQ(evs[0].source(), v1::EVENT_SOURCE_UNSPECIFIED);
+  EXPECT_FALSE(evs[0].has_status());
+  EXPECT_EQ(seqs_of({evs.begin() + 1, evs.end()}), range(151, 250));
+}
+
+TEST_F(ApiServerTest, WatchWithAnotherInstancesPositionGetsResync) {
+  for (int i = 0; i < 5; ++i) h_.bus.publish(sample_event(i));
+  v1::WatchRequest req = watch_from(3);  // a valid number here, but from another daemon
+  req.set_instance_id("0123456789abcdef0123456789abcdef");
+  WatchClient w(h_.channel(), req);
+  h_.bus.publish(sample_event(5));
+  ASSERT_TRUE(w.wait_for(2, 10s));
+  auto evs = w.events();
+  EXPECT_EQ(evs[0].type(), v1::EVENT_TYPE_RESYNC);
+  EXPECT_EQ(evs[0].seq(), 5u);
+  EXPECT_EQ(evs[1].seq(), 6u);
+}
+
+TEST_F(ApiServerTest, WatchFiltersByPodUidAndNamespace) {
+  v1::WatchRequest by_ns = watch_from(0);
+  by_ns.set_pod_namespace("kube-system");
+  WatchClient ns(h_.channel(), by_ns);
+  auto target = sample_event(7);
+  v1::WatchRequest by_uid = watch_from(0);
+  by_uid.set_pod_uid(target.pod_uid);
+  WatchClient uid(h_.channel(), by_uid);
+
+  for (int i = 0; i < 20; ++i) h_.bus.publish(sample_event(i, i % 2 ? "kube-system" : "default"));
+  ASSERT_TRUE(ns.wait_for(10, 10s));
+  ASSERT_TRUE(uid.wait_for(1, 10s));
+  for (const auto& e : ns.events()) EXPECT_EQ(e.pod_namespace(), "kube-system");
+  EXPECT_FALSE(ns.wait_for(11, 200ms));
+  auto u = uid.events();
+  ASSERT_EQ(u.size(), 1u);
+  EXPECT_EQ(u[0].seq(), 8u);
+}
+
+TEST_F(ApiServerTest, ListReturnsTheSnapshotAndFilters) {
+  api::PodRecord web{"uid-web", "web-0", "default", {}};
+  web.containers.push_back({"sandbox-id", "", true, {pleg::ContainerState::kRunning, 1, 2, 0, 0, "", ""}});
+  web.containers.push_back({"c1", "nginx", false, {pleg::ContainerState::kExited, 1, 2, 3, 137, "OOMKilled", ""}});
+  api::PodRecord dns{"uid-dns", "coredns-1", "kube-system", {}};
+  h_.state.set_pods({web, dns});
+  h_.bus.publish(sample_event(0));
+
+  auto stub = h_.stub();
+  v1::ListResponse all;
+  grpc::ClientContext c1;
+  ASSERT_TRUE(stub->List(&c1, v1::ListRequest{}, &all).ok());
+  EXPECT_EQ(all.seq(), 1u);
+  ASSERT_EQ(all.pods_size(), 2);
+  EXPECT_EQ(all.pods(0).uid(), "uid-web");
+  ASSERT_EQ(all.pods(0).containers_size(), 2);
+  EXPECT_TRUE(all.pods(0).containers(0).sandbox());
+  EXPECT_EQ(all.pods(0).containers(1).status().state(), v1::CONTAINER_STATE_EXITED);
+  EXPECT_EQ(all.pods(0).containers(1).status().exit_code(), 137);
+  EXPECT_EQ(all.pods(0).containers(1).status().reason(), "OOMKilled");
+  EXPECT_EQ(all.pods(0).containers(1).status().finished_at_ns(), 3);
+
+  v1::ListRequest only_ns;
+  only_ns.set_pod_namespace("kube-system");
+  v1::ListResponse some;
+  grpc::ClientContext c2;
+  ASSERT_TRUE(stub->List(&c2, only_ns, &some).ok());
+  ASSERT_EQ(some.pods_size(), 1);
+  EXPECT_EQ(some.pods(0).name(), "coredns-1");
+}
+
+TEST_F(ApiServerTest, StatsCombineTheDaemonTheBusAndHealth) {
+  for (int i = 0; i < 3; ++i) h_.bus.publish(sample_event(i));
+  WatchClient w(h_.channel(), watch_from(0));
+  h_.health.set(false, {"runtime unreachable"});
+  v1::StatsResponse st;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(h_.stub()->Stats(&ctx, v1::StatsRequest{}, &st).ok());
+  EXPECT_EQ(st.instance_id(), h_.bus.instance_id());
+  EXPECT_EQ(st.mode(), "ebpf");
+  EXPECT_EQ(st.last_seq(), 3u);
+  EXPECT_EQ(st.oldest_retained_seq(), 1u);
+  EXPECT_EQ(st.history_capacity(), bus::kDefaultHistoryCapacity);
+  EXPECT_EQ(st.subscribers(), 1u);
+  EXPECT_EQ(st.kernel_events(), 123u);
+  EXPECT_FALSE(st.healthy());
+  ASSERT_EQ(st.health_reasons_size(), 1);
+  EXPECT_EQ(st.health_reasons(0), "runtime unreachable");
+}
+
+TEST_F(ApiServerTest, ClientCancellationEndsTheSubscriptionPromptly) {
+  auto w = std::make_unique<WatchClient>(h_.channel(), watch_from(0));
+  ASSERT_EQ(h_.bus.stats().subscribers, 1u);
+  auto t0 = std::chrono::steady_clock::now();
+  w->cancel();
+  EXPECT_EQ(w->finish(10s).error_code(), grpc::StatusCode::CANCELLED);
+  ASSERT_TRUE(wait_until([&] { return h_.bus.stats().subscribers == 0; }, 5s));
+  auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_LT(took, 2s);
+  std::printf("cancellation released the subscription after %.1f ms\n",
+              std::chrono::duration<double, std::milli>(took).count());
+}
+
+TEST_F(ApiServerTest, StopEndsWatchesWithUnavailable) {
+  WatchClient w(h_.channel(), watch_from(0));
+  h_.server->stop();
+  grpc::Status st = w.finish(10s);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE) << st.error_message();
+  EXPECT_FALSE(std::filesystem::exists(h_.socket_path)) << "stop removes the socket";
+}
+
+TEST_F(ApiServerTest, TooManyWatchersAreRefused) {
+  ServerHarness limited(api::ApiServerOptions{.max_watchers = 2});
+  ASSERT_TRUE(limited.start().ok());
+  WatchClient a(limited.channel(), watch_from(0));
+  WatchClient b(limited.channel(), watch_from(0));
+  WatchClient c(limited.channel(), watch_from(0));
+  grpc::Status st = c.finish(10s);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(st.error_message().find("too many watchers (limit 2"), std::string::npos);
+}
+
+TEST_F(ApiServerTest, NeverReadingWatcherIsCutOffWhileOthersKeepUpAndMemoryStaysBounded) {
+  constexpr uint64_t kWarmup = 20'000;   // fills the history (10,000) first
+  constexpr uint64_t kEvents = 200'000;
+  constexpr uint64_t kBatch = 500;       // half a watcher queue: readers keep pace batch by batch
+  const long rss_start = rss_kb();
+  size_t wire_size = 0;
+  {
+    v1::Event probe;
+    api::to_proto(sample_event(1), &probe);
+    wire_size = probe.ByteSizeLong();
+  }
+
+  WatchClient stuck(h_.channel(), watch_from(0), {.read = false, .keep_events = false});
+  WatchClient r1(h_.channel(), watch_from(0), {.read = true, .keep_events = false});
+  WatchClient r2(h_.channel(), watch_from(0), {.read = true, .keep_events = false});
+  ASSERT_EQ(h_.bus.stats().subscribers, 3u);
+
+  uint64_t published = 0;
+  double worst_catch_up_ms = 0;
+  bool cut_off_seen = false;
+  double catch_up_at_cut_off_ms = -1;
+  uint64_t cut_off_near_seq = 0;
+  long rss_after_warmup = 0;
+  auto publish_batch = [&] {
+    auto t0 = std::chrono::steady_clock::now();
+    for (uint64_t i = 0; i < kBatch; ++i) h_.bus.publish(sample_event(static_cast<int>(published++)));
+    bool ok = wait_until([&] { return r1.last_seq() >= published && r2.last_seq() >= published; },
+                         10s);
+    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                    .count();
+    worst_catch_up_ms = std::max(worst_catch_up_ms, ms);
+    if (!cut_off_seen && h_.bus.stats().subscribers_cut_off == 1) {
+      cut_off_seen = true;
+      catch_up_at_cut_off_ms = ms;
+      cut_off_near_seq = published;
+    }
+    return ok;
+  };
+
+  while (published < kWarmup) ASSERT_TRUE(publish_batch()) << "readers fell behind at " << published;
+  rss_after_warmup = rss_kb();
+  while (published < kWarmup + kEvents)
+    ASSERT_TRUE(publish_batch()) << "readers fell behind at " << published;
+  const long rss_end = rss_kb();
+
+  // The readers got everything, in order, and were never cut off.
+  EXPECT_EQ(r1.count(), kWarmup + kEvents);
+  EXPECT_EQ(r2.count(), kWarmup + kEvents);
+  EXPECT_TRUE(r1.in_order());
+  EXPECT_TRUE(r2.in_order());
+  EXPECT_FALSE(r1.finished());
+  EXPECT_FALSE(r2.finished());
+  EXPECT_TRUE(cut_off_seen);
+  auto bs = h_.bus.stats();
+  EXPECT_EQ(bs.subscribers_cut_off, 1u);
+  EXPECT_EQ(bs.subscribers, 2u);
+
+  // The stuck one learns why when it finally reads: after what was in flight, the status.
+  grpc::Status st = stuck.finish(30s);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << st.error_message();
+  EXPECT_EQ(st.error_message(), "subscriber too slow: queue of 1000 events full");
+  // What it does get is what HTTP/2 flow control let into its own transport buffers before
+  // the server's write blocked, plus nothing from the bus queue (dropped at the cut-off).
+  EXPECT_LT(stuck.count(), 100'000u);
+
+  // Unbounded buffering of 200,000 events for the stuck watcher would cost well over 60 MB
+  // (~350 bytes of strings and bookkeeping each); the history was full after warm-up.
+  const long growth_kb = rss_end - rss_after_warmup;
+  std::printf(
+      "RSS: start %ld kB, after %llu warm-up events %ld kB, after %llu more %ld kB (growth %ld "
+      "kB); stuck watcher cut off near seq %llu after %zu events reached it; worst batch "
+      "catch-up %.1f ms, at the cut-off %.1f ms; event size on the wire %zu bytes\n",
+      rss_start, static_cast<unsigned long long>(kWarmup), rss_after_warmup,
+      static_cast<unsigned long long>(kEvents), rss_end, growth_kb,
+      static_cast<unsigned long long>(cut_off_near_seq), stuck.count(), worst_catch_up_ms,
+      catch_up_at_cut_off_ms, wire_size);
+  EXPECT_LT(growth_kb, 16 * 1024);
+  EXPECT_LT(catch_up_at_cut_off_ms, 2000) << "cutting one watcher off must not stall the others";
+}
+
+TEST_F(ApiServerTest, SocketIsOwnerOnly) {
+  struct stat st {};
+  ASSERT_EQ(stat(h_.socket_path.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  EXPECT_EQ(st.st_uid, geteuid());
+}
+
+TEST(ApiServerSocket, SocketGroupMakesIt0660AndChownsIt) {
+  group* g = getgrgid(getegid());
+  ASSERT_NE(g, nullptr);
+  ServerHarness h(api::ApiServerOptions{.socket_group = g->gr_name});
+  ASSERT_TRUE(h.start().ok());
+  struct stat st {};
+  ASSERT_EQ(stat(h.socket_path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0660u);
+  EXPECT_EQ(st.st_gid, getegid());
+}
+
+TEST(ApiServerSocket, UnknownSocketGroupIsAnError) {
+  ServerHarness h(api::ApiServerOptions{.socket_group = "kpleg-no-such-group"});
+  auto st = h.start();
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.error().message.find("no such group"), std::string::npos) << st.error().message;
+  EXPECT_FALSE(std::filesystem::exists(h.socket_path));
+}
+
+TEST(ApiServerSocket, CreatesTheSocketDirectory) {
+  TempDir dir;
+  std::string path = dir.path() + "/run/kpleg/kpleg.sock";
+  ServerHarness h(api::ApiServerOptions{.socket_path = path});
+  ASSERT_TRUE(h.start().ok());
+  EXPECT_TRUE(std::filesystem::is_socket(path));
+}
+
+TEST(ApiServerSocket, ReplacesAStaleSocketButNotALiveOne) {
+  ServerHarness first;
+  ASSERT_TRUE(first.start().ok());
+  ServerHarness second(api::ApiServerOptions{.socket_path = first.socket_path});
+  auto st = second.start();
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.error().message.find("another server answers on it"), std::string::npos)
+      << st.error().message;
+
+  // A crashed daemon leaves its socket behind: nobody answers on it.
+  first.server.reset();
+  int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", first.socket_path.c_str());
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  close(fd);
+  ServerHarness third(api::ApiServerOptions{.socket_path = first.socket_path});
+  auto st3 = third.start();
+  ASSERT_TRUE(st3.ok()) << st3.error().message;
+  grpc::ClientContext ctx;
+  v1::StatsResponse resp;
+  EXPECT_TRUE(third.stub()->Stats(&ctx, v1::StatsRequest{}, &resp).ok());
+}
+
+TEST(ApiServerSocket, RefusesToReplaceANonSocket) {
+  TempDir dir;
+  std::string path = dir.path() + "/kpleg.sock";
+  std::ofstream(path) << "not a socket";
+  ServerHarness h(api::ApiServerOptions{.socket_path = path});
+  auto st = h.start();
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.error().message.find("exists and is not a socket"), std::string::npos);
+  EXPECT_TRUE(std::filesystem::is_regular_file(path));
+}
+
+TEST(ApiServerOptionsTest, PlainTcpIsRefusedWithoutInsecureTcp) {
+  ServerHarness h(api::ApiServerOptions{.listen_address = "127.0.0.1:0"});
+  auto st = h.start();
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.error().message.find("refusing plain TCP on 127.0.0.1:0"), std::string::npos)
+      << st.error().message;
+  EXPECT_NE(st.error().message.find("--insecure-tcp"), std::string::npos);
+  EXPECT_FALSE(std::filesystem::exists(h.socket_path)) << "nothing is served on refusal";
+}
+
+TEST(ApiServerOptionsTest, InsecureTcpServesOnLoopbackWhenAskedFor) {
+  ServerHarness h(api::ApiServerOptions{.listen_address = "127.0.0.1:0", .insecure_tcp = true});
+  ASSERT_TRUE(h.start().ok());
+  ASSERT_GT(h.server->tcp_port(), 0);
+  auto ch = grpc::CreateChannel("127.0.0.1:" + std::to_string(h.server->tcp_port()),
+                                grpc::InsecureChannelCredentials());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 10s);
+  v1::StatsResponse resp;
+  EXPECT_TRUE(v1::PodLifecycle::NewStub(ch)->Stats(&ctx, v1::StatsRequest{}, &resp).ok());
+}
+
+TEST(ApiServerOptionsTest, FlagsAndTheirValidation) {
+  auto parse = [](std::vector<std::string> args) {
+    CLI::App app;
+    api::ApiServerOptions o;
+    bus::EventBusOptions b;
+    api::add_api_flags(app, o, b);
+    std::vector<const char*> argv{"kplegd"};
+    for (auto& a : args) argv.push_back(a.c_str());
+    app.parse(static_cast<int>(argv.size()), const_cast<char**>(argv.data()));
+    return std::make_tuple(o, b);
+  };
+  auto [o, b] = parse({"--listen", "0.0.0.0:7443", "--tls-cert", "c.pem", "--tls-key", "k.pem",
+                       "--tls-client-ca", "ca.pem", "--event-history", "500", "--watch-queue",
+                       "64"});
+  EXPECT_TRUE(o.validate().ok());
+  EXPECT_EQ(o.socket_path, api::kDefaultSocketPath);
+  EXPECT_EQ(b.history_capacity, 500u);
+  EXPECT_EQ(b.default_queue_capacity, 64u);
+
+  auto bad = [&](std::vector<std::string> args, const std::string& expect) {
+    auto [opt, unused] = parse(std::move(args));
+    auto st = opt.validate();
+    ASSERT_FALSE(st.ok()) << expect;
+    EXPECT_NE(st.error().message.find(expect), std::string::npos) << st.error().message;
+  };
+  bad({"--listen", "127.0.0.1:7443"}, "refusing plain TCP");
+  bad({"--listen", "127.0.0.1"}, "expected host:port");
+  bad({"--listen", "h:1", "--tls-cert", "c.pem"}, "--tls-cert and --tls-key go together");
+  bad({"--listen", "h:1", "--tls-cert", "c", "--tls-key", "k", "--insecure-tcp"}, "choose one");
+  bad({"--listen", "h:1", "--insecure-tcp", "--tls-client-ca", "ca"}, "--tls-client-ca needs");
+  bad({"--tls-cert", "c", "--tls-key", "k"}, "which is not given");
+  bad({"--socket", ""}, "nothing to serve on");
+}
+
+// ---- grpc.health.v1 ----
+
+HealthCheckResponse::ServingStatus check(const std::shared_ptr<grpc::Channel>& ch,
+                                         const std::string& service) {
+  auto stub = grpc::health::v1::Health::NewStub(ch);
+  HealthCheckRequest req;
+  req.set_service(service);
+  HealthCheckResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 5s);
+  if (!stub->Check(&ctx, req, &resp).ok()) return HealthCheckResponse::UNKNOWN;
+  return resp.status();
+}
+
+TEST(ApiServerHealth, FollowsTheHealthProvider) {
+  ServerHarness h(api::ApiServerOptions{.health_refresh_interval = 50ms});
+  ASSERT_TRUE(h.start().ok());
+  auto ch = h.channel();
+  EXPECT_EQ(check(ch, ""), HealthCheckResponse::SERVING);
+  EXPECT_EQ(check(ch, api::kHealthServiceName), HealthCheckResponse::SERVING);
+
+  h.health.set(false, {"kernel path detached"});
+  EXPECT_TRUE(wait_until([&] { return check(ch, "") == HealthCheckResponse::NOT_SERVING; }, 5s));
+  EXPECT_EQ(check(ch, api::kHealthServiceName), HealthCheckResponse::NOT_SERVING);
+
+  h.health.set(true);
+  EXPECT_TRUE(wait_until([&] { return check(ch, "") == HealthCheckResponse::SERVING; }, 5s));
+}
+
+TEST(ApiServerHealth, RefreshHealthAppliesAtOnce) {
+  // A refresh interval far beyond the test: only refresh_health() can change the status.
+  ServerHarness h(api::ApiServerOptions{.health_refresh_interval = std::chrono::hours(1)});
+  ASSERT_TRUE(h.start().ok());
+  h.health.set(false, {"runtime unreachable"});
+  EXPECT_EQ(check(h.channel(), ""), HealthCheckResponse::SERVING);
+  h.server->refresh_health();
+  EXPECT_EQ(check(h.channel(), ""), HealthCheckResponse::NOT_SERVING);
+}
+
+// ---- TLS on loopback ----
+
+class Certs {
+ public:
+  Certs() {
+    const std::string d = dir_.path();
+    // Two CAs: the real one, and a stranger whose client certificate must be refused.
+    std::string script = R"(set -e
+cd ")" + d + R"("
+key() { openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1" 2>/dev/null; }
+ca() { key $1.key; openssl req -x509 -new -key $1.key -out $1.crt -days 2 -subj "/CN=$1" 2>/dev/null; }
+leaf() {  # name ca ext
+  key $1.key
+  openssl req -new -key $1.key -out $1.csr -subj "/CN=$1" 2>/dev/null
+  printf '%s\n' "$3" > $1.ext
+  openssl x509 -req -in $1.csr -CA $2.crt -CAkey $2.key -CAcreateserial -out $1.crt -days 2 -extfile $1.ext 2>/dev/null
+}
+ca ca
+ca stranger
+leaf server ca "subjectAltName=DNS:localhost,IP:127.0.0.1
+extendedKeyUsage=serverAuth"
+leaf client ca "extendedKeyUsage=clientAuth"
+leaf intruder stranger "extendedKeyUsage=clientAuth"
+)";
+    std::ofstream(d + "/make.sh") << script;
+    ok_ = std::system(("sh " + d + "/make.sh").c_str()) == 0;
+  }
+  bool ok() const { return ok_; }
+  std::string file(const std::string& name) const { return dir_.path() + "/" + name; }
+
+ private:
+  TempDir dir_;
+  bool ok_ = false;
+};
+
+grpc::StatusCode stats_over(const api::ClientOptions& c) {
+  auto ch = api::connect_channel(c);
+  if (!ch) return grpc::StatusCode::INVALID_ARGUMENT;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 10s);
+  v1::StatsResponse resp;
+  return v1::PodLifecycle::NewStub(*ch)->Stats(&ctx, v1::StatsRequest{}, &resp).error_code();
+}
+
+TEST(ApiServerTls, ClientCertificateIsRequiredWhenAClientCaIsGiven) {
+  KPLEG_REQUIRE_OR_SKIP(access("/usr/bin/openssl", X_OK) == 0,
+                        "openssl CLI not installed (Debian package openssl)");
+  Certs certs;
+  ASSERT_TRUE(certs.ok()) << "openssl failed to make the test certificates";
+  ServerHarness h(api::ApiServerOptions{.listen_address = "127.0.0.1:0",
+                                        .tls_cert_file = certs.file("server.crt"),
+                                        .tls_key_file = certs.file("server.key"),
+                                        .tls_client_ca_file = certs.file("ca.crt")});
+  auto st = h.start();
+  ASSERT_TRUE(st.ok()) << st.error().message;
+  const std::string addr = "127.0.0.1:" + std::to_string(h.server->tcp_port());
+
+  api::ClientOptions with_cert{.address = addr,
+                               .tls_ca_file = certs.file("ca.crt"),
+                               .tls_cert_file = certs.file("client.crt"),
+                               .tls_key_file = certs.file("client.key")};
+  EXPECT_EQ(stats_over(with_cert), grpc::StatusCode::OK);
+
+  api::ClientOptions without_cert{.address = addr, .tls_ca_file = certs.file("ca.crt")};
+  EXPECT_EQ(stats_over(without_cert), grpc::StatusCode::UNAVAILABLE);
+
+  api::ClientOptions foreign_cert = with_cert;
+  foreign_cert.tls_cert_file = certs.file("intruder.crt");
+  foreign_cert.tls_key_file = certs.file("intruder.key");
+  EXPECT_EQ(stats_over(foreign_cert), grpc::StatusCode::UNAVAILABLE);
+
+  api::ClientOptions plaintext{.address = addr, .insecure_tcp = true};
+  EXPECT_EQ(stats_over(plaintext), grpc::StatusCode::UNAVAILABLE);
+
+  api::ClientOptions untrusting{.address = addr,
+                                .tls_ca_file = certs.file("stranger.crt"),
+                                .tls_cert_file = certs.file("client.crt"),
+                                .tls_key_file = certs.file("client.key")};
+  EXPECT_EQ(stats_over(untrusting), grpc::StatusCode::UNAVAILABLE)
+      << "the client verifies the server too";
+}
+
+TEST(ApiServerTls, ServerOnlyTlsAcceptsClientsWithoutCertificates) {
+  KPLEG_REQUIRE_OR_SKIP(access("/usr/bin/openssl", X_OK) == 0,
+                        "openssl CLI not installed (Debian package openssl)");
+  Certs certs;
+  ASSERT_TRUE(certs.ok());
+  ServerHarness h(api::ApiServerOptions{.listen_address = "127.0.0.1:0",
+                                        .tls_cert_file = certs.file("server.crt"),
+                                        .tls_key_file = certs.file("server.key")});
+  ASSERT_TRUE(h.start().ok());
+  const std::string addr = "127.0.0.1:" + std::to_string(h.server->tcp_port());
+  EXPECT_EQ(stats_over({.address = addr, .tls_ca_file = certs.file("ca.crt")}),
+            grpc::StatusCode::OK);
+}
+
+TEST(ApiServerTls, MissingCertificateFileIsAClearError) {
+  ServerHarness h(api::ApiServerOptions{.listen_address = "127.0.0.1:0",
+                                        .tls_cert_file = "/nonexistent/server.crt",
+                                        .tls_key_file = "/nonexistent/server.key"});
+  auto st = h.start();
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.error().message.find("--tls-cert /nonexistent/server.crt: cannot read"),
+            std::string::npos)
+      << st.error().message;
+}
+
+}  // namespace
+}  // namespace kpleg::apitest
