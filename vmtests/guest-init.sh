@@ -75,7 +75,9 @@ mount -t bpf bpf "$R/sys/fs/bpf" || fail "mount bpffs"
 i=0
 while [ "$i" -lt "${KPLEG_VM_RW_COUNT:-0}" ]; do
   eval "dir=\$KPLEG_VM_RW_$i"
-  [ -d "$R$dir" ] || fail "writable share $dir has no mount point in the host root"
+  # Under the guest's own tmpfs (/tmp, /run, /var/tmp) the host's directory is hidden: make
+  # the mount point there.
+  [ -d "$R$dir" ] || mkdir -p "$R$dir" || fail "writable share $dir has no mount point in the guest"
   mount -t 9p -o "$P9_OPTS,cache=mmap" "kplegrw$i" "$R$dir" || fail "cannot mount writable share $dir (9p)"
   i=$((i + 1))
 done

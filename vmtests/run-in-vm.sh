@@ -143,7 +143,24 @@ resolve_kernel "$kernel_arg"
 
 # --- the run directory ------------------------------------------------------------------------
 
-rundir=$(mktemp -d "${TMPDIR:-/tmp}/kpleg-vm.XXXXXX")
+if [ "$runner" = auto ]; then
+  if command -v vng >/dev/null; then runner=vng; else runner=qemu; fi
+fi
+
+# The guest reads the command from the run directory and writes the exit status there. The qemu
+# runner shares it under a tag of its own; vng shares it at its host path, so it must not be
+# under a directory vng's guest covers with a tmpfs (/tmp, /run, /var/tmp).
+if [ "$runner" = vng ]; then
+  if [ ${#rwdirs[@]} -gt 0 ]; then
+    run_base=${rwdirs[0]}/.kpleg-vm
+  else
+    run_base=${XDG_CACHE_HOME:-$HOME/.cache}/kpleg-vm/run
+  fi
+  mkdir -p "$run_base"
+  rundir=$(mktemp -d "$run_base/run.XXXXXX")
+else
+  rundir=$(mktemp -d "${TMPDIR:-/tmp}/kpleg-vm.XXXXXX")
+fi
 log=$rundir/console.log
 nonce=$(od -An -N6 -tx1 /dev/urandom | tr -d ' \n')
 
@@ -151,6 +168,7 @@ cleanup() {
   local rc=$?
   if [ "$rc" -eq 0 ] && [ "$keep" -eq 0 ]; then
     rm -rf "$rundir"
+    [ -z "${run_base:-}" ] || rmdir "$run_base" 2>/dev/null || true
   else
     kpleg_vm_log "console log and run files kept in $rundir"
   fi
@@ -183,10 +201,6 @@ kvm_usable() {
   # stock kernels do not boot: ask the CPU too.
   [ -w /dev/kvm ] && grep -qwE 'vmx|svm' /proc/cpuinfo
 }
-
-if [ "$runner" = auto ]; then
-  if command -v vng >/dev/null; then runner=vng; else runner=qemu; fi
-fi
 
 # Starts the VM command in the background under the wall-clock limit, streams its console, and
 # sets vm_rc to its exit status (124/137 when the limit killed it).
@@ -224,12 +238,14 @@ rc=\$?
 echo \$rc >$rundir/exit-status
 printf '\nKPLEG_VM_EXIT.$nonce=%s\n' \$rc
 EOF
-  vng_args=(--run "$kernel_image" --user root --memory "$memory" --cpus "$cpus" --rwdir "$rundir")
+  vng_args=(--run "$kernel_image" --user root --memory "$memory" --cpus "$cpus")
   for dir in "${rwdirs[@]}"; do vng_args+=(--rwdir "$dir"); done
+  # Inside the first writable directory the run directory is shared already.
+  [ ${#rwdirs[@]} -gt 0 ] || vng_args+=(--rwdir "$rundir")
   kvm_usable || vng_args+=(--disable-kvm)
   [ "$verbose" -eq 1 ] && vng_args+=(--verbose)
   for arg in $append; do vng_args+=(--append "$arg"); done
-  kpleg_vm_log "booting $kernel_release with vng (timeout ${timeout_s}s)"
+  kpleg_vm_log "booting Linux $kernel_release with vng (timeout ${timeout_s}s)"
   run_vm vng "${vng_args[@]}" --exec "/bin/sh $rundir/vng-exec.sh"
 else
   command -v qemu-system-x86_64 >/dev/null || vm_failure "qemu-system-x86_64 is not installed (Debian: qemu-system-x86)"
