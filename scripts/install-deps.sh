@@ -17,6 +17,8 @@ PACKAGES=(
   containerd runc busybox-static containernetworking-plugins iproute2 curl
   # metrics format check, plots, VM kernels
   prometheus gnuplot-nox qemu-system-x86 jq procps psmisc kmod
+  # vmtests: unpacking the xz-compressed modules of Debian's newer kernels
+  xz-utils
   # throwaway CA and certificates for the API's TLS tests
   openssl
 )
