@@ -233,7 +233,10 @@ void Tracker::confirm(const std::string& id, Want want, std::chrono::millisecond
   auto obs = observe(id, sandbox_known, sandbox);
 
   const int want_rank = want == Want::kRunning ? 1 : 2;
-  bool settled = obs.ok() && rank(obs->state) >= want_rank;
+  // A start the runtime does not know yet (RunPodSandbox/StartContainer still in progress, the
+  // id not in its store) is not a removal: wait for it like for any other lag.
+  bool settled = obs.ok() && rank(obs->state) >= want_rank &&
+                 !(want == Want::kRunning && obs->state == ContainerState::kNonExistent);
   if (!settled && Clock::now() + delay < deadline) {
     // The runtime has not caught up with the kernel yet (or did not answer): try again soon.
     {
@@ -279,6 +282,11 @@ int Tracker::advance(Record& rec, ContainerState target, const ContainerSnapshot
                      EventSource source, bool correction) {
   const ContainerState from = rec.reported;
   if (rank(target) <= rank(from)) return 0;
+  // Gone before the runtime ever reported it to us: nothing a consumer could have seen.
+  if (target == ContainerState::kNonExistent && rank(from) == 0 && rec.identity.pod_name.empty()) {
+    rec.reported = target;
+    return 0;
+  }
 
   std::vector<EventType> types;
   switch (target) {

@@ -1,0 +1,64 @@
+#include "e2e/e2e_support.h"
+
+#include <nlohmann/json.hpp>
+
+namespace kpleg::testing {
+
+Result<LaunchedPod> launch_pod(const std::string& endpoint, const std::string& ns,
+                               const std::string& name, int containers, const std::string& command,
+                               const std::vector<std::string>& extra) {
+  (void)endpoint;  // run_kpleg_load targets the test bed itself
+  std::vector<std::string> args{"run",
+                                "--pods", "1",
+                                "--containers", std::to_string(containers),
+                                "--namespace", ns,
+                                "--name-prefix", name,
+                                "--command", command};
+  args.insert(args.end(), extra.begin(), extra.end());
+  auto r = run_kpleg_load(args);
+  if (!r) return r.error();
+  if (r->exit_code != 0) return Error{r->exit_code, "kpleg-load run failed: " + r->err};
+  for (const auto& line : lines_of(r->out)) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.contains("sandbox_id")) continue;
+    LaunchedPod p;
+    p.uid = j["pod_uid"];
+    p.name = j["pod_name"];
+    p.sandbox_id = j["sandbox_id"];
+    for (const auto& c : j["containers"]) p.container_ids.push_back(c["container_id"]);
+    return p;
+  }
+  return Error{EINVAL, "kpleg-load run printed no pod: " + r->out};
+}
+
+Status load_op(const std::string& endpoint, const std::string& op, const std::string& id) {
+  (void)endpoint;
+  auto r = run_kpleg_load({op, id});
+  if (!r) return r.error();
+  if (r->exit_code != 0) return Error{r->exit_code, "kpleg-load " + op + " failed: " + r->err};
+  return {};
+}
+
+Result<std::unique_ptr<KplegdProcess>> start_kplegd(const std::string& endpoint,
+                                                    const std::string& mode,
+                                                    const std::vector<std::string>& extra) {
+  std::vector<std::string> args{"--runtime-endpoint", endpoint, "--mode", mode, "--print-events",
+                                "json", "--log-level", "debug"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  auto d = KplegdProcess::start(args);
+  if (!d) return d.error();
+  const std::string ready = mode == "relist" ? "running in relist mode" : "running in ebpf mode";
+  if (!(*d)->wait_for_log(ready, std::chrono::seconds(20))) {
+    auto status = (*d)->stop();
+    return Error{EIO, "kplegd did not start (exit " + std::to_string(status) + "): " + (*d)->log()};
+  }
+  return d;
+}
+
+bool wait_types(KplegdProcess& d, const std::string& id, const std::vector<std::string>& want,
+                std::chrono::milliseconds timeout) {
+  d.wait_for([&](const auto& evs) { return types_of(evs, id).size() >= want.size(); }, timeout);
+  return d.types_for(id) == want;
+}
+
+}  // namespace kpleg::testing

@@ -1,0 +1,136 @@
+#include "e2e/kplegd_process.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+
+namespace kpleg::testing {
+
+std::string kplegd_binary() { return KPLEGD_BIN; }
+
+std::vector<std::string> types_of(const std::vector<nlohmann::json>& events,
+                                  const std::string& container_id) {
+  std::vector<std::string> out;
+  for (const auto& e : events) {
+    if (e.value("container_id", "") == container_id) out.push_back(e.value("type", ""));
+  }
+  return out;
+}
+
+Result<std::unique_ptr<KplegdProcess>> KplegdProcess::start(const std::vector<std::string>& args) {
+  int out[2], err[2];
+  if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) return Error::from_errno(errno, "pipe");
+  std::vector<std::string> argv{kplegd_binary()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::vector<char*> cargv;
+  for (auto& a : argv) cargv.push_back(a.data());
+  cargv.push_back(nullptr);
+  pid_t pid = fork();
+  if (pid < 0) return Error::from_errno(errno, "fork");
+  if (pid == 0) {
+    dup2(out[1], 1);
+    dup2(err[1], 2);
+    // Let the daemon have default signal handling whatever the test runner set.
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    execv(cargv[0], cargv.data());
+    _exit(127);
+  }
+  close(out[1]);
+  close(err[1]);
+  auto p = std::unique_ptr<KplegdProcess>(new KplegdProcess());
+  p->pid_ = pid;
+  p->out_reader_ = std::thread([raw = p.get(), fd = out[0]] { raw->read_loop(fd, true); });
+  p->err_reader_ = std::thread([raw = p.get(), fd = err[0]] { raw->read_loop(fd, false); });
+  return p;
+}
+
+void KplegdProcess::read_loop(int fd, bool is_stdout) {
+  std::string buf;
+  char chunk[4096];
+  while (true) {
+    ssize_t n = read(fd, chunk, sizeof(chunk));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    std::lock_guard lk(mu_);
+    if (!is_stdout) {
+      log_.append(chunk, n);
+    } else {
+      buf.append(chunk, n);
+      size_t pos;
+      while ((pos = buf.find('\n')) != std::string::npos) {
+        auto line = buf.substr(0, pos);
+        buf.erase(0, pos + 1);
+        auto j = nlohmann::json::parse(line, nullptr, false);
+        if (!j.is_discarded()) events_.push_back(std::move(j));
+      }
+    }
+    cv_.notify_all();
+  }
+  close(fd);
+}
+
+bool KplegdProcess::wait_for(const std::function<bool(const std::vector<nlohmann::json>&)>& pred,
+                             std::chrono::milliseconds timeout) {
+  std::unique_lock lk(mu_);
+  return cv_.wait_for(lk, timeout, [&] { return pred(events_); });
+}
+
+bool KplegdProcess::wait_for_log(const std::string& text, std::chrono::milliseconds timeout) {
+  std::unique_lock lk(mu_);
+  return cv_.wait_for(lk, timeout, [&] { return log_.find(text) != std::string::npos; });
+}
+
+std::vector<nlohmann::json> KplegdProcess::events() const {
+  std::lock_guard lk(mu_);
+  return events_;
+}
+
+std::vector<std::string> KplegdProcess::types_for(const std::string& container_id) const {
+  std::lock_guard lk(mu_);
+  return types_of(events_, container_id);
+}
+
+std::string KplegdProcess::log() const {
+  std::lock_guard lk(mu_);
+  return log_;
+}
+
+std::optional<int> KplegdProcess::wait_exit(std::chrono::milliseconds timeout) {
+  if (exit_status_) return exit_status_;
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    int status = 0;
+    pid_t r = waitpid(pid_, &status, WNOHANG);
+    if (r == pid_) {
+      exit_status_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      if (out_reader_.joinable()) out_reader_.join();
+      if (err_reader_.joinable()) err_reader_.join();
+      return exit_status_;
+    }
+    if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
+    // Wake on output or every 10 ms to poll the child.
+    std::unique_lock lk(mu_);
+    cv_.wait_for(lk, std::chrono::milliseconds(10));
+  }
+}
+
+int KplegdProcess::stop(std::chrono::milliseconds timeout) {
+  if (exit_status_) return *exit_status_;
+  kill(pid_, SIGTERM);
+  if (auto s = wait_exit(timeout)) return *s;
+  kill(pid_, SIGKILL);
+  return wait_exit(std::chrono::seconds(5)).value_or(-1);
+}
+
+KplegdProcess::~KplegdProcess() {
+  if (!exit_status_ && pid_ > 0) stop();
+  if (out_reader_.joinable()) out_reader_.join();
+  if (err_reader_.joinable()) err_reader_.join();
+}
+
+}  // namespace kpleg::testing

@@ -1,0 +1,162 @@
+// Lifecycle scenarios through the real daemon, the real containerd and (in ebpf mode) the real
+// kernel: each asserts the exact per-container event sequence in both modes.
+#include <gtest/gtest.h>
+
+#include "e2e/e2e_support.h"
+
+namespace kpleg::testing {
+namespace {
+
+using namespace std::chrono_literals;
+using Types = std::vector<std::string>;
+const Types kStarted{"ContainerStarted"};
+const Types kDied{"ContainerStarted", "ContainerDied"};
+const Types kRemoved{"ContainerStarted", "ContainerDied", "ContainerRemoved"};
+
+class LifecycleTest : public CriTestBedTest, public ::testing::WithParamInterface<std::string> {
+ protected:
+  void SetUp() override {
+    CriTestBedTest::SetUp();
+    if (IsSkipped() || HasFailure()) return;
+    auto d = start_kplegd(endpoint_, GetParam(), {"--relist-period", "1s"});
+    ASSERT_TRUE(d.ok()) << d.error().message;
+    kplegd_ = std::move(*d);
+  }
+  void TearDown() override {
+    if (kplegd_) {
+      EXPECT_EQ(kplegd_->stop(), 0) << "kplegd did not shut down cleanly:\n" << kplegd_->log();
+      if (HasFailure()) std::cerr << "kplegd log:\n" << kplegd_->log();
+    }
+    CriTestBedTest::TearDown();
+  }
+  bool ebpf() const { return GetParam() == "ebpf"; }
+
+  LaunchedPod launch(const std::string& name, int containers, const std::string& command,
+                     const std::vector<std::string>& extra = {}) {
+    auto p = launch_pod(endpoint_, namespace_, name, containers, command, extra);
+    EXPECT_TRUE(p.ok()) << p.error().message;
+    return p.ok() ? *p : LaunchedPod{};
+  }
+
+  std::unique_ptr<KplegdProcess> kplegd_;
+};
+
+TEST_P(LifecycleTest, LongRunningContainer) {
+  auto pod = launch("long", 1, "sleep 1000000");
+  ASSERT_TRUE(wait_types(*kplegd_, pod.sandbox_id, kStarted));
+  ASSERT_TRUE(wait_types(*kplegd_, pod.container_ids[0], kStarted));
+  for (const auto& e : kplegd_->events()) {
+    if (e["container_id"] == pod.container_ids[0]) {
+      EXPECT_EQ(e["pod_uid"], pod.uid);
+      EXPECT_EQ(e["pod_name"], pod.name);
+      EXPECT_EQ(e["pod_namespace"], namespace_);
+      EXPECT_EQ(e["container_name"], "c0");
+      EXPECT_EQ(e["sandbox"], false);
+      EXPECT_EQ(e["source"], ebpf() ? "kernel" : "relist");
+      if (ebpf()) EXPECT_GT(e["kernel_ts_ns"].get<uint64_t>(), 0u);
+    }
+    if (e["container_id"] == pod.sandbox_id) EXPECT_EQ(e["sandbox"], true);
+  }
+}
+
+TEST_P(LifecycleTest, ExitZeroAndExitThree) {
+  auto ok = launch("exit0", 1, "sh -c 'sleep 2; exit 0'");
+  auto bad = launch("exit3", 1, "sh -c 'sleep 2; exit 3'");
+  ASSERT_TRUE(wait_types(*kplegd_, ok.container_ids[0], kDied));
+  ASSERT_TRUE(wait_types(*kplegd_, bad.container_ids[0], kDied));
+  for (const auto& e : kplegd_->events()) {
+    if (e["type"] != "ContainerDied") continue;
+    if (e["container_id"] == ok.container_ids[0]) EXPECT_EQ(e["exit_code"], 0);
+    if (e["container_id"] == bad.container_ids[0]) EXPECT_EQ(e["exit_code"], 3);
+  }
+  // The sandboxes keep running.
+  EXPECT_EQ(kplegd_->types_for(ok.sandbox_id), kStarted);
+}
+
+TEST_P(LifecycleTest, KilledBySignal) {
+  // The container's init is PID 1 of its namespace, which cannot be SIGKILLed from inside: the
+  // runtime kills it from outside (StopContainer with no grace period).
+  auto pod = launch("signal", 1, "sleep 1000000");
+  ASSERT_TRUE(wait_types(*kplegd_, pod.container_ids[0], kStarted));
+  auto r = run_kpleg_load({"stop-container", "--grace-period", "0", pod.container_ids[0]});
+  ASSERT_TRUE(r.ok() && r->exit_code == 0);
+  ASSERT_TRUE(wait_types(*kplegd_, pod.container_ids[0], kDied));
+  for (const auto& e : kplegd_->events()) {
+    if (e["container_id"] == pod.container_ids[0] && e["type"] == "ContainerDied") {
+      EXPECT_EQ(e["exit_code"], 137) << "128 + SIGKILL, as the runtime reports it";
+    }
+  }
+}
+
+TEST_P(LifecycleTest, OomKilledThroughItsMemoryLimit) {
+  auto pod = launch("oom", 1, "sh -c 'sleep 2; dd if=/dev/zero of=/dev/null bs=256M count=1'",
+                    {"--memory-limit", std::to_string(32 << 20)});
+  ASSERT_TRUE(wait_types(*kplegd_, pod.container_ids[0], kDied));
+  for (const auto& e : kplegd_->events()) {
+    if (e["container_id"] == pod.container_ids[0] && e["type"] == "ContainerDied") {
+      EXPECT_EQ(e["exit_code"], 137);
+      if (ebpf()) EXPECT_EQ(e["reason"], "OOMKilled");
+    }
+  }
+}
+
+TEST_P(LifecycleTest, FourContainersStartedTogether) {
+  auto pod = launch("four", 4, "sleep 1000000");
+  ASSERT_EQ(pod.container_ids.size(), 4u);
+  ASSERT_TRUE(wait_types(*kplegd_, pod.sandbox_id, kStarted));
+  for (const auto& id : pod.container_ids) EXPECT_TRUE(wait_types(*kplegd_, id, kStarted)) << id;
+}
+
+TEST_P(LifecycleTest, CrashWithin100ms) {
+  auto pod = launch("crash", 1, "sh -c 'exit 5'");
+  const auto& id = pod.container_ids[0];
+  kplegd_->wait_for([&](const auto& evs) {
+    auto t = types_of(evs, id);
+    return !t.empty() && t.back() == "ContainerDied";
+  }, 20s);
+  auto types = kplegd_->types_for(id);
+  if (ebpf()) {
+    EXPECT_EQ(types, kDied) << "the kernel saw the start a relist cannot";
+  } else {
+    ASSERT_FALSE(types.empty());
+    EXPECT_EQ(types.back(), "ContainerDied");
+  }
+  for (const auto& e : kplegd_->events()) {
+    if (e["container_id"] == id && e["type"] == "ContainerDied") EXPECT_EQ(e["exit_code"], 5);
+  }
+}
+
+TEST_P(LifecycleTest, StopAndRemoveAContainerThenThePod) {
+  auto pod = launch("stop", 2, "sleep 1000000");
+  const auto& c0 = pod.container_ids[0];
+  const auto& c1 = pod.container_ids[1];
+  ASSERT_TRUE(wait_types(*kplegd_, c0, kStarted));
+  ASSERT_TRUE(wait_types(*kplegd_, c1, kStarted));
+  ASSERT_TRUE(load_op(endpoint_, "stop-container", c0).ok());
+  ASSERT_TRUE(wait_types(*kplegd_, c0, kDied));
+  ASSERT_TRUE(load_op(endpoint_, "remove-container", c0).ok());
+  ASSERT_TRUE(wait_types(*kplegd_, c0, kRemoved));
+  EXPECT_EQ(kplegd_->types_for(c1), kStarted);
+
+  ASSERT_TRUE(load_op(endpoint_, "remove-pod", pod.sandbox_id).ok());
+  EXPECT_TRUE(wait_types(*kplegd_, c1, kRemoved));
+  EXPECT_TRUE(wait_types(*kplegd_, pod.sandbox_id, kRemoved));
+}
+
+TEST_P(LifecycleTest, ExecsInsideTheContainerAreNoStarts) {
+  auto pod = launch("probe", 1,
+                    "sh -c 'i=0; while [ $i -lt 20 ]; do /bin/true; i=$((i+1)); done; "
+                    "touch /tmp/done; sleep 1000000'");
+  ASSERT_TRUE(wait_types(*kplegd_, pod.container_ids[0], kStarted));
+  // A later transition of another container is a barrier: events of the probe container that
+  // were going to come would have come by then.
+  auto barrier = launch("barrier", 1, "sh -c 'sleep 1; exit 0'");
+  ASSERT_TRUE(wait_types(*kplegd_, barrier.container_ids[0], kDied));
+  EXPECT_EQ(kplegd_->types_for(pod.container_ids[0]), kStarted);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, LifecycleTest, ::testing::Values("ebpf", "relist"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace kpleg::testing
