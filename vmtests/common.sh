@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034  # its variables are used by the scripts that source it
 # Shared by the vmtests scripts (sourced, not run).
 
 KPLEG_VM_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)

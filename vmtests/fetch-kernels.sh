@@ -32,8 +32,9 @@ BTF_OPTION=CONFIG_DEBUG_INFO_BTF=y
 # A meta-package (linux-image-amd64) depends on exactly one versioned image package; follow
 # it so the stamp records the kernel really unpacked. Prints "package version".
 resolve_package() {
-  local pkg=$1 depth
-  for depth in 1 2 3; do
+  local pkg=$1
+  # Meta-packages chain at most a couple of levels; never loop forever on a broken archive.
+  for _ in 1 2 3; do
     local info version target
     info=$(apt-cache show --no-all-versions "$pkg" 2>/dev/null) || return 1
     [ -n "$info" ] || return 1
@@ -60,7 +61,7 @@ unpack() {
     mkdir -p "$dir/lib"
     mv "$dir/usr/lib/modules" "$dir/lib/modules"
   fi
-  rm -rf "$dir/usr" "$dir/etc"
+  rm -rf "${dir:?}/usr" "${dir:?}/etc"
   local images=("$dir"/boot/vmlinuz-*)
   [ -f "${images[0]}" ] || { kpleg_vm_log "$deb has no boot/vmlinuz-*"; return 1; }
   release=${images[0]##*/vmlinuz-}
@@ -140,7 +141,10 @@ KPLEG_VM_KERNEL_IMAGE=boot/vmlinuz-$release
 ENV
   echo "$want" >"$work/root/$STAMP" || return 1
 
-  rm -rf "$kdir" && mv "$work/root" "$kdir" || { kpleg_vm_log "$name: cannot move the kernel into $kdir"; return 1; }
+  if ! rm -rf "$kdir" || ! mv "$work/root" "$kdir"; then
+    kpleg_vm_log "$name: cannot move the kernel into $kdir"
+    return 1
+  fi
   echo "$name: unpacked Linux $release ($want) into $kdir"
 }
 

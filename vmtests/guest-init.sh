@@ -37,6 +37,7 @@ done </modules.load
 P9_OPTS=trans=virtio,version=9p2000.L,msize=262144
 mount -t 9p -o "$P9_OPTS,cache=none" kplegrun /kpleg || fail "cannot mount the run share (9p)"
 [ -r /kpleg/config ] || fail "the run share has no config"
+# shellcheck source=/dev/null  # written by run-in-vm.sh
 . /kpleg/config
 
 report() {
@@ -63,6 +64,7 @@ done
 mount -t tmpfs -o mode=755 tmpfs "$R/run" || fail "mount /run"
 mount -t cgroup2 cgroup2 "$R/sys/fs/cgroup" || fail "mount cgroup2 on /sys/fs/cgroup"
 # Hand every controller to child cgroups, as a node's init does, so tests see a real layout.
+# shellcheck disable=SC2013  # one line of space-separated names
 for controller in $(cat "$R/sys/fs/cgroup/cgroup.controllers"); do
   echo "+$controller" >"$R/sys/fs/cgroup/cgroup.subtree_control" 2>/dev/null
 done

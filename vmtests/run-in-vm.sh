@@ -82,7 +82,7 @@ if [ ${#rwdirs[@]} -eq 0 ]; then
 fi
 for i in "${!rwdirs[@]}"; do
   [ -d "${rwdirs[$i]}" ] || die_usage "--rwdir ${rwdirs[$i]} is not a directory"
-  rwdirs[$i]=$(cd "${rwdirs[$i]}" && pwd)
+  rwdirs[i]=$(cd "${rwdirs[$i]}" && pwd)
   # The guest reads these paths from a shell fragment and mounts on them.
   [[ "${rwdirs[$i]}" =~ ^/[A-Za-z0-9._+/@-]*$ ]] ||
     die_usage "--rwdir ${rwdirs[$i]}: only letters, digits and ._+-@ are supported in shared paths"
@@ -118,8 +118,9 @@ resolve_kernel() {
       kernel_image=$dir/$(sed -n 's/^KPLEG_VM_KERNEL_IMAGE=//p' "$dir/kernel.env")
     else
       local images=("$dir"/boot/vmlinuz-*)
-      [ ${#images[@]} -eq 1 ] && [ -f "${images[0]}" ] ||
+      if [ ${#images[@]} -ne 1 ] || [ ! -f "${images[0]}" ]; then
         die_usage "--kernel $arg: expected one boot/vmlinuz-* (a directory from fetch-kernels.sh)"
+      fi
       kernel_image=${images[0]}
       kernel_release=$(release_of_image "$kernel_image")
     fi
@@ -164,6 +165,7 @@ fi
 log=$rundir/console.log
 nonce=$(od -An -N6 -tx1 /dev/urandom | tr -d ' \n')
 
+# shellcheck disable=SC2317  # run by the EXIT trap
 cleanup() {
   local rc=$?
   if [ "$rc" -eq 0 ] && [ "$keep" -eq 0 ]; then
@@ -317,11 +319,13 @@ else
     for i in "${!rwdirs[@]}"; do echo "KPLEG_VM_RW_$i=${rwdirs[$i]}"; done
   } >"$rundir/config"
 
+  # shellcheck disable=SC2054  # the commas are qemu's option syntax
   if kvm_usable; then accel=(-accel kvm -cpu host); else accel=(-accel tcg,thread=multi -cpu max); fi
   cmdline="console=ttyS0 panic=-1 oops=panic rdinit=/init"
   [ "$verbose" -eq 1 ] || cmdline="$cmdline quiet"
   [ -z "$append" ] || cmdline="$cmdline $append"
 
+  # shellcheck disable=SC2054
   qemu=(qemu-system-x86_64 -nodefaults -no-user-config -display none -no-reboot
     "${accel[@]}" -smp "$cpus" -m "$memory"
     -kernel "$kernel_image" -initrd "$initrd" -append "$cmdline"

@@ -17,7 +17,10 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-[ $# -eq 1 ] && [[ "$1" != -* ]] || { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2; exit 2; }
+if [ $# -ne 1 ] || [[ "$1" == -* ]]; then
+  sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2
+  exit 2
+fi
 name=$1
 
 build_dir=${KPLEG_BUILD_DIR:-$KPLEG_REPO_ROOT/build}
