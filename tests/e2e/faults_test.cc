@@ -1,0 +1,110 @@
+// Faults: the runtime dies and comes back, the kernel path cannot load, bad flags.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include "e2e/e2e_support.h"
+
+namespace kpleg::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+class FaultsTest : public CriTestBedTest {};
+
+TEST_F(FaultsTest, ContainerdKilledAndRestartedNothingMissed) {
+  ASSERT_TRUE(TestBed::instance().endpoint_is_test_bed()) << "needs the test bed's own containerd";
+  auto d = start_kplegd(endpoint_, "ebpf");
+  ASSERT_TRUE(d.ok()) << d.error().message;
+  auto& kplegd = **d;
+
+  auto before = launch_pod(endpoint_, namespace_, "before", 1, "sleep 1000000");
+  auto dies_while_down = launch_pod(endpoint_, namespace_, "whiledown", 1, "sh -c 'sleep 3; exit 4'");
+  ASSERT_TRUE(before.ok() && dies_while_down.ok());
+  ASSERT_TRUE(wait_types(kplegd, dies_while_down->container_ids[0], {"ContainerStarted"}));
+
+  auto pid = TestBed::instance().containerd_pid();
+  ASSERT_TRUE(pid.ok()) << pid.error().message;
+  ASSERT_EQ(kill(*pid, SIGKILL), 0);
+  // The container exits (3 s after its start) while the runtime is down.
+  EXPECT_TRUE(kplegd.wait_for_log("connection lost", 10s)) << kplegd.log();
+  auto wait_down = std::chrono::steady_clock::now() + 4s;
+  while (std::chrono::steady_clock::now() < wait_down) kplegd.wait_for_log("\x01never", 100ms);
+  auto up = TestBed::instance().up();
+  ASSERT_TRUE(up.ok()) << up.error().message;
+
+  // No permanent fallback: it reconciles after the reconnect and stays in ebpf mode.
+  EXPECT_TRUE(kplegd.wait_for_log("reconcile (runtime reconnect)", 30s)) << kplegd.log();
+  EXPECT_EQ(kplegd.log().find("running in relist mode"), std::string::npos);
+  // Nothing missed: the death during the outage is reported.
+  EXPECT_TRUE(wait_types(kplegd, dies_while_down->container_ids[0],
+                         {"ContainerStarted", "ContainerDied"}, 30s));
+  for (const auto& e : kplegd.events()) {
+    if (e["container_id"] == dies_while_down->container_ids[0] && e["type"] == "ContainerDied") {
+      EXPECT_EQ(e["exit_code"], 4);
+    }
+  }
+  // Events resume for new work.
+  auto after = launch_pod(endpoint_, namespace_, "after", 1, "sh -c 'sleep 1; exit 0'");
+  ASSERT_TRUE(after.ok()) << after.error().message;
+  EXPECT_TRUE(wait_types(kplegd, after->container_ids[0], {"ContainerStarted", "ContainerDied"}));
+  EXPECT_TRUE(wait_types(kplegd, before->container_ids[0], {"ContainerStarted"}));
+  EXPECT_EQ(kplegd.stop(), 0);
+}
+
+TEST_F(FaultsTest, AutoFallsBackToRelistWhenBpfCannotLoad) {
+  // A BTF file that does not exist: the kernel source cannot start, as on a kernel without BTF.
+  auto d = start_kplegd(endpoint_, "auto", {"--kernel-btf", "/nonexistent/vmlinux"});
+  ASSERT_TRUE(d.ok()) << d.error().message;
+  auto& kplegd = **d;
+  auto log = kplegd.log();
+  EXPECT_NE(log.find("kernel event source unavailable"), std::string::npos) << log;
+  EXPECT_NE(log.find("BTF"), std::string::npos) << "the reason names the cause: " << log;
+  auto pod = launch_pod(endpoint_, namespace_, "fallback", 1, "sh -c 'sleep 2; exit 0'");
+  ASSERT_TRUE(pod.ok());
+  EXPECT_TRUE(wait_types(kplegd, pod->container_ids[0], {"ContainerStarted", "ContainerDied"}));
+  for (const auto& e : kplegd.events()) EXPECT_EQ(e["source"], "relist");
+  EXPECT_EQ(kplegd.stop(), 0);
+}
+
+TEST_F(FaultsTest, EbpfModeRefusesToRunWithoutTheKernelPath) {
+  auto p = KplegdProcess::start({"--runtime-endpoint", endpoint_, "--mode", "ebpf", "--kernel-btf",
+                                 "/nonexistent/vmlinux"});
+  ASSERT_TRUE(p.ok());
+  auto status = (*p)->wait_exit(20s);
+  ASSERT_TRUE(status.has_value()) << "kplegd --mode ebpf kept running without BPF";
+  EXPECT_EQ(*status, 1);
+  EXPECT_NE((*p)->log().find("relist mode (--mode=relist) is the fallback"), std::string::npos)
+      << (*p)->log();
+}
+
+TEST(KplegdFlags, UnreachableRuntimeIsOneClearErrorAndNonZeroExit) {
+  auto p = KplegdProcess::start({"--runtime-endpoint", "unix:///nonexistent/kpleg-test.sock"});
+  ASSERT_TRUE(p.ok());
+  auto status = (*p)->wait_exit(20s);
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(*status, 1);
+  auto log = (*p)->log();
+  EXPECT_NE(log.find("cannot reach the container runtime at unix:///nonexistent/kpleg-test.sock"),
+            std::string::npos)
+      << log;
+}
+
+TEST(KplegdFlags, BadFlagsAreRejected) {
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {"--mode", "bogus"},
+           {"--reconcile-period", "soon"},
+           {"--cri-timeout", "-1s"},
+           {"--cgroup-root", "a/b"},
+           {"--ringbuf-kib", "3"},
+           {"--no-such-flag"}}) {
+    auto p = KplegdProcess::start(args);
+    ASSERT_TRUE(p.ok());
+    auto status = (*p)->wait_exit(10s);
+    ASSERT_TRUE(status.has_value()) << args[0];
+    EXPECT_NE(*status, 0) << args[0];
+    EXPECT_FALSE((*p)->log().empty()) << args[0] << ": no error message";
+  }
+}
+
+}  // namespace
+}  // namespace kpleg::testing
