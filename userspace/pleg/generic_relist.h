@@ -138,8 +138,6 @@ class GenericRelist {
   using Inspection = std::map<std::string, ContainerSnapshot>;
 
   Result<Inspection> inspect(const PodRecord& pod);
-  void publish(std::vector<PodLifecycleEvent>& events, const PodRecord* current,
-               const Inspection& inspection);
   Status finish_relist(int64_t start_mono, Status result);
   void run_loop();
 
