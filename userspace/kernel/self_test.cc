@@ -183,6 +183,17 @@ SelfTestResult run_self_test(const BpfOptions& base, const std::string& cgroup_b
     return r;
   }
   const uint64_t cid = ctr->id();
+  // An untracked sibling: what runs there must cost a filter hit and produce nothing.
+  auto other = ScratchCgroup::create(*mount + "/" + root_name + "-untracked");
+  if (!other) {
+    fail("mkdir untracked: " + other.error().message);
+    return r;
+  }
+  const uint64_t filtered_before = source.stats().bpf.filtered;
+  if (auto st = run_in_cgroup(other->path(), {"/bin/true"}); !st) {
+    fail("run untracked process: " + st.error().message);
+    return r;
+  }
   // The container's init execs a shell that execs again (like an entrypoint wrapper), and
   // a child exec (like an exec probe); then exits 7.
   auto status = run_in_cgroup(ctr->path(), {"/bin/sh", "-c", "/bin/true; exec /bin/sh -c 'exit 7'"});
@@ -220,7 +231,11 @@ SelfTestResult run_self_test(const BpfOptions& base, const std::string& cgroup_b
   if (st.bpf.exec_repeated < 2) {
     fail("exec_repeated counter: want >= 2 got " + std::to_string(st.bpf.exec_repeated));
   }
-  if (st.bpf.filtered == 0) fail("filtered counter did not move");
+  if (st.bpf.filtered < filtered_before + 2) {
+    fail("filtered counter: want >= " + std::to_string(filtered_before + 2) + " (an untracked exec and exit) got " +
+         std::to_string(st.bpf.filtered));
+  }
+  if (!events.for_cgroups({other->id()}).empty()) fail("events for an untracked cgroup");
   if (st.bpf.ringbuf_drops != 0) fail("ring buffer drops: " + std::to_string(st.bpf.ringbuf_drops));
   if (st.decode_errors != 0) fail("decode errors: " + std::to_string(st.decode_errors));
   source.stop();

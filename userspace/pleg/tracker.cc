@@ -1,5 +1,7 @@
 #include "pleg/tracker.h"
 
+#include "pleg/runtime_view.h"
+
 #include <grpcpp/support/status_code_enum.h>
 #include <spdlog/spdlog.h>
 
@@ -12,10 +14,6 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-constexpr const char* kPodUidLabel = "io.kubernetes.pod.uid";
-constexpr const char* kPodNameLabel = "io.kubernetes.pod.name";
-constexpr const char* kPodNamespaceLabel = "io.kubernetes.pod.namespace";
-
 // Forward order of the states a container id passes through; it never goes back.
 int rank(ContainerState s) {
   switch (s) {
@@ -26,24 +24,6 @@ int rank(ContainerState s) {
     case ContainerState::kNonExistent: return 3;
   }
   return 0;
-}
-
-ContainerState from_cri(v1::ContainerState s) {
-  switch (s) {
-    case v1::CONTAINER_CREATED: return ContainerState::kCreated;
-    case v1::CONTAINER_RUNNING: return ContainerState::kRunning;
-    case v1::CONTAINER_EXITED: return ContainerState::kExited;
-    default: return ContainerState::kUnknown;
-  }
-}
-
-ContainerState from_cri(v1::PodSandboxState s) {
-  return s == v1::SANDBOX_READY ? ContainerState::kRunning : ContainerState::kExited;
-}
-
-std::string label(const google::protobuf::Map<std::string, std::string>& labels, const char* key) {
-  auto it = labels.find(key);
-  return it == labels.end() ? std::string() : it->second;
 }
 
 bool is_not_found(const Error& e) { return e.code == grpc::StatusCode::NOT_FOUND; }
@@ -63,32 +43,12 @@ Result<std::vector<RuntimeContainer>> list_runtime(cri::CriClient& cri) {
   if (!containers) return containers.error();
 
   std::vector<RuntimeContainer> out;
-  std::map<std::string, const v1::PodSandbox*> by_id;
-  for (const auto& s : *sandboxes) {
-    by_id[s.id()] = &s;
-    RuntimeContainer rc;
-    rc.id = s.id();
-    rc.sandbox = true;
-    rc.pod_uid = s.metadata().uid();
-    rc.pod_name = s.metadata().name();
-    rc.pod_namespace = s.metadata().namespace_();
-    rc.state = from_cri(s.state());
-    out.push_back(std::move(rc));
-  }
-  for (const auto& c : *containers) {
-    RuntimeContainer rc;
-    rc.id = c.id();
-    rc.name = c.metadata().name();
-    rc.pod_uid = label(c.labels(), kPodUidLabel);
-    rc.pod_name = label(c.labels(), kPodNameLabel);
-    rc.pod_namespace = label(c.labels(), kPodNamespaceLabel);
-    if (auto it = by_id.find(c.pod_sandbox_id()); it != by_id.end() && rc.pod_uid.empty()) {
-      rc.pod_uid = it->second->metadata().uid();
-      rc.pod_name = it->second->metadata().name();
-      rc.pod_namespace = it->second->metadata().namespace_();
+  for (const auto& [uid, pod] : build_snapshot(*sandboxes, *containers).pods) {
+    for (const auto* list : {&pod.sandboxes, &pod.containers}) {
+      for (const auto& c : *list) {
+        out.push_back({c.id, pod.uid, pod.name, pod.namespace_, c.name, c.sandbox, c.state});
+      }
     }
-    rc.state = from_cri(c.state());
-    out.push_back(std::move(rc));
   }
   return out;
 }
@@ -184,18 +144,13 @@ Result<Tracker::Observation> Tracker::observe(const std::string& id, bool sandbo
   if (!sandbox_known || !sandbox) {
     auto st = cri_.container_status(id);
     if (st) {
-      obs.state = from_cri(st->state());
-      obs.snapshot.state = obs.state;
-      obs.snapshot.created_at_ns = st->created_at();
-      obs.snapshot.started_at_ns = st->started_at();
-      obs.snapshot.finished_at_ns = st->finished_at();
-      obs.snapshot.exit_code = st->exit_code();
-      obs.snapshot.reason = st->reason();
-      obs.snapshot.message = st->message();
-      obs.name = st->metadata().name();
-      obs.pod_uid = label(st->labels(), kPodUidLabel);
-      obs.pod_name = label(st->labels(), kPodNameLabel);
-      obs.pod_namespace = label(st->labels(), kPodNamespaceLabel);
+      obs.snapshot = from_status(*st);
+      obs.state = obs.snapshot.state;
+      obs.name = container_name(*st);
+      auto pod = pod_identity(*st, nullptr);
+      obs.pod_uid = pod.uid;
+      obs.pod_name = pod.name;
+      obs.pod_namespace = pod.namespace_;
       return obs;
     }
     if (!is_not_found(st.error())) return st.error();
@@ -212,12 +167,12 @@ Result<Tracker::Observation> Tracker::observe(const std::string& id, bool sandbo
     return obs;
   }
   obs.sandbox = true;
-  obs.state = from_cri(ps->state());
-  obs.snapshot.state = obs.state;
-  obs.snapshot.created_at_ns = ps->created_at();
-  obs.pod_uid = ps->metadata().uid();
-  obs.pod_name = ps->metadata().name();
-  obs.pod_namespace = ps->metadata().namespace_();
+  obs.snapshot = from_status(*ps);
+  obs.state = obs.snapshot.state;
+  auto pod = pod_identity(*ps);
+  obs.pod_uid = pod.uid;
+  obs.pod_name = pod.name;
+  obs.pod_namespace = pod.namespace_;
   return obs;
 }
 
