@@ -102,7 +102,7 @@ std::string event_json(const v1::Event& ev) {
 }
 
 // Fixed widths: a stream cannot be measured before it is printed.
-static constexpr const char* kEventRow = "{:<12}  {:<16}  {:<36}  {:<20}  {:<16}  {:<9}  {}";
+static constexpr const char* kEventRow = "{:<12}  {:<16}  {:<36}  {:<24}  {:<14}  {:<9}  {}";
 
 std::string event_table_header() {
   return fmt::format(kEventRow, "TIME", "TYPE", "NAMESPACE/POD", "CONTAINER", "EXIT/REASON",
