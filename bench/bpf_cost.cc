@@ -1,0 +1,517 @@
+// kpleg-bench-bpf: what kpleg's BPF programs cost the rest of the node.
+//
+// 1. Per-program cost from the kernel's own BPF statistics (run_time_ns / run_cnt), with
+//    kernel.bpf_stats_enabled=1 for the measurement and its previous value restored after, in
+//    three workloads: an exec storm outside any container (the filtered path every process on
+//    the node pays), container-like lifecycles in a private tracked cgroup root (the path that
+//    emits records), and one OOM kill (the oom:mark_victim program).
+// 2. An exec storm outside containers (fork + execve /bin/true + exit + wait) with the programs
+//    attached versus not, in alternating rounds of the same run so that drift and the neighbours
+//    on a shared machine hit both sides alike. Statistics stay at their previous setting (off on
+//    a normal node) during the storm: their own bookkeeping would inflate the attached side.
+//
+// One JSON document on stdout (or --json-out); progress on stderr.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cgroup/cgroup2_mount.h"
+#include "common/logging.h"
+#include "kernel/kernel_source.h"
+#include "kernel/self_test.h"
+
+namespace {
+
+using json = nlohmann::json;
+using kpleg::Error;
+using kpleg::Result;
+using kpleg::Status;
+namespace kk = kpleg::kernel;
+
+constexpr const char* kStatsSysctl = "/proc/sys/kernel/bpf_stats_enabled";
+
+void progress(const std::string& s) { std::cerr << "kpleg-bench-bpf: " << s << std::endl; }
+
+int64_t monotonic_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+Result<std::string> read_sysctl(const char* path) {
+  std::ifstream f(path);
+  std::string v;
+  if (!(f >> v)) return Error{errno ? errno : EIO, std::string("reading ") + path};
+  return v;
+}
+
+Status write_sysctl(const char* path, const std::string& v) {
+  int fd = open(path, O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return Error::from_errno(errno, std::string("open ") + path);
+  ssize_t n = write(fd, v.data(), v.size());
+  int err = errno;
+  close(fd);
+  if (n != ssize_t(v.size())) return Error::from_errno(err, std::string("write ") + path);
+  return {};
+}
+
+// The value to put back if the run is interrupted while statistics are on.
+char g_stats_restore[16] = {};
+
+void restore_stats_and_exit(int sig) {
+  if (g_stats_restore[0] != '\0') {
+    int fd = open(kStatsSysctl, O_WRONLY | O_CLOEXEC);
+    if (fd >= 0) {
+      (void)!write(fd, g_stats_restore, strlen(g_stats_restore));
+      close(fd);
+    }
+  }
+  _exit(128 + sig);  // closing the BPF link fds detaches the programs
+}
+
+// Sets kernel.bpf_stats_enabled for its lifetime and restores the previous value, also when
+// the run is interrupted (restore_stats_and_exit).
+class BpfStatsEnabled {
+ public:
+  static Result<BpfStatsEnabled> enable() {
+    auto prev = read_sysctl(kStatsSysctl);
+    if (!prev) return prev.error();
+    snprintf(g_stats_restore, sizeof g_stats_restore, "%s", prev->c_str());
+    if (auto s = write_sysctl(kStatsSysctl, "1"); !s) {
+      g_stats_restore[0] = '\0';
+      return s.error();
+    }
+    return BpfStatsEnabled(*prev);
+  }
+  BpfStatsEnabled(BpfStatsEnabled&& o) noexcept : prev_(std::move(o.prev_)) { o.prev_.reset(); }
+  BpfStatsEnabled(const BpfStatsEnabled&) = delete;
+  ~BpfStatsEnabled() {
+    if (prev_) {
+      (void)write_sysctl(kStatsSysctl, *prev_);
+      g_stats_restore[0] = '\0';
+    }
+  }
+  const std::string& previous() const { return *prev_; }
+
+ private:
+  explicit BpfStatsEnabled(std::string prev) : prev_(std::move(prev)) {}
+  std::optional<std::string> prev_;
+};
+
+// fork + execve(/bin/true) + exit + waitpid, `n` times. Returns the wall time per iteration.
+struct StormResult {
+  int64_t wall_ns = 0;
+  int64_t children_cpu_ns = 0;  // utime + stime of the reaped children
+  int iterations = 0;
+  int failures = 0;
+};
+
+int64_t children_cpu_ns() {
+  rusage ru{};
+  getrusage(RUSAGE_CHILDREN, &ru);
+  auto tv = [](const timeval& t) { return int64_t(t.tv_sec) * 1'000'000'000 + t.tv_usec * 1000; };
+  return tv(ru.ru_utime) + tv(ru.ru_stime);
+}
+
+StormResult exec_storm(int n) {
+  static char arg0[] = "/bin/true";
+  static char* argv[] = {arg0, nullptr};
+  static char* envp[] = {nullptr};
+  StormResult r;
+  int64_t cpu0 = children_cpu_ns();
+  int64_t t0 = monotonic_ns();
+  for (int i = 0; i < n; ++i) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      execve(arg0, argv, envp);
+      _exit(127);
+    }
+    if (pid < 0) {
+      ++r.failures;
+      continue;
+    }
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++r.failures;
+  }
+  r.wall_ns = monotonic_ns() - t0;
+  r.children_cpu_ns = children_cpu_ns() - cpu0;
+  r.iterations = n;
+  return r;
+}
+
+// The storm runs in a worker process forked before any BPF object exists, as on a real node
+// where the workload is another process than kplegd: a fork of the process that holds the ring
+// buffer mapping, the skeleton and the consumer threads costs far more than the programs do.
+class StormWorker {
+ public:
+  static Result<StormWorker> start() {
+    int to_worker[2], from_worker[2];
+    if (pipe2(to_worker, O_CLOEXEC) != 0 || pipe2(from_worker, O_CLOEXEC) != 0) {
+      return Error::from_errno(errno, "pipe");
+    }
+    pid_t pid = fork();
+    if (pid < 0) return Error::from_errno(errno, "fork");
+    if (pid == 0) {
+      close(to_worker[1]);
+      close(from_worker[0]);
+      signal(SIGINT, SIG_DFL);
+      signal(SIGTERM, SIG_DFL);
+      int n = 0;
+      while (read(to_worker[0], &n, sizeof n) == sizeof n) {
+        StormResult r = exec_storm(n);
+        if (write(from_worker[1], &r, sizeof r) != sizeof r) _exit(1);
+      }
+      _exit(0);
+    }
+    close(to_worker[0]);
+    close(from_worker[1]);
+    return StormWorker(pid, to_worker[1], from_worker[0]);
+  }
+  StormWorker(StormWorker&& o) noexcept : pid_(o.pid_), to_(o.to_), from_(o.from_) { o.pid_ = -1; }
+  StormWorker(const StormWorker&) = delete;
+  ~StormWorker() {
+    if (pid_ < 0) return;
+    close(to_);  // EOF ends the worker's loop
+    close(from_);
+    waitpid(pid_, nullptr, 0);
+  }
+  Result<StormResult> run(int n) {
+    StormResult r;
+    if (write(to_, &n, sizeof n) != sizeof n) return Error::from_errno(errno, "storm worker write");
+    if (read(from_, &r, sizeof r) != sizeof r) return Error{EPIPE, "storm worker died"};
+    return r;
+  }
+
+ private:
+  StormWorker(pid_t pid, int to, int from) : pid_(pid), to_(to), from_(from) {}
+  pid_t pid_;
+  int to_, from_;
+};
+
+kk::KernelSourceOptions source_options(const std::vector<std::string>& extra_roots) {
+  kk::KernelSourceOptions o;
+  for (const auto& r : extra_roots) o.bpf.root_names.push_back(r);
+  return o;
+}
+
+// The programs as kplegd runs them: loaded, attached, tracked cgroups seeded from the host's
+// tree, the ring buffer consumed. Records are dropped on the floor here.
+Result<std::unique_ptr<kk::BpfKernelSource>> attach_programs(const std::vector<std::string>& extra_roots) {
+  auto src = std::make_unique<kk::BpfKernelSource>(source_options(extra_roots));
+  kk::KernelSink sink;
+  sink.on_event = [](const kk::KernelEvent&) {};
+  sink.on_loss = [](uint64_t) {};
+  if (auto s = src->start(sink); !s) return s.error();
+  return src;
+}
+
+using StatsMap = std::map<std::string, kk::ProgramStats>;
+
+StatsMap stats_of(kk::BpfKernelSource& src) {
+  StatsMap m;
+  for (auto& s : src.program()->program_stats()) m[s.name] = s;
+  return m;
+}
+
+json stats_delta(const StatsMap& before, const StatsMap& after) {
+  json out = json::object();
+  for (const auto& [name, a] : after) {
+    auto it = before.find(name);
+    uint64_t t = a.run_time_ns - (it == before.end() ? 0 : it->second.run_time_ns);
+    uint64_t c = a.run_cnt - (it == before.end() ? 0 : it->second.run_cnt);
+    out[name] = {{"run_time_ns", t},
+                 {"run_cnt", c},
+                 {"ns_per_run", c ? double(t) / double(c) : 0.0}};
+  }
+  return out;
+}
+
+// Container-like lifecycles under a private tracked root: mkdir pod and container cgroups, a
+// process that execs twice (the second exec is the in-kernel "repeated exec" filter) and exits,
+// rmdir. Every program except the OOM hook takes its emitting path.
+Status container_lifecycles(const std::string& root_dir, int n) {
+  auto root = kk::ScratchCgroup::create(root_dir);
+  if (!root) return root.error();
+  auto pod = kk::ScratchCgroup::create(root->path() + "/pod0b1d3c1e-0000-4000-8000-00000000be0c");
+  if (!pod) return pod.error();
+  for (int i = 0; i < n; ++i) {
+    char id[65];
+    snprintf(id, sizeof id, "%064x", i + 1);
+    auto ctr = kk::ScratchCgroup::create(pod->path() + "/" + id);
+    if (!ctr) return ctr.error();
+    auto st = kk::run_in_cgroup(ctr->path(), {"/bin/sh", "-c", "exec /bin/true"});
+    if (!st) return st.error();
+    if (auto s = ctr->remove(); !s) return s;
+  }
+  return {};
+}
+
+// One OOM kill: a child in a cgroup v1 memory cgroup limited to 16 MiB touches 256 MiB. Only
+// possible where the memory controller is mounted (hybrid hosts have it under v1); the result
+// says when it was skipped.
+json oom_kill(const std::string& cgroup_fs) {
+  std::string dir = cgroup_fs + "/memory/kpleg-bench-oom-" + std::to_string(getpid());
+  struct stat st;
+  if (stat((cgroup_fs + "/memory").c_str(), &st) != 0) {
+    return {{"ran", false}, {"why", "no cgroup v1 memory controller at " + cgroup_fs + "/memory"}};
+  }
+  if (mkdir(dir.c_str(), 0755) != 0) {
+    return {{"ran", false}, {"why", "mkdir " + dir + ": " + std::strerror(errno)}};
+  }
+  auto write_file = [](const std::string& p, const std::string& v) {
+    std::ofstream f(p);
+    f << v;
+    f.flush();
+    return bool(f);
+  };
+  json r;
+  if (!write_file(dir + "/memory.limit_in_bytes", std::to_string(16 << 20))) {
+    r = {{"ran", false}, {"why", "cannot set memory.limit_in_bytes"}};
+  } else {
+    pid_t pid = fork();
+    if (pid == 0) {
+      std::ofstream(dir + "/cgroup.procs") << "0";
+      size_t sz = size_t(256) << 20;
+      auto* p = static_cast<char*>(mmap(nullptr, sz, PROT_READ | PROT_WRITE,
+                                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+      if (p == MAP_FAILED) _exit(3);
+      for (size_t i = 0; i < sz; i += 4096) p[i] = 1;
+      _exit(0);
+    }
+    int status = 0;
+    if (pid > 0) waitpid(pid, &status, 0);
+    bool killed = pid > 0 && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+    r = {{"ran", true}, {"child_oom_killed", killed}};
+  }
+  rmdir(dir.c_str());
+  return r;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"kpleg-bench-bpf: per-program BPF cost and exec-storm slowdown of kpleg's programs"};
+  int execs = 5000, rounds = 5, lifecycles = 200, blocks = 5;
+  std::string json_out;
+  bool quick = false;
+  app.add_option("--execs", execs, "fork+exec+exit iterations per storm round")
+      ->check(CLI::Range(10, 1000000))
+      ->capture_default_str();
+  app.add_option("--rounds", rounds, "Storm rounds with the programs attached (and as many without)")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
+  app.add_option("--blocks", blocks, "Alternating blocks per side within a round")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  app.add_option("--lifecycles", lifecycles, "Container-like cgroup lifecycles for the per-program cost")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  app.add_flag("--quick", quick, "Small run for smoke tests: 500 execs, 2 rounds, 2 blocks, 20 lifecycles");
+  app.add_option("--json-out", json_out, "Write the result here instead of stdout");
+  CLI11_PARSE(app, argc, argv);
+  if (quick) {
+    execs = 500;
+    rounds = 2;
+    lifecycles = 20;
+    blocks = 2;
+  }
+  if (geteuid() != 0) {
+    std::cerr << "kpleg-bench-bpf: needs root (loading BPF programs, kernel.bpf_stats_enabled)\n";
+    return 77;
+  }
+  (void)kpleg::setup_logging("warn", kpleg::LogFormat::kText);
+  kk::install_libbpf_logger();
+  if (auto pf = kk::preflight(source_options({})); !pf) {
+    std::cerr << "kpleg-bench-bpf: " << pf.error().message << "\n";
+    return 77;
+  }
+  signal(SIGINT, restore_stats_and_exit);
+  signal(SIGTERM, restore_stats_and_exit);
+
+  auto worker = StormWorker::start();
+  if (!worker) {
+    std::cerr << "kpleg-bench-bpf: " << worker.error().message << "\n";
+    return 1;
+  }
+  auto storm_in_worker = [&](int n) -> StormResult {
+    auto r = worker->run(n);
+    if (!r) {
+      std::cerr << "kpleg-bench-bpf: " << r.error().message << "\n";
+      if (g_stats_restore[0] != '\0') (void)write_sysctl(kStatsSysctl, g_stats_restore);
+      std::exit(1);
+    }
+    return *r;
+  };
+
+  json result;
+  result["config"] = {{"execs_per_round", execs}, {"rounds", rounds}, {"blocks_per_side", blocks}, {"lifecycles", lifecycles}};
+
+  // --- 1. per-program cost -------------------------------------------------------------------
+  {
+    auto mount = kpleg::cgroup::find_cgroup2_mount("/sys/fs/cgroup");
+    if (!mount) {
+      std::cerr << "kpleg-bench-bpf: " << mount.error().message << "\n";
+      return 1;
+    }
+    std::string root_name = "kpleg-bench-" + std::to_string(getpid());
+    auto stats_guard = BpfStatsEnabled::enable();
+    if (!stats_guard) {
+      std::cerr << "kpleg-bench-bpf: kernel.bpf_stats_enabled: " << stats_guard.error().message << "\n";
+      return 1;
+    }
+    result["bpf_stats_enabled_before"] = stats_guard->previous();
+    auto src = attach_programs({root_name});
+    if (!src) {
+      std::cerr << "kpleg-bench-bpf: " << src.error().message << "\n";
+      return 1;
+    }
+    progress("per-program cost: exec storm outside containers (" + std::to_string(execs) + ")");
+    auto s0 = stats_of(**src);
+    auto storm = storm_in_worker(execs);
+    auto s1 = stats_of(**src);
+    progress("per-program cost: " + std::to_string(lifecycles) + " container-like lifecycles");
+    if (auto s = container_lifecycles(*mount + "/" + root_name, lifecycles); !s) {
+      std::cerr << "kpleg-bench-bpf: container lifecycles: " << s.error().message << "\n";
+      return 1;
+    }
+    auto s2 = stats_of(**src);
+    progress("per-program cost: one OOM kill");
+    json oom = oom_kill("/sys/fs/cgroup");
+    auto s3 = stats_of(**src);
+    auto counters = (*src)->stats().bpf;
+    result["program_cost"] = {
+        {"outside_containers", {{"storm_iterations", storm.iterations}, {"programs", stats_delta(s0, s1)}}},
+        {"container_lifecycles", {{"lifecycles", lifecycles}, {"programs", stats_delta(s1, s2)}}},
+        {"oom_kill", {{"oom", oom}, {"programs", stats_delta(s2, s3)}}},
+        {"whole_phase", {{"programs", stats_delta(s0, s3)}}},
+        {"bpf_counters",
+         {{"emitted", counters.emitted},
+          {"filtered", counters.filtered},
+          {"ringbuf_drops", counters.ringbuf_drops},
+          {"exec_repeated", counters.exec_repeated},
+          {"exit_ignored", counters.exit_ignored}}}};
+    (*src)->stop();
+  }  // statistics back to their previous setting
+
+  // --- 2. exec storm, attached vs detached, alternating --------------------------------------
+  std::vector<double> ratios, cpu_ratios, attached_us, detached_us;
+  json rounds_json = json::array();
+  progress("exec storm warm-up");
+  (void)storm_in_worker(std::max(100, execs / 10));
+  // Each round runs `blocks` blocks per side in ABBA order (off on on off off on ...), so that
+  // drift and bursts from neighbours on a shared machine land on both sides alike; consecutive
+  // attached blocks share one attachment.
+  std::unique_ptr<kk::BpfKernelSource> attached;
+  auto set_attached = [&](bool on) -> bool {
+    if (on && !attached) {
+      auto src = attach_programs({});
+      if (!src) {
+        std::cerr << "kpleg-bench-bpf: " << src.error().message << "\n";
+        return false;
+      }
+      attached = std::move(*src);
+    } else if (!on && attached) {
+      attached->stop();
+      attached.reset();
+    }
+    return true;
+  };
+  const int per_block = std::max(1, execs / blocks);
+  for (int r = 0; r < rounds; ++r) {
+    StormResult on, off;
+    for (int b = 0; b < 2 * blocks; ++b) {
+      bool side_on = ((b + 1) / 2) % 2 == 1;  // off on on off off on on ...
+      if (r % 2 == 1) side_on = !side_on;     // and the mirror image every other round
+      if (!set_attached(side_on)) return 1;
+      StormResult x = storm_in_worker(per_block);
+      StormResult& acc = side_on ? on : off;
+      acc.wall_ns += x.wall_ns;
+      acc.children_cpu_ns += x.children_cpu_ns;
+      acc.iterations += x.iterations;
+      acc.failures += x.failures;
+    }
+    if (!set_attached(false)) return 1;
+    double on_us = on.wall_ns / 1e3 / on.iterations, off_us = off.wall_ns / 1e3 / off.iterations;
+    double ratio = on_us / off_us;
+    double cpu_ratio = (double(on.children_cpu_ns) / on.iterations) /
+                       std::max(1.0, double(off.children_cpu_ns) / off.iterations);
+    ratios.push_back(ratio);
+    cpu_ratios.push_back(cpu_ratio);
+    attached_us.push_back(on_us);
+    detached_us.push_back(off_us);
+    rounds_json.push_back({{"round", r},
+                           {"execs_per_side", on.iterations},
+                           {"attached_us_per_exec", on_us},
+                           {"detached_us_per_exec", off_us},
+                           {"wall_ratio", ratio},
+                           {"children_cpu_ratio", cpu_ratio},
+                           {"failures", on.failures + off.failures}});
+    progress("round " + std::to_string(r) + ": attached " + std::to_string(on_us) +
+             " us/exec, detached " + std::to_string(off_us) + " us/exec, ratio " +
+             std::to_string(ratio));
+  }
+  auto [mn, mx] = std::minmax_element(ratios.begin(), ratios.end());
+  double med = median(ratios);
+  // The estimate from the kernel's statistics: what the exec and exit programs cost per
+  // storm iteration (one exec, one thread exit), relative to one iteration's wall time.
+  const auto& outside = result["program_cost"]["outside_containers"]["programs"];
+  double bpf_ns_per_iter = 0;
+  for (const char* p : {"sched_process_exec", "sched_process_exit"}) {
+    if (outside.contains(p)) bpf_ns_per_iter += outside[p]["ns_per_run"].get<double>();
+  }
+  double iter_ns = median(detached_us) * 1e3;
+  result["exec_storm"] = {
+      {"rounds", rounds_json},
+      {"median_wall_ratio", med},
+      {"min_wall_ratio", *mn},
+      {"max_wall_ratio", *mx},
+      {"median_children_cpu_ratio", median(cpu_ratios)},
+      {"median_attached_us_per_exec", median(attached_us)},
+      {"median_detached_us_per_exec", median(detached_us)},
+      {"median_slowdown_percent", (med - 1) * 100},
+      {"bpf_ns_per_iteration_from_stats", bpf_ns_per_iter},
+      {"slowdown_percent_from_stats", iter_ns > 0 ? 100.0 * bpf_ns_per_iter / iter_ns : 0.0},
+  };
+  progress("median ratio " + std::to_string(med) + " (min " + std::to_string(*mn) + ", max " +
+           std::to_string(*mx) + ")");
+  std::string doc = result.dump(2);
+  if (json_out.empty()) {
+    std::cout << doc << std::endl;
+  } else {
+    std::ofstream f(json_out);
+    f << doc << '\n';
+    if (!f) {
+      std::cerr << "kpleg-bench-bpf: writing " << json_out << " failed\n";
+      return 1;
+    }
+  }
+  return 0;
+}
