@@ -159,8 +159,10 @@ TEST_F(ApiServerTest, WatchFiltersByPodUidAndNamespace) {
 
 TEST_F(ApiServerTest, ListReturnsTheSnapshotAndFilters) {
   api::PodRecord web{"uid-web", "web-0", "default", {}};
-  web.containers.push_back({"sandbox-id", "", true, {pleg::ContainerState::kRunning, 1, 2, 0, 0, "", ""}});
-  web.containers.push_back({"c1", "nginx", false, {pleg::ContainerState::kExited, 1, 2, 3, 137, "OOMKilled", ""}});
+  web.containers.push_back(
+      {"sandbox-id", "", true, {pleg::ContainerState::kRunning, 1, 2, 0, 0, "", ""}});
+  web.containers.push_back(
+      {"c1", "nginx", false, {pleg::ContainerState::kExited, 1, 2, 3, 137, "OOMKilled", ""}});
   api::PodRecord dns{"uid-dns", "coredns-1", "kube-system", {}};
   h_.state.set_pods({web, dns});
   h_.bus.publish(sample_event(0));
@@ -240,9 +242,9 @@ TEST_F(ApiServerTest, TooManyWatchersAreRefused) {
 }
 
 TEST_F(ApiServerTest, NeverReadingWatcherIsCutOffWhileOthersKeepUpAndMemoryStaysBounded) {
-  constexpr uint64_t kWarmup = 20'000;   // fills the history (10,000) first
+  constexpr uint64_t kWarmup = 20'000;  // fills the history (10,000) first
   constexpr uint64_t kEvents = 200'000;
-  constexpr uint64_t kBatch = 500;       // half a watcher queue: readers keep pace batch by batch
+  constexpr uint64_t kBatch = 500;  // half a watcher queue: readers keep pace batch by batch
   const long rss_start = rss_kb();
   size_t wire_size = 0;
   {
@@ -264,11 +266,12 @@ TEST_F(ApiServerTest, NeverReadingWatcherIsCutOffWhileOthersKeepUpAndMemoryStays
   long rss_after_warmup = 0;
   auto publish_batch = [&] {
     auto t0 = std::chrono::steady_clock::now();
-    for (uint64_t i = 0; i < kBatch; ++i) h_.bus.publish(sample_event(static_cast<int>(published++)));
-    bool ok = wait_until([&] { return r1.last_seq() >= published && r2.last_seq() >= published; },
-                         10s);
-    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                    .count();
+    for (uint64_t i = 0; i < kBatch; ++i)
+      h_.bus.publish(sample_event(static_cast<int>(published++)));
+    bool ok =
+        wait_until([&] { return r1.last_seq() >= published && r2.last_seq() >= published; }, 10s);
+    double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     worst_catch_up_ms = std::max(worst_catch_up_ms, ms);
     if (!cut_off_seen && h_.bus.stats().subscribers_cut_off == 1) {
       cut_off_seen = true;
@@ -278,7 +281,8 @@ TEST_F(ApiServerTest, NeverReadingWatcherIsCutOffWhileOthersKeepUpAndMemoryStays
     return ok;
   };
 
-  while (published < kWarmup) ASSERT_TRUE(publish_batch()) << "readers fell behind at " << published;
+  while (published < kWarmup)
+    ASSERT_TRUE(publish_batch()) << "readers fell behind at " << published;
   rss_after_warmup = rss_kb();
   while (published < kWarmup + kEvents)
     ASSERT_TRUE(publish_batch()) << "readers fell behind at " << published;
@@ -423,9 +427,9 @@ TEST(ApiServerOptionsTest, FlagsAndTheirValidation) {
     app.parse(static_cast<int>(argv.size()), const_cast<char**>(argv.data()));
     return std::make_tuple(o, b);
   };
-  auto [o, b] = parse({"--listen", "0.0.0.0:7443", "--tls-cert", "c.pem", "--tls-key", "k.pem",
-                       "--tls-client-ca", "ca.pem", "--event-history", "500", "--watch-queue",
-                       "64"});
+  auto [o, b] =
+      parse({"--listen", "0.0.0.0:7443", "--tls-cert", "c.pem", "--tls-key", "k.pem",
+             "--tls-client-ca", "ca.pem", "--event-history", "500", "--watch-queue", "64"});
   EXPECT_TRUE(o.validate().ok());
   EXPECT_EQ(o.socket_path, api::kDefaultSocketPath);
   EXPECT_EQ(b.history_capacity, 500u);

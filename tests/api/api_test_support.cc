@@ -119,8 +119,7 @@ std::unique_ptr<v1::PodLifecycle::Stub> ServerHarness::stub() const {
   return v1::PodLifecycle::NewStub(channel());
 }
 
-WatchClient::WatchClient(std::shared_ptr<grpc::Channel> channel, v1::WatchRequest req,
-                         Options opt)
+WatchClient::WatchClient(std::shared_ptr<grpc::Channel> channel, v1::WatchRequest req, Options opt)
     : stub_(v1::PodLifecycle::NewStub(std::move(channel))), opt_(opt) {
   // Nothing in a test may hang: every stream ends within two minutes at worst.
   ctx_.set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(2));

@@ -150,8 +150,7 @@ TEST(KplegMetrics, CountsPublishedEventsAndTheirDetectionLatency) {
 
   std::string out = r.render();
   EXPECT_TRUE(contains(out, "kpleg_events_total{type=\"ContainerDied\",source=\"kernel\"} 1\n"));
-  EXPECT_TRUE(
-      contains(out, "kpleg_events_total{type=\"ContainerDied\",source=\"reconcile\"} 1\n"));
+  EXPECT_TRUE(contains(out, "kpleg_events_total{type=\"ContainerDied\",source=\"reconcile\"} 1\n"));
   EXPECT_TRUE(contains(out, "kpleg_events_total{type=\"ContainerStarted\",source=\"kernel\"} 0\n"));
   EXPECT_TRUE(contains(out, "kpleg_detection_latency_seconds_bucket{le=\"0.0025\"} 0\n")) << out;
   EXPECT_TRUE(contains(out, "kpleg_detection_latency_seconds_bucket{le=\"0.005\"} 1\n"));
@@ -318,8 +317,8 @@ TEST(MetricsServer, ReportsAnAddressInUse) {
   SwitchableHealth health;
   MetricsServer first(MetricsServerOptions{"127.0.0.1:0"}, r, health);
   ASSERT_TRUE(first.start().ok());
-  MetricsServer second(
-      MetricsServerOptions{"127.0.0.1:" + std::to_string(first.port())}, r, health);
+  MetricsServer second(MetricsServerOptions{"127.0.0.1:" + std::to_string(first.port())}, r,
+                       health);
   auto st = second.start();
   ASSERT_FALSE(st.ok());
   EXPECT_TRUE(contains(st.error().message, "--metrics-address 127.0.0.1:")) << st.error().message;

@@ -163,8 +163,9 @@ Status ApiServer::prepare_socket_path() {
   if (!dir.empty()) {
     std::error_code ec;
     fs::create_directories(dir, ec);
-    if (ec) return Error{ec.value(), fmt::format("--socket {}: cannot create {}: {}", path,
-                                                 dir.string(), ec.message())};
+    if (ec)
+      return Error{ec.value(), fmt::format("--socket {}: cannot create {}: {}", path, dir.string(),
+                                           ec.message())};
   }
   struct stat st {};
   if (lstat(path.c_str(), &st) != 0) {
@@ -222,8 +223,9 @@ Status ApiServer::start() {
     group* found = nullptr;
     int err = getgrnam_r(options_.socket_group.c_str(), &gr, buf.data(), buf.size(), &found);
     if (found == nullptr)
-      return err != 0 ? Error::from_errno(err, "--socket-group " + options_.socket_group)
-                      : Error{ENOENT, "--socket-group " + options_.socket_group + ": no such group"};
+      return err != 0
+                 ? Error::from_errno(err, "--socket-group " + options_.socket_group)
+                 : Error{ENOENT, "--socket-group " + options_.socket_group + ": no such group"};
     socket_gid_ = found->gr_gid;
   }
   if (!options_.socket_path.empty()) {
@@ -245,8 +247,7 @@ Status ApiServer::start() {
         auto ca = read_file(options_.tls_client_ca_file, "--tls-client-ca");
         if (!ca) return ca.error();
         ssl.pem_root_certs = *ca;
-        ssl.client_certificate_request =
-            GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+        ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
       }
       creds = grpc::SslServerCredentials(ssl);
     }
@@ -257,16 +258,18 @@ Status ApiServer::start() {
   // chmod below. umask is process-wide, so this belongs at start-up, before other threads
   // create files.
   mode_t old_umask = umask(0177);
-  server_ = builder.BuildAndStart();
+  {
+    std::lock_guard l(server_mu_);
+    server_ = builder.BuildAndStart();
+  }
   umask(old_umask);
   if (!server_) {
-    return Error{EADDRNOTAVAIL,
-                 fmt::format("cannot serve the API on {}{}{}: bind failed (gRPC logged why)",
-                             options_.socket_path.empty() ? "" : "unix:" + options_.socket_path,
-                             options_.socket_path.empty() || options_.listen_address.empty()
-                                 ? ""
-                                 : " and ",
-                             options_.listen_address)};
+    return Error{
+        EADDRNOTAVAIL,
+        fmt::format("cannot serve the API on {}{}{}: bind failed (gRPC logged why)",
+                    options_.socket_path.empty() ? "" : "unix:" + options_.socket_path,
+                    options_.socket_path.empty() || options_.listen_address.empty() ? "" : " and ",
+                    options_.listen_address)};
   }
   if (!options_.listen_address.empty() && tcp_port_ == 0) {
     stop();
@@ -291,15 +294,16 @@ Status ApiServer::start() {
     spdlog::info("api: serving kpleg.v1.PodLifecycle on unix:{} ({})", options_.socket_path,
                  options_.socket_group.empty() ? "0600" : "0660, group " + options_.socket_group);
   if (!options_.listen_address.empty())
-    spdlog::info("api: serving kpleg.v1.PodLifecycle on {} (port {}, {})",
-                 options_.listen_address, tcp_port_,
-                 options_.insecure_tcp                       ? "insecure"
-                 : options_.tls_client_ca_file.empty()       ? "TLS"
-                                                             : "TLS, client certificates required");
+    spdlog::info("api: serving kpleg.v1.PodLifecycle on {} (port {}, {})", options_.listen_address,
+                 tcp_port_,
+                 options_.insecure_tcp                 ? "insecure"
+                 : options_.tls_client_ca_file.empty() ? "TLS"
+                                                       : "TLS, client certificates required");
   return {};
 }
 
 void ApiServer::refresh_health() {
+  std::lock_guard l(server_mu_);
   if (!server_) return;
   HealthReport h = health_.health();
   auto* hs = server_->GetHealthCheckService();
@@ -331,7 +335,10 @@ void ApiServer::stop(std::chrono::milliseconds grace) {
   service_->stop();
   server_->Shutdown(std::chrono::system_clock::now() + grace);
   server_->Wait();
-  server_.reset();
+  {
+    std::lock_guard l(server_mu_);
+    server_.reset();
+  }
 
   if (!options_.socket_path.empty() && socket_ino_ != 0) {
     struct stat st {};

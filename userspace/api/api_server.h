@@ -47,7 +47,7 @@ class ApiServer {
   void stop(std::chrono::milliseconds grace = std::chrono::seconds(2));
 
   // Re-reads the HealthProvider now and updates grpc.health.v1 (it is also re-read every
-  // health_refresh_interval).
+  // health_refresh_interval). Safe from any thread.
   void refresh_health();
 
   // The bound TCP port (useful with --listen host:0); 0 without --listen.
@@ -63,6 +63,7 @@ class ApiServer {
   bus::EventBus& bus_;
   HealthProvider& health_;
   std::unique_ptr<PodLifecycleService> service_;
+  std::mutex server_mu_;  // refresh_health() may race with stop()
   std::unique_ptr<grpc::Server> server_;
   int tcp_port_ = 0;
   gid_t socket_gid_ = static_cast<gid_t>(-1);

@@ -20,8 +20,8 @@ struct ClientOptions {
   std::string socket_path = kDefaultSocketPath;
   // host:port: use TCP instead of the socket.
   std::string address;
-  std::string tls_ca_file;      // CA that signed the server's certificate (else system roots)
-  std::string tls_cert_file;    // client certificate, for servers that require one
+  std::string tls_ca_file;    // CA that signed the server's certificate (else system roots)
+  std::string tls_cert_file;  // client certificate, for servers that require one
   std::string tls_key_file;
   std::string tls_server_name;  // name to verify in the server's certificate, if not the host
   bool insecure_tcp = false;    // plain TCP (the server must run with --insecure-tcp)

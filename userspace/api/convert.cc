@@ -4,62 +4,90 @@ namespace kpleg::api {
 
 v1::EventType to_proto(pleg::EventType t) {
   switch (t) {
-    case pleg::EventType::kContainerStarted: return v1::EVENT_TYPE_CONTAINER_STARTED;
-    case pleg::EventType::kContainerDied: return v1::EVENT_TYPE_CONTAINER_DIED;
-    case pleg::EventType::kContainerRemoved: return v1::EVENT_TYPE_CONTAINER_REMOVED;
-    case pleg::EventType::kPodSync: return v1::EVENT_TYPE_POD_SYNC;
-    case pleg::EventType::kContainerChanged: return v1::EVENT_TYPE_CONTAINER_CHANGED;
-    case pleg::EventType::kResync: return v1::EVENT_TYPE_RESYNC;
+    case pleg::EventType::kContainerStarted:
+      return v1::EVENT_TYPE_CONTAINER_STARTED;
+    case pleg::EventType::kContainerDied:
+      return v1::EVENT_TYPE_CONTAINER_DIED;
+    case pleg::EventType::kContainerRemoved:
+      return v1::EVENT_TYPE_CONTAINER_REMOVED;
+    case pleg::EventType::kPodSync:
+      return v1::EVENT_TYPE_POD_SYNC;
+    case pleg::EventType::kContainerChanged:
+      return v1::EVENT_TYPE_CONTAINER_CHANGED;
+    case pleg::EventType::kResync:
+      return v1::EVENT_TYPE_RESYNC;
   }
   return v1::EVENT_TYPE_UNSPECIFIED;
 }
 
 pleg::EventType from_proto(v1::EventType t) {
   switch (t) {
-    case v1::EVENT_TYPE_CONTAINER_STARTED: return pleg::EventType::kContainerStarted;
-    case v1::EVENT_TYPE_CONTAINER_DIED: return pleg::EventType::kContainerDied;
-    case v1::EVENT_TYPE_CONTAINER_REMOVED: return pleg::EventType::kContainerRemoved;
-    case v1::EVENT_TYPE_CONTAINER_CHANGED: return pleg::EventType::kContainerChanged;
-    case v1::EVENT_TYPE_RESYNC: return pleg::EventType::kResync;
-    default: return pleg::EventType::kPodSync;  // "re-inspect the pod" is the safe reading
+    case v1::EVENT_TYPE_CONTAINER_STARTED:
+      return pleg::EventType::kContainerStarted;
+    case v1::EVENT_TYPE_CONTAINER_DIED:
+      return pleg::EventType::kContainerDied;
+    case v1::EVENT_TYPE_CONTAINER_REMOVED:
+      return pleg::EventType::kContainerRemoved;
+    case v1::EVENT_TYPE_CONTAINER_CHANGED:
+      return pleg::EventType::kContainerChanged;
+    case v1::EVENT_TYPE_RESYNC:
+      return pleg::EventType::kResync;
+    default:
+      return pleg::EventType::kPodSync;  // "re-inspect the pod" is the safe reading
   }
 }
 
 v1::EventSource to_proto(pleg::EventSource s) {
   switch (s) {
-    case pleg::EventSource::kKernel: return v1::EVENT_SOURCE_KERNEL;
-    case pleg::EventSource::kRelist: return v1::EVENT_SOURCE_RELIST;
-    case pleg::EventSource::kReconcile: return v1::EVENT_SOURCE_RECONCILE;
+    case pleg::EventSource::kKernel:
+      return v1::EVENT_SOURCE_KERNEL;
+    case pleg::EventSource::kRelist:
+      return v1::EVENT_SOURCE_RELIST;
+    case pleg::EventSource::kReconcile:
+      return v1::EVENT_SOURCE_RECONCILE;
   }
   return v1::EVENT_SOURCE_UNSPECIFIED;
 }
 
 pleg::EventSource from_proto(v1::EventSource s) {
   switch (s) {
-    case v1::EVENT_SOURCE_RELIST: return pleg::EventSource::kRelist;
-    case v1::EVENT_SOURCE_RECONCILE: return pleg::EventSource::kReconcile;
-    default: return pleg::EventSource::kKernel;
+    case v1::EVENT_SOURCE_RELIST:
+      return pleg::EventSource::kRelist;
+    case v1::EVENT_SOURCE_RECONCILE:
+      return pleg::EventSource::kReconcile;
+    default:
+      return pleg::EventSource::kKernel;
   }
 }
 
 v1::ContainerState to_proto(pleg::ContainerState s) {
   switch (s) {
-    case pleg::ContainerState::kCreated: return v1::CONTAINER_STATE_CREATED;
-    case pleg::ContainerState::kRunning: return v1::CONTAINER_STATE_RUNNING;
-    case pleg::ContainerState::kExited: return v1::CONTAINER_STATE_EXITED;
-    case pleg::ContainerState::kUnknown: return v1::CONTAINER_STATE_UNKNOWN;
-    case pleg::ContainerState::kNonExistent: return v1::CONTAINER_STATE_NON_EXISTENT;
+    case pleg::ContainerState::kCreated:
+      return v1::CONTAINER_STATE_CREATED;
+    case pleg::ContainerState::kRunning:
+      return v1::CONTAINER_STATE_RUNNING;
+    case pleg::ContainerState::kExited:
+      return v1::CONTAINER_STATE_EXITED;
+    case pleg::ContainerState::kUnknown:
+      return v1::CONTAINER_STATE_UNKNOWN;
+    case pleg::ContainerState::kNonExistent:
+      return v1::CONTAINER_STATE_NON_EXISTENT;
   }
   return v1::CONTAINER_STATE_UNSPECIFIED;
 }
 
 pleg::ContainerState from_proto(v1::ContainerState s) {
   switch (s) {
-    case v1::CONTAINER_STATE_CREATED: return pleg::ContainerState::kCreated;
-    case v1::CONTAINER_STATE_RUNNING: return pleg::ContainerState::kRunning;
-    case v1::CONTAINER_STATE_EXITED: return pleg::ContainerState::kExited;
-    case v1::CONTAINER_STATE_NON_EXISTENT: return pleg::ContainerState::kNonExistent;
-    default: return pleg::ContainerState::kUnknown;
+    case v1::CONTAINER_STATE_CREATED:
+      return pleg::ContainerState::kCreated;
+    case v1::CONTAINER_STATE_RUNNING:
+      return pleg::ContainerState::kRunning;
+    case v1::CONTAINER_STATE_EXITED:
+      return pleg::ContainerState::kExited;
+    case v1::CONTAINER_STATE_NON_EXISTENT:
+      return pleg::ContainerState::kNonExistent;
+    default:
+      return pleg::ContainerState::kUnknown;
   }
 }
 

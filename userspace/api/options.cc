@@ -29,11 +29,10 @@ Status ApiServerOptions::validate() const {
   if (!tls_client_ca_file.empty() && !tls)
     return Error{EINVAL, "--tls-client-ca needs --tls-cert and --tls-key"};
   if (!tls && !insecure_tcp)
-    return Error{EINVAL,
-                 "refusing plain TCP on " + listen_address +
-                     ": anyone who can reach the port could read the node's events; give "
-                     "--tls-cert and --tls-key (and --tls-client-ca to require client "
-                     "certificates), or --insecure-tcp to accept that"};
+    return Error{EINVAL, "refusing plain TCP on " + listen_address +
+                             ": anyone who can reach the port could read the node's events; give "
+                             "--tls-cert and --tls-key (and --tls-client-ca to require client "
+                             "certificates), or --insecure-tcp to accept that"};
   return {};
 }
 

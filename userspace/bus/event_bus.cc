@@ -168,9 +168,7 @@ void Subscription::cancel() {
   if (sub_) sub_->close("cancelled");
 }
 
-bool Subscription::closed() const {
-  return !sub_ || sub_->closed.load(std::memory_order_relaxed);
-}
+bool Subscription::closed() const { return !sub_ || sub_->closed.load(std::memory_order_relaxed); }
 bool Subscription::cut_off() const {
   if (!sub_) return false;
   std::lock_guard l(sub_->mu);

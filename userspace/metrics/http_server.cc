@@ -1,16 +1,16 @@
 #include "metrics/http_server.h"
 
 #include <cerrno>
-#include <chrono>
 #include <charconv>
+#include <chrono>
 #include <cstring>
 
 #include <sys/socket.h>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <httplib.h>
 #include <spdlog/spdlog.h>
+#include <CLI/CLI.hpp>
 
 namespace kpleg::metrics {
 namespace {

@@ -34,8 +34,7 @@ void add_metrics_flags(CLI::App& app, MetricsServerOptions& options);
 class MetricsServer {
  public:
   // The registry and the health provider must outlive the server.
-  MetricsServer(MetricsServerOptions options, Registry& registry,
-                api::HealthProvider& health);
+  MetricsServer(MetricsServerOptions options, Registry& registry, api::HealthProvider& health);
   ~MetricsServer();
   MetricsServer(const MetricsServer&) = delete;
   MetricsServer& operator=(const MetricsServer&) = delete;

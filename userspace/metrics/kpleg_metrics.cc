@@ -15,8 +15,8 @@ namespace {
 // Detection latency runs from ~100 us (exec seen, one ContainerStatus call) to seconds (CRI
 // retries while the runtime catches up): finer at the low end than the default buckets.
 std::vector<double> detection_buckets() {
-  return {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
-          0.025,  0.05,    0.1,    0.25,  0.5,    1,     2.5, 5};
+  return {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+          0.05,   0.1,     0.25,   0.5,   1,      2.5,   5};
 }
 
 }  // namespace
@@ -38,8 +38,7 @@ KplegMetrics::KplegMetrics(Registry& r)
                                "not get because it fell too far behind and was cut off.")
                          .get()),
       kernel_events(r.counter("kpleg_kernel_events_total",
-                              "Kernel records consumed from the ring buffer, by kind.",
-                              {"kind"})),
+                              "Kernel records consumed from the ring buffer, by kind.", {"kind"})),
       lost_events(r.counter("kpleg_lost_events_total",
                             "Kernel records lost before userspace could read them.")
                       .get()),

@@ -35,9 +35,12 @@ bool valid_label_name(std::string_view n) {
 
 const char* type_name(MetricType t) {
   switch (t) {
-    case MetricType::kCounter: return "counter";
-    case MetricType::kGauge: return "gauge";
-    case MetricType::kHistogram: return "histogram";
+    case MetricType::kCounter:
+      return "counter";
+    case MetricType::kGauge:
+      return "gauge";
+    case MetricType::kHistogram:
+      return "histogram";
   }
   return "untyped";
 }
@@ -48,10 +51,14 @@ std::string escape_label_value(std::string_view v) {
   std::string out;
   out.reserve(v.size());
   for (char c : v) {
-    if (c == '\\') out += "\\\\";
-    else if (c == '"') out += "\\\"";
-    else if (c == '\n') out += "\\n";
-    else out += c;
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == '"')
+      out += "\\\"";
+    else if (c == '\n')
+      out += "\\n";
+    else
+      out += c;
   }
   return out;
 }
@@ -60,9 +67,12 @@ std::string escape_help(std::string_view v) {
   std::string out;
   out.reserve(v.size());
   for (char c : v) {
-    if (c == '\\') out += "\\\\";
-    else if (c == '\n') out += "\\n";
-    else out += c;
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == '\n')
+      out += "\\n";
+    else
+      out += c;
   }
   return out;
 }
@@ -95,8 +105,8 @@ Histogram::Histogram(std::vector<double> bounds)
 
 void Histogram::observe(double v) {
   // Prometheus buckets are "less than or equal": the first bound >= v.
-  size_t i = static_cast<size_t>(std::lower_bound(bounds_.begin(), bounds_.end(), v) -
-                                 bounds_.begin());
+  size_t i =
+      static_cast<size_t>(std::lower_bound(bounds_.begin(), bounds_.end(), v) - bounds_.begin());
   counts_[i].fetch_add(1, std::memory_order_relaxed);
   sum_.fetch_add(v, std::memory_order_relaxed);
 }
@@ -115,9 +125,7 @@ Histogram::Snapshot Histogram::snapshot() const {
   return s;
 }
 
-std::vector<double> default_buckets() {
-  return {.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10};
-}
+std::vector<double> default_buckets() { return {.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}; }
 
 std::vector<double> exponential_buckets(double start, double factor, int count) {
   std::vector<double> out;
@@ -145,8 +153,8 @@ FamilyBase::FamilyBase(std::string name, std::string help, std::vector<std::stri
 
 void FamilyBase::check_arity(const std::vector<std::string>& values) const {
   if (values.size() != label_names_.size())
-    throw std::invalid_argument(fmt::format("{} has {} labels, got {} values", name_,
-                                            label_names_.size(), values.size()));
+    throw std::invalid_argument(
+        fmt::format("{} has {} labels, got {} values", name_, label_names_.size(), values.size()));
 }
 
 std::string FamilyBase::labels_text(const std::vector<std::string>& values,
@@ -199,8 +207,7 @@ void Family<Histogram>::render_children(std::string& out) const {
     Histogram::Snapshot s = h->snapshot();
     for (size_t i = 0; i < s.cumulative.size(); ++i) {
       std::string le = i < s.bounds.size() ? format_value(s.bounds[i]) : "+Inf";
-      out += fmt::format("{}_bucket{} {}\n", name_, labels_text(values, "le", le),
-                         s.cumulative[i]);
+      out += fmt::format("{}_bucket{} {}\n", name_, labels_text(values, "le", le), s.cumulative[i]);
     }
     out += fmt::format("{}_sum{} {}\n", name_, labels_text(values), format_value(s.sum));
     out += fmt::format("{}_count{} {}\n", name_, labels_text(values), s.count);
@@ -232,9 +239,9 @@ Family<Counter>& Registry::counter(std::string name, std::string help,
 Family<Gauge>& Registry::gauge(std::string name, std::string help,
                                std::vector<std::string> label_names) {
   bool unlabelled = label_names.empty();
-  auto f = std::make_unique<Family<Gauge>>(std::move(name), std::move(help),
-                                           std::move(label_names), MetricType::kGauge,
-                                           [] { return std::make_unique<Gauge>(); });
+  auto f =
+      std::make_unique<Family<Gauge>>(std::move(name), std::move(help), std::move(label_names),
+                                      MetricType::kGauge, [] { return std::make_unique<Gauge>(); });
   auto& ref = *f;
   add(std::move(f));
   if (unlabelled) ref.get();

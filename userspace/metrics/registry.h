@@ -80,8 +80,7 @@ class FamilyBase {
  protected:
   void check_arity(const std::vector<std::string>& values) const;
   virtual void render_children(std::string& out) const = 0;
-  std::string labels_text(const std::vector<std::string>& values,
-                          std::string_view extra_name = {},
+  std::string labels_text(const std::vector<std::string>& values, std::string_view extra_name = {},
                           std::string_view extra_value = {}) const;
 
   const std::string name_;
@@ -94,8 +93,8 @@ class FamilyBase {
 template <typename T>
 class Family final : public FamilyBase {
  public:
-  Family(std::string name, std::string help, std::vector<std::string> label_names,
-         MetricType type, std::function<std::unique_ptr<T>()> make)
+  Family(std::string name, std::string help, std::vector<std::string> label_names, MetricType type,
+         std::function<std::unique_ptr<T>()> make)
       : FamilyBase(std::move(name), std::move(help), std::move(label_names), type),
         make_(std::move(make)) {}
 

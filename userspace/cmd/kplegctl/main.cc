@@ -103,7 +103,8 @@ int main(int argc, char** argv) {
   api::ClientOptions conn;
   double timeout_s = 5;
   app.add_option("--socket", conn.socket_path, "kplegd's unix socket")->capture_default_str();
-  app.add_option("--address", conn.address, "host:port of kplegd --listen (TCP instead of the socket)");
+  app.add_option("--address", conn.address,
+                 "host:port of kplegd --listen (TCP instead of the socket)");
   app.add_option("--tls-ca", conn.tls_ca_file, "CA certificate that signed kplegd's (PEM)");
   app.add_option("--tls-cert", conn.tls_cert_file, "Client certificate (PEM)");
   app.add_option("--tls-key", conn.tls_key_file, "Client private key (PEM)");
@@ -119,9 +120,10 @@ int main(int argc, char** argv) {
   watch_cmd->add_option("-o,--output", wa.output, "table or json (one object per line)")
       ->check(CLI::IsMember({"table", "json"}))
       ->capture_default_str();
-  watch_cmd->add_option("--from-seq", wa.from_seq,
-                        "Start after this sequence number (from list, or the last one seen); "
-                        "0: only new events")
+  watch_cmd
+      ->add_option("--from-seq", wa.from_seq,
+                   "Start after this sequence number (from list, or the last one seen); "
+                   "0: only new events")
       ->capture_default_str();
   watch_cmd->add_option("--pod-uid", wa.pod_uid, "Only this pod");
   watch_cmd->add_option("--namespace", wa.pod_namespace, "Only pods in this namespace");
@@ -165,8 +167,10 @@ int main(int argc, char** argv) {
     grpc::ClientContext ctx;
     set_deadline(ctx, timeout_s);
     if (auto st = stub->List(&ctx, req, &resp); !st.ok()) return report_rpc_error("list", st, conn);
-    if (list_output == "json") print_line(kplegctl::list_json(resp));
-    else print_text(kplegctl::list_table(resp));
+    if (list_output == "json")
+      print_line(kplegctl::list_json(resp));
+    else
+      print_text(kplegctl::list_table(resp));
     return 0;
   }
 
@@ -187,7 +191,9 @@ int main(int argc, char** argv) {
     return kExitFailed;
   }
   (void)stats_cmd;
-  if (stats_output == "json") print_line(kplegctl::stats_json(resp));
-  else print_text(kplegctl::stats_text(resp));
+  if (stats_output == "json")
+    print_line(kplegctl::stats_json(resp));
+  else
+    print_text(kplegctl::stats_text(resp));
   return 0;
 }

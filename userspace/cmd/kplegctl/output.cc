@@ -42,33 +42,50 @@ std::string container_ref(const std::string& name, const std::string& id, bool s
 
 std::string type_name(v1::EventType t) {
   switch (t) {
-    case v1::EVENT_TYPE_CONTAINER_STARTED: return "ContainerStarted";
-    case v1::EVENT_TYPE_CONTAINER_DIED: return "ContainerDied";
-    case v1::EVENT_TYPE_CONTAINER_REMOVED: return "ContainerRemoved";
-    case v1::EVENT_TYPE_POD_SYNC: return "PodSync";
-    case v1::EVENT_TYPE_CONTAINER_CHANGED: return "ContainerChanged";
-    case v1::EVENT_TYPE_RESYNC: return "Resync";
-    default: return fmt::format("Unknown({})", static_cast<int>(t));
+    case v1::EVENT_TYPE_CONTAINER_STARTED:
+      return "ContainerStarted";
+    case v1::EVENT_TYPE_CONTAINER_DIED:
+      return "ContainerDied";
+    case v1::EVENT_TYPE_CONTAINER_REMOVED:
+      return "ContainerRemoved";
+    case v1::EVENT_TYPE_POD_SYNC:
+      return "PodSync";
+    case v1::EVENT_TYPE_CONTAINER_CHANGED:
+      return "ContainerChanged";
+    case v1::EVENT_TYPE_RESYNC:
+      return "Resync";
+    default:
+      return fmt::format("Unknown({})", static_cast<int>(t));
   }
 }
 
 std::string source_name(v1::EventSource s) {
   switch (s) {
-    case v1::EVENT_SOURCE_KERNEL: return "kernel";
-    case v1::EVENT_SOURCE_RELIST: return "relist";
-    case v1::EVENT_SOURCE_RECONCILE: return "reconcile";
-    default: return "";
+    case v1::EVENT_SOURCE_KERNEL:
+      return "kernel";
+    case v1::EVENT_SOURCE_RELIST:
+      return "relist";
+    case v1::EVENT_SOURCE_RECONCILE:
+      return "reconcile";
+    default:
+      return "";
   }
 }
 
 std::string state_name(v1::ContainerState s) {
   switch (s) {
-    case v1::CONTAINER_STATE_CREATED: return "created";
-    case v1::CONTAINER_STATE_RUNNING: return "running";
-    case v1::CONTAINER_STATE_EXITED: return "exited";
-    case v1::CONTAINER_STATE_UNKNOWN: return "unknown";
-    case v1::CONTAINER_STATE_NON_EXISTENT: return "non-existent";
-    default: return "";
+    case v1::CONTAINER_STATE_CREATED:
+      return "created";
+    case v1::CONTAINER_STATE_RUNNING:
+      return "running";
+    case v1::CONTAINER_STATE_EXITED:
+      return "exited";
+    case v1::CONTAINER_STATE_UNKNOWN:
+      return "unknown";
+    case v1::CONTAINER_STATE_NON_EXISTENT:
+      return "non-existent";
+    default:
+      return "";
   }
 }
 
@@ -176,9 +193,10 @@ std::string list_table(const v1::ListResponse& resp) {
     }
     out += line + "\n";
   }
-  out += fmt::format("{} pods; consistent with seq {} (watch --from-seq {} --instance-id {} to "
-                     "follow)\n",
-                     resp.pods_size(), resp.seq(), resp.seq(), resp.instance_id());
+  out += fmt::format(
+      "{} pods; consistent with seq {} (watch --from-seq {} --instance-id {} to "
+      "follow)\n",
+      resp.pods_size(), resp.seq(), resp.seq(), resp.instance_id());
   return out;
 }
 
@@ -216,8 +234,8 @@ std::string stats_text(const v1::StatsResponse& r) {
   line("last seq:", std::to_string(r.last_seq()));
   line("history:", fmt::format("{}..{} (capacity {})", r.oldest_retained_seq(), r.last_seq(),
                                r.history_capacity()));
-  line("subscribers:", fmt::format("{} ({} cut off since start)", r.subscribers(),
-                                   r.subscribers_cut_off()));
+  line("subscribers:",
+       fmt::format("{} ({} cut off since start)", r.subscribers(), r.subscribers_cut_off()));
   line("pods:", std::to_string(r.pods()));
   line("containers:", std::to_string(r.containers()));
   line("kernel events:", std::to_string(r.kernel_events()));
