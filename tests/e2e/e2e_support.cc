@@ -1,5 +1,7 @@
 #include "e2e/e2e_support.h"
 
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
 
 namespace kpleg::testing {
@@ -42,8 +44,12 @@ Status load_op(const std::string& endpoint, const std::string& op, const std::st
 Result<std::unique_ptr<KplegdProcess>> start_kplegd(const std::string& endpoint,
                                                     const std::string& mode,
                                                     const std::vector<std::string>& extra) {
+  // Each daemon gets its own API socket and an ephemeral metrics port: tests run several.
+  static int n = 0;
+  std::string socket = "/tmp/kpleg-e2e-" + std::to_string(getpid()) + "-" + std::to_string(n++) + ".sock";
   std::vector<std::string> args{"--runtime-endpoint", endpoint, "--mode", mode, "--print-events",
-                                "json", "--log-level", "debug"};
+                                "json", "--log-level", "debug", "--socket", socket,
+                                "--metrics-address", "127.0.0.1:0"};
   args.insert(args.end(), extra.begin(), extra.end());
   auto d = KplegdProcess::start(args);
   if (!d) return d.error();

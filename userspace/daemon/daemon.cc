@@ -22,13 +22,21 @@ Daemon::~Daemon() { stop(); }
 Result<std::unique_ptr<Daemon>> Daemon::start(const DaemonOptions& opts) {
   auto d = std::unique_ptr<Daemon>(new Daemon(opts));
   d->start_time_ns_ = pleg::realtime_now_ns();
-  bus::EventBusOptions bo;
-  bo.history_capacity = opts.history;
+  Daemon* self = d.get();
+  bus::EventBusOptions bo = opts.bus;
+  bo.on_publish = [self](const pleg::PodLifecycleEvent& ev) {
+    self->metrics_.observe_published(ev);
+    if (ev.correction) self->metrics_.corrections.with({pleg::to_string(ev.type)}).inc();
+  };
   d->bus_ = std::make_unique<bus::EventBus>(bo);
+  d->metrics_.mirror_bus(*d->bus_);
+  for (int k = 0; k < 5; ++k) {
+    static const char* kinds[] = {"cgroup_mkdir", "cgroup_rmdir", "exec", "exit", "oom"};
+    d->kernel_events_by_kind_[k] = &d->metrics_.kernel_events.with({kinds[k]});
+  }
 
   cri::GrpcCriClientOptions co;
   co.call_timeout = opts.cri_timeout;
-  Daemon* self = d.get();
   co.on_reconnect = [self] {
     spdlog::info("container runtime reachable again");
     if (self->reconciler_) self->reconciler_->request("runtime reconnect");
@@ -36,6 +44,7 @@ Result<std::unique_ptr<Daemon>> Daemon::start(const DaemonOptions& opts) {
   auto cri = cri::GrpcCriClient::create(opts.runtime_endpoint, co);
   if (!cri) return Error{cri.error().code, "bad --runtime-endpoint: " + cri.error().message};
   d->cri_ = std::move(*cri);
+  d->metrics_.mirror_cri_calls(d->cri_->call_stats());
   if (auto v = d->cri_->version(); !v) {
     return Error{v.error().code, "cannot reach the container runtime at " + opts.runtime_endpoint +
                                      ": " + v.error().message};
@@ -46,10 +55,14 @@ Result<std::unique_ptr<Daemon>> Daemon::start(const DaemonOptions& opts) {
 
   if (opts.mode == Mode::kRelist) {
     if (auto st = d->start_relist(); !st) return st.error();
+    d->metrics_.set_mode("relist");
     return d;
   }
   auto st = d->start_ebpf();
-  if (st) return d;
+  if (st) {
+    d->metrics_.set_mode("ebpf");
+    return d;
+  }
   if (opts.mode == Mode::kEbpf) return st.error();
   // auto: the kernel path cannot run here; relist mode keeps the node's events flowing.
   d->fallback_reason_ = st.error().message;
@@ -60,20 +73,32 @@ Result<std::unique_ptr<Daemon>> Daemon::start(const DaemonOptions& opts) {
   d->tracker_.reset();
   d->index_.reset();
   if (auto rs = d->start_relist(); !rs) return rs.error();
+  d->metrics_.set_mode("relist");
   return d;
+}
+
+void Daemon::on_kernel_event(const kernel::KernelEvent& ev) {
+  kernel_events_by_kind_[ev.body.index()]->inc();
+  tracker_->on_kernel_event(ev);
 }
 
 Status Daemon::start_ebpf() {
   index_ = std::make_unique<cgroup::CgroupIndex>();
   tracker_ = std::make_unique<pleg::Tracker>(*cri_, *index_, *bus_);
   reconciler_ = std::make_unique<pleg::Reconciler>(*cri_, *tracker_, opts_.reconcile_period);
+  // In ebpf mode the reconcile is kpleg's relist: the kubelet's relist metrics describe it.
+  reconciler_->set_on_run([this](const pleg::ReconcilerStats& rs, bool ok) {
+    metrics_.relist_duration.observe(std::chrono::duration<double>(rs.last_duration).count());
+    if (ok) metrics_.last_seen.set_to_current_time();
+  });
   tracker_->set_inconsistency_handler(
       [this](const std::string& why) { reconciler_->request("tracker: " + why); });
 
   kernel_ = std::make_unique<kernel::BpfKernelSource>(opts_.kernel);
   kernel::KernelSink sink;
-  sink.on_event = [this](const kernel::KernelEvent& ev) { tracker_->on_kernel_event(ev); };
+  sink.on_event = [this](const kernel::KernelEvent& ev) { on_kernel_event(ev); };
   sink.on_loss = [this](uint64_t n) {
+    metrics_.lost_events.inc(double(n));
     reconciler_->request("kernel events lost: " + std::to_string(n));
   };
   if (auto st = kernel_->start(sink); !st) return st;
@@ -92,6 +117,11 @@ Status Daemon::start_relist() {
   pleg::GenericRelistOptions ro;
   ro.period = opts_.relist_period;
   ro.health_threshold = opts_.relist_health_threshold;
+  ro.on_relist = [this](const pleg::RelistStats& rs) {
+    metrics_.relist_duration.observe(double(rs.last_duration_ns) / 1e9);
+    if (rs.last_interval_ns > 0) metrics_.relist_interval.observe(double(rs.last_interval_ns) / 1e9);
+    if (rs.consecutive_failures == 0) metrics_.last_seen.set_to_current_time();
+  };
   relist_ = std::make_unique<pleg::GenericRelist>(*cri_, *bus_, ro);
   relist_->start();
   active_ = Mode::kRelist;

@@ -15,6 +15,8 @@
 #include "common/result.h"
 #include "cri/grpc_cri_client.h"
 #include "kernel/kernel_source.h"
+#include "metrics/kpleg_metrics.h"
+#include "metrics/registry.h"
 #include "pleg/generic_relist.h"
 #include "pleg/reconciler.h"
 #include "pleg/tracker.h"
@@ -32,7 +34,7 @@ struct DaemonOptions {
   std::chrono::milliseconds relist_health_threshold{std::chrono::minutes(3)};
   std::chrono::milliseconds cri_timeout{std::chrono::seconds(2)};
   kernel::KernelSourceOptions kernel;
-  size_t history = bus::kDefaultHistoryCapacity;
+  bus::EventBusOptions bus;  // its on_publish is the daemon's (metrics)
 };
 
 class Daemon : public api::StateProvider, public api::HealthProvider, public api::StatsProvider {
@@ -45,6 +47,7 @@ class Daemon : public api::StateProvider, public api::HealthProvider, public api
   void stop();
 
   bus::EventBus& bus() { return *bus_; }
+  metrics::Registry& registry() { return registry_; }
   Mode active_mode() const { return active_; }
   const std::string& fallback_reason() const { return fallback_reason_; }
 
@@ -64,7 +67,12 @@ class Daemon : public api::StateProvider, public api::HealthProvider, public api
   Status start_ebpf();
   Status start_relist();
 
+  void on_kernel_event(const kernel::KernelEvent& ev);
+
   DaemonOptions opts_;
+  metrics::Registry registry_;
+  metrics::KplegMetrics metrics_{registry_};
+  metrics::Counter* kernel_events_by_kind_[5] = {};
   Mode active_ = Mode::kRelist;
   std::string fallback_reason_;
   uint64_t start_time_ns_ = 0;

@@ -49,6 +49,7 @@ Status Reconciler::run_once(const std::string& reason, bool initial) {
     ++stats_.failures;
     stats_.last_error = view.error().message;
     spdlog::warn("reconcile ({}) failed: {}", reason, view.error().message);
+    if (on_run_) on_run_(stats_, false);
     return view.error();
   }
   // Until one sync succeeded, the tracker has no baseline: that first view is the start-up sync.
@@ -58,6 +59,7 @@ Status Reconciler::run_once(const std::string& reason, bool initial) {
   stats_.last_success = std::chrono::system_clock::now();
   stats_.last_error.clear();
   spdlog::debug("reconcile ({}): {} containers and sandboxes", reason, view->size());
+  if (on_run_) on_run_(stats_, true);
   return {};
 }
 

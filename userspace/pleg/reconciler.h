@@ -7,6 +7,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -39,6 +40,8 @@ class Reconciler {
   // Asks for a run as soon as possible (coalesced).
   void request(const std::string& reason);
   ReconcilerStats stats() const;
+  // Called after every run (on the reconciler's thread), with whether it succeeded.
+  void set_on_run(std::function<void(const ReconcilerStats&, bool ok)> fn) { on_run_ = std::move(fn); }
 
  private:
   Status run_once(const std::string& reason, bool initial);
@@ -53,6 +56,7 @@ class Reconciler {
   std::optional<std::string> requested_;
   bool initial_done_ = false;
   ReconcilerStats stats_;
+  std::function<void(const ReconcilerStats&, bool)> on_run_;
   std::thread thread_;
 };
 

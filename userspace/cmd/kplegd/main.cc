@@ -10,7 +10,10 @@
 
 #include "common/duration.h"
 #include "common/logging.h"
+#include "api/api_server.h"
+#include "api/options.h"
 #include "daemon/daemon.h"
+#include "metrics/http_server.h"
 #include "kernel/kernel_source.h"
 #include "kernel/self_test.h"
 
@@ -69,13 +72,33 @@ int self_test(const kernel::BpfOptions& bpf, const std::string& cgroup_base) {
   return r.passed ? 0 : 1;
 }
 
-int run_daemon(const daemon::DaemonOptions& opts, bool print_events, const sigset_t& sigs) {
+int run_daemon(const daemon::DaemonOptions& opts, const api::ApiServerOptions& api_opts,
+               const metrics::MetricsServerOptions& metrics_opts, bool print_events,
+               const sigset_t& sigs) {
   auto d = daemon::Daemon::start(opts);
   if (!d) {
     spdlog::error("{}", d.error().message);
     return 1;
   }
   auto& daemon = **d;
+  std::unique_ptr<api::ApiServer> api_server;
+  if (!api_opts.socket_path.empty() || !api_opts.listen_address.empty()) {
+    api_server = std::make_unique<api::ApiServer>(api_opts, daemon.bus(), daemon, daemon, daemon);
+    if (auto st = api_server->start(); !st) {
+      spdlog::error("consumer API: {}", st.error().message);
+      return 1;
+    }
+  }
+  std::unique_ptr<metrics::MetricsServer> metrics_server;
+  if (!metrics_opts.address.empty()) {
+    metrics_server = std::make_unique<metrics::MetricsServer>(metrics_opts, daemon.registry(), daemon);
+    if (auto st = metrics_server->start(); !st) {
+      spdlog::error("metrics endpoint: {}", st.error().message);
+      return 1;
+    }
+    spdlog::info("serving /metrics, /healthz, /readyz on {}:{}", metrics_server->host(),
+                 metrics_server->port());
+  }
   std::thread printer;
   std::atomic<bool> stop_printer{false};
   if (print_events) {
@@ -97,6 +120,8 @@ int run_daemon(const daemon::DaemonOptions& opts, bool print_events, const sigse
   spdlog::info("received {}, shutting down", strsignal(sig));
   stop_printer = true;
   if (printer.joinable()) printer.join();
+  if (api_server) api_server->stop();
+  if (metrics_server) metrics_server->stop();
   daemon.stop();
   return 0;
 }
@@ -108,6 +133,8 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "kplegd 0.1.0");
 
   daemon::DaemonOptions opts;
+  api::ApiServerOptions api_opts;
+  metrics::MetricsServerOptions metrics_opts;
   bool trace = false;
   bool run_self_test = false;
   std::vector<std::string> roots;
@@ -151,6 +178,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"text", "json"}))
       ->capture_default_str();
 
+  api::add_api_flags(app, api_opts, opts.bus);
+  metrics::add_metrics_flags(app, metrics_opts);
+
   CLI11_PARSE(app, argc, argv);
 
   if (auto st = setup_logging(log_level, log_format == "json" ? LogFormat::kJson : LogFormat::kText);
@@ -183,6 +213,11 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  if (auto st = api_opts.validate(); !st) {
+    std::cerr << "kplegd: " << st.error().message << std::endl;
+    return 2;
+  }
+
   if (run_self_test) return self_test(opts.kernel.bpf, opts.kernel.cgroup_base);
 
   // Signals are taken synchronously by the main thread; every other thread inherits the mask.
@@ -193,5 +228,5 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
 
   if (trace) return trace_kernel(opts.kernel, sigs);
-  return run_daemon(opts, !print_events.empty(), sigs);
+  return run_daemon(opts, api_opts, metrics_opts, !print_events.empty(), sigs);
 }
