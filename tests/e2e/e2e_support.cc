@@ -53,9 +53,10 @@ Result<std::unique_ptr<KplegdProcess>> start_kplegd(const std::string& endpoint,
   args.insert(args.end(), extra.begin(), extra.end());
   auto d = KplegdProcess::start(args);
   if (!d) return d.error();
-  const std::string ready = mode == "relist" ? "running in relist mode"
-                            : mode == "ebpf" ? "running in ebpf mode"
-                                             : "running in ";
+  // Logged once the mode is chosen, the initial sync done and the API and metrics serve.
+  const std::string ready = mode == "relist" ? "kplegd ready: relist mode"
+                            : mode == "ebpf" ? "kplegd ready: ebpf mode"
+                                             : "kplegd ready: ";
   if (!(*d)->wait_for_log(ready, std::chrono::seconds(20))) {
     auto status = (*d)->stop();
     return Error{EIO, "kplegd did not start (exit " + std::to_string(status) + "): " + (*d)->log()};

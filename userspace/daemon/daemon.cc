@@ -153,8 +153,9 @@ api::StateSnapshot Daemon::snapshot() {
       cr.id = tc.identity.id;
       cr.name = tc.identity.name;
       cr.sandbox = tc.identity.sandbox;
+      cr.status = tc.status;
       cr.status.state = tc.identity.state;
-      if (tc.oom_killed) cr.status.reason = "OOMKilled";
+      if (tc.oom_killed && cr.status.reason.empty()) cr.status.reason = "OOMKilled";
       pod.containers.push_back(std::move(cr));
     }
   } else if (relist_) {

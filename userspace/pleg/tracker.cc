@@ -266,6 +266,7 @@ int Tracker::advance(Record& rec, ContainerState target, const ContainerSnapshot
       return 0;  // created/unknown: ContainerChanged, never sent
   }
   rec.reported = target;
+  rec.status = snap;
 
   for (EventType t : types) {
     PodLifecycleEvent ev;
@@ -411,10 +412,13 @@ std::pair<uint64_t, std::vector<TrackedContainer>> Tracker::containers_at(
   std::lock_guard lk(mu_);
   std::vector<TrackedContainer> out;
   for (const auto& [id, rec] : records_) {
-    if (rec.reported == ContainerState::kNonExistent || rec.identity.pod_uid.empty()) continue;
+    // Only what the runtime confirmed: a cgroup the runtime does not know (another runtime's
+    // container, a start not yet confirmed) is not a container of this node's pods yet.
+    if (rec.reported == ContainerState::kNonExistent || rank(rec.reported) == 0) continue;
     TrackedContainer tc;
     tc.identity = rec.identity;
     tc.identity.state = rec.reported;
+    tc.status = rec.status;
     tc.oom_killed = rec.oom_killed;
     out.push_back(std::move(tc));
   }

@@ -61,6 +61,7 @@ Result<std::vector<RuntimeContainer>> list_runtime(cri::CriClient& cri);
 // A container as the tracker last reported it (for List).
 struct TrackedContainer {
   RuntimeContainer identity;  // state = last reported state
+  ContainerSnapshot status;   // what the runtime said at the last reported transition
   bool oom_killed = false;
 };
 
@@ -107,6 +108,7 @@ class Tracker {
     RuntimeContainer identity;
     bool sandbox_known = false;
     ContainerState reported = ContainerState::kUnknown;  // last emitted state
+    ContainerSnapshot status;                            // snapshot of the last emitted state
     bool kernel_exec_seen = false;
     bool oom_killed = false;
     uint64_t kernel_start_ts = 0;  // realtime ns

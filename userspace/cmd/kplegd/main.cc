@@ -96,9 +96,8 @@ int run_daemon(const daemon::DaemonOptions& opts, const api::ApiServerOptions& a
       spdlog::error("metrics endpoint: {}", st.error().message);
       return 1;
     }
-    spdlog::info("serving /metrics, /healthz, /readyz on {}:{}", metrics_server->host(),
-                 metrics_server->port());
   }
+  spdlog::info("kplegd ready: {} mode", daemon::to_string(daemon.active_mode()));
   std::thread printer;
   std::atomic<bool> stop_printer{false};
   if (print_events) {

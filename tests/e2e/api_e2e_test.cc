@@ -1,0 +1,159 @@
+// The consumer side of the running daemon: kplegctl and gRPC health against kplegd with the
+// runtime going away and coming back, promtool on the live /metrics, and the README's main
+// command run as a new user would.
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <regex>
+#include <set>
+
+#include "api/client.h"
+#include "e2e/e2e_support.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+
+namespace kpleg::testing {
+namespace {
+
+using namespace std::chrono_literals;
+using grpc::health::v1::HealthCheckResponse;
+
+class ApiE2eTest : public CriTestBedTest {
+ protected:
+  std::string socket_of(const KplegdProcess& d) {
+    std::smatch m;
+    auto log = d.log();
+    // kplegd was started by start_kplegd with --socket /tmp/kpleg-e2e-<pid>-<n>.sock
+    std::regex re("(/tmp/kpleg-e2e-[0-9]+-[0-9]+\\.sock)");
+    return std::regex_search(log, m, re) ? m[1].str() : "";
+  }
+  int metrics_port(const KplegdProcess& d) {
+    std::smatch m;
+    auto log = d.log();
+    std::regex re("/readyz on 127\\.0\\.0\\.1:([0-9]+)");
+    return std::regex_search(log, m, re) ? std::stoi(m[1].str()) : 0;
+  }
+  Result<ProcessResult> kplegctl(const std::string& socket, std::vector<std::string> args) {
+    args.insert(args.begin(), {KPLEGCTL_BIN, "--socket", socket});
+    return run_process(args, 20s);
+  }
+  HealthCheckResponse::ServingStatus grpc_health(const std::string& socket) {
+    auto ch = grpc::CreateChannel("unix://" + socket, grpc::InsecureChannelCredentials());
+    auto stub = grpc::health::v1::Health::NewStub(ch);
+    grpc::health::v1::HealthCheckRequest req;
+    HealthCheckResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + 5s);
+    if (!stub->Check(&ctx, req, &resp).ok()) return HealthCheckResponse::UNKNOWN;
+    return resp.status();
+  }
+  template <typename F>
+  bool eventually(F f, std::chrono::milliseconds timeout) {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (f()) return true;
+      usleep(200'000);  // polling a process exit status; no event to wait on
+    }
+    return f();
+  }
+};
+
+TEST_F(ApiE2eTest, HealthFollowsTheRuntimeWithoutARestart) {
+  ASSERT_TRUE(TestBed::instance().endpoint_is_test_bed());
+  auto d = start_kplegd(endpoint_, "ebpf");
+  ASSERT_TRUE(d.ok()) << d.error().message;
+  auto socket = socket_of(**d);
+  ASSERT_FALSE(socket.empty()) << (*d)->log();
+  ASSERT_TRUE(eventually([&] {
+    auto r = kplegctl(socket, {"health"});
+    return r.ok() && r->exit_code == 0;
+  }, 10s));
+  EXPECT_EQ(grpc_health(socket), HealthCheckResponse::SERVING);
+
+  auto pid = TestBed::instance().containerd_pid();
+  ASSERT_TRUE(pid.ok());
+  ASSERT_EQ(kill(*pid, SIGKILL), 0);
+  Result<ProcessResult> r = Error{0, ""};
+  EXPECT_TRUE(eventually([&] {
+    r = kplegctl(socket, {"health"});
+    return r.ok() && r->exit_code == 1;
+  }, 15s));
+  ASSERT_TRUE(r.ok());
+  EXPECT_NE(r->out.find("container runtime unreachable"), std::string::npos) << r->out;
+  EXPECT_TRUE(eventually([&] { return grpc_health(socket) == HealthCheckResponse::NOT_SERVING; }, 10s));
+
+  ASSERT_TRUE(TestBed::instance().up().ok());
+  EXPECT_TRUE(eventually([&] {
+    auto h = kplegctl(socket, {"health"});
+    return h.ok() && h->exit_code == 0;
+  }, 30s));
+  EXPECT_TRUE(eventually([&] { return grpc_health(socket) == HealthCheckResponse::SERVING; }, 10s));
+  EXPECT_EQ((*d)->stop(), 0);
+}
+
+TEST_F(ApiE2eTest, PromtoolAcceptsLiveMetricsAndCountersMove) {
+  auto d = start_kplegd(endpoint_, "ebpf");
+  ASSERT_TRUE(d.ok()) << d.error().message;
+  int port = metrics_port(**d);
+  ASSERT_GT(port, 0) << (*d)->log();
+  auto scrape = [&] {
+    auto r = run_process({"curl", "-sf", "http://127.0.0.1:" + std::to_string(port) + "/metrics"}, 10s);
+    return r.ok() && r->exit_code == 0 ? r->out : std::string();
+  };
+  auto value = [](const std::string& text, const std::string& series) {
+    auto at = text.find("\n" + series + " ");
+    return at == std::string::npos ? -1.0 : std::stod(text.substr(at + series.size() + 2));
+  };
+  const std::string started = "kpleg_events_total{type=\"ContainerStarted\",source=\"kernel\"}";
+  const std::string execs = "kpleg_kernel_events_total{kind=\"exec\"}";
+  auto before = scrape();
+  ASSERT_FALSE(before.empty());
+  auto pod = launch_pod(endpoint_, namespace_, "metrics", 2, "sh -c 'sleep 1; exit 0'");
+  ASSERT_TRUE(pod.ok());
+  ASSERT_TRUE(wait_types(**d, pod->container_ids[1], {"ContainerStarted", "ContainerDied"}));
+  auto after = scrape();
+  EXPECT_GE(value(after, started) - value(before, started), 3) << "sandbox + 2 containers";
+  EXPECT_GE(value(after, execs) - value(before, execs), 3);
+  EXPECT_GT(value(after, "kpleg_detection_latency_seconds_count"),
+            value(before, "kpleg_detection_latency_seconds_count"));
+  EXPECT_EQ(value(after, "kpleg_mode{mode=\"ebpf\"}"), 1);
+
+  char path[] = "/tmp/kpleg-metrics-XXXXXX";
+  int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(write(fd, after.data(), after.size()), ssize_t(after.size()));
+  close(fd);
+  auto check = run_process({"sh", "-c", std::string("promtool check metrics < ") + path + " 2>&1"}, 20s);
+  unlink(path);
+  ASSERT_TRUE(check.ok());
+  // Exit 1 is a parse error. Exit 3 is a lint finding; the one accepted is the kubelet's own
+  // counter name (kept so that kubelet dashboards work).
+  std::string rest = check->out;
+  const std::string allowed = "kubelet_pleg_discard_events counter metrics should have \"_total\" suffix\n";
+  if (auto at = rest.find(allowed); at != std::string::npos) rest.erase(at, allowed.size());
+  EXPECT_TRUE(check->exit_code == 0 || check->exit_code == 3) << check->out;
+  EXPECT_EQ(rest, "") << check->out;
+  EXPECT_EQ((*d)->stop(), 0);
+}
+
+TEST_F(ApiE2eTest, ReadmeMainCommandShowsEventsWithinAMinute) {
+  // The README's main command, as a new user runs it; it stops by itself after 60 s here.
+  auto r = run_process({"env", "KPLEG_DEMO_SECONDS=60", "KPLEG_DEMO_OUTPUT=json",
+                        "KPLEG_BUILD_DIR=" KPLEG_BUILD_DIR, "bash", KPLEG_SOURCE_DIR "/scripts/demo.sh"},
+                       std::chrono::seconds(240));
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->exit_code, 0) << r->err;
+  std::set<std::string> seen;
+  for (const auto& line : lines_of(r->out)) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.contains("type")) seen.insert(j["type"].get<std::string>() + ":" + j.value("reason", ""));
+  }
+  EXPECT_TRUE(seen.count("ContainerStarted:")) << r->out;
+  EXPECT_TRUE(seen.count("ContainerDied:Error")) << "the crashing pod: " << r->out;
+  EXPECT_TRUE(seen.count("ContainerDied:OOMKilled")) << "the OOM-killed pod: " << r->out;
+  EXPECT_TRUE(seen.count("ContainerRemoved:")) << r->out;
+}
+
+}  // namespace
+}  // namespace kpleg::testing
