@@ -1,0 +1,61 @@
+// Duration flags and the JSON log format.
+#include <gtest/gtest.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "common/duration.h"
+#include "common/logging.h"
+
+namespace kpleg {
+namespace {
+
+using namespace std::chrono_literals;
+
+TEST(ParseDuration, Units) {
+  EXPECT_EQ(*parse_duration("300s"), 300s);
+  EXPECT_EQ(*parse_duration("1"), 1s);
+  EXPECT_EQ(*parse_duration("500ms"), 500ms);
+  EXPECT_EQ(*parse_duration("2m"), 120s);
+  EXPECT_EQ(*parse_duration("1.5s"), 1500ms);
+  EXPECT_EQ(*parse_duration("1h"), 3600s);
+}
+
+TEST(ParseDuration, RejectsNonsense) {
+  for (const char* bad : {"", "soon", "-1s", "0", "0s", "5x", "1e30s", "nan", "s", "0.1ms"}) {
+    auto d = parse_duration(bad);
+    EXPECT_FALSE(d.ok()) << bad;
+    if (!d.ok()) EXPECT_NE(d.error().message.find("invalid duration"), std::string::npos);
+  }
+}
+
+TEST(Logging, RejectsUnknownLevel) { EXPECT_FALSE(setup_logging("loud", LogFormat::kText).ok()); }
+
+TEST(Logging, JsonLinesEscapeTheMessage) {
+  // Capture stderr in a pipe.
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  int saved = dup(2);
+  dup2(fds[1], 2);
+  ASSERT_TRUE(setup_logging("info", LogFormat::kJson).ok());
+  spdlog::info("path \"{}\" has\ta tab", "/x");
+  spdlog::debug("not shown");
+  fflush(stderr);
+  dup2(saved, 2);
+  close(fds[1]);
+  char buf[4096];
+  ssize_t n = read(fds[0], buf, sizeof(buf));
+  close(fds[0]);
+  ASSERT_GT(n, 0);
+  std::string out(buf, n);
+  ASSERT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
+  auto j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["level"], "info");
+  EXPECT_EQ(j["msg"], "path \"/x\" has\ta tab");
+  EXPECT_EQ(j["ts"].get<std::string>().back(), 'Z');
+}
+
+}  // namespace
+}  // namespace kpleg
