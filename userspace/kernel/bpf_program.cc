@@ -200,6 +200,19 @@ Result<BpfCounters> BpfProgram::counters() const {
   return c;
 }
 
+Result<uint64_t> BpfProgram::ringbuf_drops() const {
+  int ncpu = libbpf_num_possible_cpus();
+  if (ncpu <= 0) return Error{-ncpu, "cannot count possible CPUs"};
+  std::vector<uint64_t> values(ncpu);
+  uint32_t idx = KPLEG_CNT_RINGBUF_DROPS;
+  if (bpf_map_lookup_elem(bpf_map__fd(skel_->maps.counters), &idx, values.data()) != 0) {
+    return Error::from_errno(errno, "reading the BPF drop counter");
+  }
+  uint64_t sum = 0;
+  for (auto v : values) sum += v;
+  return sum;
+}
+
 std::vector<ProgramStats> BpfProgram::program_stats() const {
   std::vector<ProgramStats> out;
   bpf_program* prog;

@@ -65,6 +65,8 @@ class BpfProgram {
   size_t tracked_count() const;
 
   Result<BpfCounters> counters() const;
+  // Just the ring-buffer drop counter: one map lookup, cheap enough after every batch.
+  Result<uint64_t> ringbuf_drops() const;
   std::vector<ProgramStats> program_stats() const;
 
  private:

@@ -107,7 +107,7 @@ Status BpfKernelSource::start(KernelSink sink) {
 
   stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (stop_fd_ < 0) return Error::from_errno(errno, "eventfd");
-  if (auto c = program_->counters()) drops_seen_ = c->ringbuf_drops;
+  if (auto d = program_->ringbuf_drops()) drops_seen_ = *d;
   consuming_ = true;
   thread_ = std::thread([this] { consume_loop(); });
   spdlog::info("kernel source attached: cgroup2 at {}, {} cgroups tracked, ring buffer {} KiB",
@@ -167,11 +167,11 @@ int BpfKernelSource::on_record(void* ctx, void* data, size_t size) {
 }
 
 void BpfKernelSource::check_loss() {
-  auto c = program_->counters();
-  if (!c) return;
-  if (c->ringbuf_drops > drops_seen_) {
-    uint64_t lost = c->ringbuf_drops - drops_seen_;
-    drops_seen_ = c->ringbuf_drops;
+  auto drops = program_->ringbuf_drops();
+  if (!drops) return;
+  if (*drops > drops_seen_) {
+    uint64_t lost = *drops - drops_seen_;
+    drops_seen_ = *drops;
     lost_reported_.fetch_add(lost, std::memory_order_relaxed);
     spdlog::warn("kernel source: {} events lost (ring buffer full)", lost);
     if (sink_.on_loss) sink_.on_loss(lost);
