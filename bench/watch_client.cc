@@ -1,8 +1,9 @@
 // kpleg-bench-watch: the benchmark's consumer of kplegd's Watch stream. It is a plain
 // kpleg.v1 PodLifecycle client, like any node agent would be, that stamps each event with the
 // moment it arrived (CLOCK_REALTIME, the clock of kernel_ts_ns and of kpleg-load's traces), so
-// detection latency is measured where a consumer sees it. It also samples Stats periodically
-// (relist count, corrections, health) for the relist-interval and health numbers.
+// detection latency is measured where a consumer sees it. It also samples Stats (relist count,
+// corrections, health) on SIGUSR1, so the benchmark reads them at the edges of its windows
+// without adding periodic work to the daemon it measures, or every --stats-interval-ms.
 //
 // Output, one JSON object per line:
 //   {"kind":"ready","recv_ts_ns":...}                      the subscription is in place
@@ -56,21 +57,23 @@ std::string with_prefix(const std::string& prefix, const std::string& object) {
 int main(int argc, char** argv) {
   CLI::App app{"kpleg-bench-watch: Watch kplegd's events with arrival timestamps, sample Stats"};
   api::ClientOptions conn;
-  int stats_interval_ms = 1000;
+  int stats_interval_ms = 0;
   double connect_timeout_s = 10;
   app.add_option("--socket", conn.socket_path, "kplegd's unix socket")->required();
-  app.add_option("--stats-interval-ms", stats_interval_ms, "Stats sampling period (0: only at the end)")
+  app.add_option("--stats-interval-ms", stats_interval_ms, "Stats sampling period (0: on SIGUSR1 and at the end only)")
       ->check(CLI::Range(0, 3600000))
       ->capture_default_str();
   app.add_option("--connect-timeout", connect_timeout_s, "Seconds to wait for the socket to answer")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
-  // SIGTERM/SIGINT end the watch; a final Stats sample is printed before exiting.
+  // SIGTERM/SIGINT end the watch; a final Stats sample is printed before exiting. SIGUSR1
+  // takes a Stats sample now.
   sigset_t sigs;
   sigemptyset(&sigs);
   sigaddset(&sigs, SIGINT);
   sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGUSR1);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
 
   // kplegd may still be starting: retry the connection until the deadline.
@@ -124,8 +127,15 @@ int main(int argc, char** argv) {
     }
   });
   std::thread signal_thread([&] {
-    int sig = 0;
-    sigwait(&sigs, &sig);
+    for (;;) {
+      int sig = 0;
+      sigwait(&sigs, &sig);
+      if (sig == SIGUSR1 && !done) {
+        sample_stats();
+        continue;
+      }
+      if (sig != SIGUSR1) break;
+    }
     watch_ctx.TryCancel();
   });
 

@@ -1,0 +1,41 @@
+# Plots of one benchmark run: gnuplot -e "dir='bench/results/<timestamp>'" bench/plots.gp
+# Inputs are the .dat files bench/compare.py writes into that directory.
+if (!exists("dir")) dir = "."
+
+set terminal pngcairo size 900,560 font "DejaVu Sans,11"
+set grid
+set key top left
+
+# CPU of each daemon against the pod count, idle (no churn). Log scale: the modes are orders
+# of magnitude apart; a zero reading is drawn at the floor.
+floor = 1e-4
+pos(x) = (x > floor ? x : floor)
+set output dir."/cpu_vs_n.png"
+set title "Idle CPU vs pods (1 container each), both daemons on the same containerd"
+set xlabel "pods N"
+set ylabel "CPU seconds per minute (log)"
+set logscale y
+set format y "%g"
+plot dir."/cpu_vs_n.dat" using 1:(pos($3)) with linespoints lw 2 pt 7 title "kplegd ebpf (daemon + BPF programs)", \
+     ""                 using 1:(pos($4)) with linespoints lw 2 pt 5 title "kplegd relist (daemon)", \
+     ""                 using 1:(pos($5)) with linespoints lw 2 pt 9 dt 2 title "containerd + shims (loaded by both)"
+unset logscale y
+
+# Memory.
+set output dir."/rss_vs_n.png"
+set title "Daemon RSS vs pods"
+set ylabel "VmRSS MiB"
+plot dir."/cpu_vs_n.dat" using 1:6 with linespoints lw 2 pt 7 title "kplegd ebpf", \
+     ""                 using 1:7 with linespoints lw 2 pt 5 title "kplegd relist"
+
+# Detection latency CDF, all churn windows pooled: ContainerStarted and ContainerDied, from the
+# kernel's timestamp of the transition to arrival at the consumer.
+set output dir."/latency_cdf.png"
+set title "Detection latency (kernel timestamp to consumer), ContainerStarted + ContainerDied"
+set xlabel "latency ms (log)"
+set ylabel "fraction of transitions"
+set logscale x
+set yrange [0:1]
+set key bottom right
+plot dir."/latency_cdf_ebpf.dat"   using 1:2 with steps lw 2 title "kplegd ebpf", \
+     dir."/latency_cdf_relist.dat" using 1:2 with steps lw 2 title "kplegd relist (1 s period)"

@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# The side-by-side benchmark: kplegd --mode=ebpf against --mode=relist on a private containerd
+# test bed, and the cost of kpleg's BPF programs for the rest of the node. See bench/REPORT.md.
+set -euo pipefail
+
+usage() {
+  cat <<'EOF'
+usage: bench/run.sh [--quick] [--bin-dir DIR] [--results-dir DIR] [-- compare.py options]
+
+  --quick        Small and fast (about 2 minutes): N=3, churn 0 and 10/s, 6 s windows, the BPF
+                 benchmark's quick mode. Exits 1 unless results were written and ebpf mode had
+                 no missed or duplicated transitions (the CTest smoke test `bench_quick`).
+  --bin-dir      Where kplegd, kpleg-load, kpleg-bench-bpf, kpleg-bench-watch (and
+                 kpleg-cri-proxy, when built) are (default: build-bench/bin, else build/bin).
+  --results-dir  Parent of the timestamped result directory (default: bench/results).
+
+Full run: N in 0,10,50,110,250,500 (as far as memory and the time budget allow), churn 0, 1
+and 10 transitions/s, 60 s windows; about half an hour. Needs root. Uses its own test bed
+($KPLEG_BENCH_TESTBED_DIR, default /tmp/kpleg-bench-bed, or /tmp/kpleg-bench-quick for --quick)
+and takes it down at the end; the shared test bed is never touched.
+Exit status: 0 done, 1 failed, 77 cannot run here (not root).
+EOF
+}
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+QUICK=0
+BIN_DIR=
+RESULTS_PARENT=$REPO/bench/results
+EXTRA=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    --quick) QUICK=1 ;;
+    --bin-dir) BIN_DIR=$2; shift ;;
+    --results-dir) RESULTS_PARENT=$2; shift ;;
+    -h|--help) usage; exit 0 ;;
+    --) shift; EXTRA=("$@"); break ;;
+    *) echo "bench/run.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "bench/run.sh: skipped: needs root (containerd, BPF, cgroups)" >&2
+  exit 77
+fi
+if [ -z "$BIN_DIR" ]; then
+  if [ -x "$REPO/build-bench/bin/kplegd" ]; then BIN_DIR=$REPO/build-bench/bin; else BIN_DIR=$REPO/build/bin; fi
+fi
+BIN_DIR=$(cd "$BIN_DIR" && pwd)
+for b in kplegd kpleg-load kpleg-bench-bpf kpleg-bench-watch; do
+  [ -x "$BIN_DIR/$b" ] || { echo "bench/run.sh: $BIN_DIR/$b is missing: build the 'bench' target's binaries" >&2; exit 1; }
+done
+command -v gnuplot >/dev/null || { echo "bench/run.sh: gnuplot is missing (apt-get install gnuplot-nox)" >&2; exit 1; }
+
+if [ $QUICK -eq 1 ]; then
+  export KPLEG_TESTBED_DIR=${KPLEG_BENCH_TESTBED_DIR:-/tmp/kpleg-bench-quick}
+  COMPARE_ARGS=(--counts 3 --rates 0,10 --window 6 --settle 6 --alone-at 3 --slow-at 3 --slow-rate 2
+                --slow-window 6 --unwatched-window 6
+                --time-budget-min 4)
+  BPF_ARGS=(--quick)
+else
+  export KPLEG_TESTBED_DIR=${KPLEG_BENCH_TESTBED_DIR:-/tmp/kpleg-bench-bed}
+  COMPARE_ARGS=()
+  BPF_ARGS=()
+fi
+export KPLEG_LOAD=$BIN_DIR/kpleg-load
+OUT=$RESULTS_PARENT/$(date +%Y%m%d-%H%M%S)$([ $QUICK -eq 1 ] && echo -quick || true)
+mkdir -p "$OUT"
+COMMAND="bench/run.sh$([ $QUICK -eq 1 ] && echo ' --quick' || true)${EXTRA[*]:+ -- ${EXTRA[*]}}"
+echo "bench: results in $OUT" >&2
+
+TESTBED=$REPO/scripts/testbed.sh
+CG2=$(awk '$3 == "cgroup2" { print $2; exit }' /proc/self/mounts)
+[ -n "$CG2" ] || { echo "bench/run.sh: no cgroup2 mount (needed for per-process CPU accounting)" >&2; exit 1; }
+# This run's cgroups: one per daemon, one for containerd and its shims.
+CGROUP_ROOT=$CG2/kpleg-bench-run-$$
+cleanup() {
+  local rc=$?
+  "$TESTBED" down >/dev/null 2>&1 || echo "bench: warning: test bed down failed ($KPLEG_TESTBED_DIR)" >&2
+  # Empty once containerd and its shims are gone.
+  if [ -d "$CGROUP_ROOT" ]; then
+    for c in "$CGROUP_ROOT"/*/; do [ -d "$c" ] && { rmdir "$c" 2>/dev/null || true; }; done
+    rmdir "$CGROUP_ROOT" 2>/dev/null || echo "bench: warning: could not remove $CGROUP_ROOT" >&2
+  fi
+  exit $rc
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# 1. The BPF programs' cost, on a quiet machine: before the test bed and its pods exist.
+echo "bench: BPF program cost and exec storm" >&2
+"$BIN_DIR/kpleg-bench-bpf" "${BPF_ARGS[@]}" --json-out "$OUT/bpf.json"
+
+# 2. The daemons, side by side, on a fresh private test bed.
+"$TESTBED" down >/dev/null 2>&1 || true
+ENDPOINT_LINE=$("$TESTBED" up)
+ENDPOINT=${ENDPOINT_LINE#KPLEG_RUNTIME_ENDPOINT=}
+CONTAINERD_PID=$(cat "$KPLEG_TESTBED_DIR/containerd.pid")
+python3 "$REPO/bench/compare.py" --bin-dir "$BIN_DIR" --endpoint "$ENDPOINT" \
+  --containerd-pid "$CONTAINERD_PID" --cgroup-root "$CGROUP_ROOT" --out-dir "$OUT" --bpf-json "$OUT/bpf.json" \
+  --command "$COMMAND" "${COMPARE_ARGS[@]}" "${EXTRA[@]}" || COMPARE_RC=$?
+COMPARE_RC=${COMPARE_RC:-0}
+
+# 3. Plots.
+gnuplot -e "dir='$OUT'" "$REPO/bench/plots.gp" 2>"$OUT/gnuplot.log" ||
+  echo "bench: plotting failed, see $OUT/gnuplot.log" >&2
+
+echo "bench: summary in $OUT/summary.md" >&2
+if [ $QUICK -eq 1 ]; then
+  python3 - "$OUT" <<'EOF'
+import json, sys, os
+out = sys.argv[1]
+r = json.load(open(os.path.join(out, "results.json")))
+problems = []
+cells = r.get("cells", [])
+if not cells:
+    problems.append("no measurement cells")
+if "bpf" not in r or "exec_storm" not in r["bpf"]:
+    problems.append("no BPF benchmark result")
+for f in ("cells.csv", "summary.md", "cpu_vs_n.dat"):
+    if not os.path.getsize(os.path.join(out, f)):
+        problems.append(f"{f} is empty")
+churn = [c for c in cells if c["rate"] > 0]
+if not churn:
+    problems.append("no churn cell")
+for c in churn:
+    e = c["daemons"].get("ebpf")
+    if e is None:
+        problems.append(f"N={c['n']} rate={c['rate']}: no ebpf result")
+        continue
+    if e["expected"] == 0:
+        problems.append(f"N={c['n']} rate={c['rate']}: the churn made no transitions")
+    if e["missed"] or e["duplicated"]:
+        problems.append(f"N={c['n']} rate={c['rate']}: ebpf missed {e['missed']} {e['missed_detail']} "
+                        f"duplicated {e['duplicated']} of {e['expected']}")
+if r.get("error"):
+    problems.append("driver error: " + r["error"])
+for p in problems:
+    print("bench quick: FAIL:", p, file=sys.stderr)
+print("bench quick:", "FAIL" if problems else "PASS", file=sys.stderr)
+sys.exit(1 if problems else 0)
+EOF
+  exit $?
+fi
+exit "$COMPARE_RC"
