@@ -583,7 +583,9 @@ def window(cfg, daemons, runtime, rate, seconds, out_dir, label, base_uids):
     t_end = now_ns()
     elapsed = s1["mono"] - s0["mono"]
     r0, r1 = s0["runtime"], s1["runtime"]
-    res = {"label": label, "rate": rate, "window_s": elapsed, "settled": settled,
+    with open("/proc/loadavg") as f:
+        loadavg = f.read().split()[0]  # the machine is shared: how busy it was, for the record
+    res = {"label": label, "rate": rate, "window_s": elapsed, "settled": settled, "loadavg_1m": float(loadavg),
            "runtime": {"total_s_per_min": per_minute(r1["total_s"] - r0["total_s"], elapsed),
                        "containerd_s_per_min": per_minute(r1["containerd_s"] - r0["containerd_s"], elapsed),
                        "shims_s_per_min": per_minute((r1["total_s"] - r1["containerd_s"]) -
@@ -685,23 +687,28 @@ def write_outputs(cfg, results):
                     w.writerow([c.get("scenario", "shared"), c.get("n"), c["rate"], m, s["type"],
                                 s["kernel_ms"], s["call_begin_ms"], s["call_end_ms"]])
     # gnuplot inputs: CPU vs N (rate 0) per mode, and latency CDFs (all churn cells pooled).
-    with open(os.path.join(out, "cpu_vs_n.dat"), "w") as f:
-        f.write("# n ebpf_daemon ebpf_daemon_plus_bpf relist_daemon runtime_shared ebpf_rss_mib relist_rss_mib\n")
-        for c in cells:
-            if c["rate"] != 0 or "ebpf" not in c["daemons"] or "relist" not in c["daemons"]:
-                continue
-            e, r = c["daemons"]["ebpf"], c["daemons"]["relist"]
-            f.write(f"{c['n']} {e['cpu_s_per_min']:.6f} {e['cpu_s_per_min'] + (e.get('bpf_s_per_min') or 0):.6f} "
-                    f"{r['cpu_s_per_min']:.6f} {c['runtime']['total_s_per_min']:.6f} "
-                    f"{e['rss_mib']:.1f} {r['rss_mib']:.1f}\n")
+    for rate in sorted({c["rate"] for c in cells}):
+        name = "cpu_vs_n.dat" if rate == 0 else f"cpu_vs_n_r{rate}.dat"
+        with open(os.path.join(out, name), "w") as f:
+            f.write(f"# churn {rate}/s: n ebpf_daemon ebpf_daemon_plus_bpf relist_daemon runtime_shared "
+                    "ebpf_rss_mib relist_rss_mib\n")
+            for c in cells:
+                if c["rate"] != rate or "ebpf" not in c["daemons"] or "relist" not in c["daemons"]:
+                    continue
+                e, r = c["daemons"]["ebpf"], c["daemons"]["relist"]
+                f.write(f"{c['n']} {e['cpu_s_per_min']:.6f} {e['cpu_s_per_min'] + (e.get('bpf_s_per_min') or 0):.6f} "
+                        f"{r['cpu_s_per_min']:.6f} {c['runtime']['total_s_per_min']:.6f} "
+                        f"{e['rss_mib']:.1f} {r['rss_mib']:.1f}\n")
     for mode in MODES:
-        vals = sorted(s["kernel_ms"] for c in cells if c["rate"] > 0 for s in
-                      c["daemons"].get(mode, {}).get("samples", [])
-                      if s["kernel_ms"] is not None and s["type"] != "ContainerRemoved")
-        with open(os.path.join(out, f"latency_cdf_{mode}.dat"), "w") as f:
-            f.write("# latency_ms_from_kernel cumulative_fraction (ContainerStarted+ContainerDied, all churn cells)\n")
-            for i, v in enumerate(vals):
-                f.write(f"{max(v, 0.001):.4f} {(i + 1) / len(vals):.6f}\n")
+        for suffix, types in (("", ("ContainerStarted", "ContainerDied")), ("_started", ("ContainerStarted",)),
+                              ("_died", ("ContainerDied",))):
+            vals = sorted(s["kernel_ms"] for c in cells if c["rate"] > 0 for s in
+                          c["daemons"].get(mode, {}).get("samples", [])
+                          if s["kernel_ms"] is not None and s["type"] in types)
+            with open(os.path.join(out, f"latency_cdf_{mode}{suffix}.dat"), "w") as f:
+                f.write(f"# latency_ms_from_kernel cumulative_fraction ({'+'.join(types)}, all churn cells)\n")
+                for i, v in enumerate(vals):
+                    f.write(f"{max(v, 0.001):.4f} {(i + 1) / len(vals):.6f}\n")
     write_summary(cfg, results)
 
 
@@ -953,7 +960,7 @@ def main():
     ap.add_argument("--relist-period", default="1s")
     ap.add_argument("--pod-mib", type=float, default=20, help="memory per pod to plan with (shim ~15 MiB + pause + container)")
     ap.add_argument("--mem-reserve-gib", type=float, default=4)
-    ap.add_argument("--time-budget-min", type=float, default=36, help="stop growing N when the next step would overrun")
+    ap.add_argument("--time-budget-min", type=float, default=33, help="stop growing N when the next step would overrun")
     ap.add_argument("--bpf-json", help="kpleg-bench-bpf result to fold into the summary")
     ap.add_argument("--command", default=" ".join(sys.argv))
     ap.add_argument("--consumer", choices=("auto", "watch", "stdout"), default="auto")

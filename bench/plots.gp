@@ -36,6 +36,20 @@ set xlabel "latency ms (log)"
 set ylabel "fraction of transitions"
 set logscale x
 set yrange [0:1]
-set key bottom right
-plot dir."/latency_cdf_ebpf.dat"   using 1:2 with steps lw 2 title "kplegd ebpf", \
-     dir."/latency_cdf_relist.dat" using 1:2 with steps lw 2 title "kplegd relist (1 s period)"
+set key top left
+plot dir."/latency_cdf_ebpf_started.dat"   using 1:2 with steps lw 2 lc rgb "#1f77b4" title "ebpf ContainerStarted", \
+     dir."/latency_cdf_ebpf_died.dat"      using 1:2 with steps lw 2 lc rgb "#1f77b4" dt 2 title "ebpf ContainerDied", \
+     dir."/latency_cdf_relist_started.dat" using 1:2 with steps lw 2 lc rgb "#d62728" title "relist ContainerStarted", \
+     dir."/latency_cdf_relist_died.dat"    using 1:2 with steps lw 2 lc rgb "#d62728" dt 2 title "relist ContainerDied"
+
+# CPU of each daemon against the pod count under churn (10 transitions/s), when measured.
+unset logscale x
+set yrange [*:*]
+if (system("test -s ".dir."/cpu_vs_n_r10.dat && echo 1") eq "1") {
+  set output dir."/cpu_vs_n_churn10.png"
+  set title "CPU vs pods under churn of 10 transitions/s, both daemons on the same containerd"
+  set xlabel "pods N"
+  set ylabel "CPU seconds per minute"
+  plot dir."/cpu_vs_n_r10.dat" using 1:3 with linespoints lw 2 pt 7 title "kplegd ebpf (daemon + BPF programs)", \
+       ""                      using 1:4 with linespoints lw 2 pt 5 title "kplegd relist (daemon)"
+}
