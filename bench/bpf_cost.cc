@@ -6,9 +6,12 @@
 //    the node pays), container-like lifecycles in a private tracked cgroup root (the path that
 //    emits records), and one OOM kill (the oom:mark_victim program).
 // 2. An exec storm outside containers (fork + execve /bin/true + exit + wait) with the programs
-//    attached versus not, in alternating rounds of the same run so that drift and the neighbours
-//    on a shared machine hit both sides alike. Statistics stay at their previous setting (off on
-//    a normal node) during the storm: their own bookkeeping would inflate the attached side.
+//    attached versus not, in short alternating blocks of the same run so that drift and the
+//    neighbours on a shared machine hit both sides alike. The object is loaded once and only its
+//    links are created and destroyed between blocks (cheap and symmetric; reloading the object
+//    for every attached block would leave its teardown to the next, detached, block), with a
+//    short untimed pause after each switch. Statistics stay at their previous setting (off on a
+//    normal node) during the storm: their own bookkeeping would inflate the attached side.
 //
 // One JSON document on stdout (or --json-out); progress on stderr.
 #include <fcntl.h>
@@ -32,12 +35,14 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cgroup/cgroup2_mount.h"
 #include "common/logging.h"
 #include "kernel/kernel_source.h"
 #include "kernel/self_test.h"
+#include "kpleg_bpf.skel.h"
 
 namespace {
 
@@ -226,6 +231,54 @@ Result<std::unique_ptr<kk::BpfKernelSource>> attach_programs(const std::vector<s
   return src;
 }
 
+// kpleg's BPF object, loaded once, whose programs are attached and detached on demand. Its
+// tracked-cgroup map stays empty: every process of the storm takes the filtered path, as host
+// processes do under kplegd.
+class ToggledPrograms {
+ public:
+  static Result<std::unique_ptr<ToggledPrograms>> load() {
+    kpleg_bpf* skel = kpleg_bpf__open();
+    if (!skel) return Error::from_errno(errno, "opening the BPF object");
+    auto owner = std::unique_ptr<ToggledPrograms>(new ToggledPrograms(skel));
+    if (int err = kpleg_bpf__load(skel); err) return Error::from_errno(-err, "loading the BPF object");
+    return owner;
+  }
+  ~ToggledPrograms() {
+    detach();
+    kpleg_bpf__destroy(skel_);
+  }
+  ToggledPrograms(const ToggledPrograms&) = delete;
+  ToggledPrograms& operator=(const ToggledPrograms&) = delete;
+
+  // The OOM hook needs tracefs; the others must attach.
+  Result<int> attach() {
+    int n = 0;
+    for (bpf_program* p : {skel_->progs.cgroup_mkdir, skel_->progs.cgroup_rmdir, skel_->progs.sched_process_exec,
+                           skel_->progs.sched_process_exit, skel_->progs.oom_mark_victim}) {
+      bpf_link* l = bpf_program__attach(p);
+      if (!l) {
+        if (p == skel_->progs.oom_mark_victim) continue;
+        int err = errno;
+        detach();
+        return Error::from_errno(err, std::string("attaching ") + bpf_program__name(p));
+      }
+      links_.push_back(l);
+      ++n;
+    }
+    return n;
+  }
+  void detach() {
+    for (bpf_link* l : links_) bpf_link__destroy(l);
+    links_.clear();
+  }
+  bool attached() const { return !links_.empty(); }
+
+ private:
+  explicit ToggledPrograms(kpleg_bpf* skel) : skel_(skel) {}
+  kpleg_bpf* skel_;
+  std::vector<bpf_link*> links_;
+};
+
 using StatsMap = std::map<std::string, kk::ProgramStats>;
 
 StatsMap stats_of(kk::BpfKernelSource& src) {
@@ -319,7 +372,7 @@ double median(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   CLI::App app{"kpleg-bench-bpf: per-program BPF cost and exec-storm slowdown of kpleg's programs"};
-  int execs = 5000, rounds = 5, lifecycles = 200, blocks = 5;
+  int execs = 5000, rounds = 5, lifecycles = 200, block_execs = 100;
   std::string json_out;
   bool quick = false;
   app.add_option("--execs", execs, "fork+exec+exit iterations per storm round")
@@ -328,20 +381,19 @@ int main(int argc, char** argv) {
   app.add_option("--rounds", rounds, "Storm rounds with the programs attached (and as many without)")
       ->check(CLI::Range(1, 100))
       ->capture_default_str();
-  app.add_option("--blocks", blocks, "Alternating blocks per side within a round")
-      ->check(CLI::Range(1, 1000))
+  app.add_option("--block-execs", block_execs, "Execs per block; blocks alternate attached/detached")
+      ->check(CLI::Range(1, 1000000))
       ->capture_default_str();
   app.add_option("--lifecycles", lifecycles, "Container-like cgroup lifecycles for the per-program cost")
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();
-  app.add_flag("--quick", quick, "Small run for smoke tests: 500 execs, 2 rounds, 2 blocks, 20 lifecycles");
+  app.add_flag("--quick", quick, "Small run for smoke tests: 500 execs, 2 rounds, 20 lifecycles");
   app.add_option("--json-out", json_out, "Write the result here instead of stdout");
   CLI11_PARSE(app, argc, argv);
   if (quick) {
     execs = 500;
     rounds = 2;
     lifecycles = 20;
-    blocks = 2;
   }
   if (geteuid() != 0) {
     std::cerr << "kpleg-bench-bpf: needs root (loading BPF programs, kernel.bpf_stats_enabled)\n";
@@ -372,7 +424,7 @@ int main(int argc, char** argv) {
   };
 
   json result;
-  result["config"] = {{"execs_per_round", execs}, {"rounds", rounds}, {"blocks_per_side", blocks}, {"lifecycles", lifecycles}};
+  result["config"] = {{"execs_per_round", execs}, {"rounds", rounds}, {"block_execs", block_execs}, {"lifecycles", lifecycles}};
 
   // --- 1. per-program cost -------------------------------------------------------------------
   {
@@ -426,24 +478,32 @@ int main(int argc, char** argv) {
   json rounds_json = json::array();
   progress("exec storm warm-up");
   (void)storm_in_worker(std::max(100, execs / 10));
-  // Each round runs `blocks` blocks per side in ABBA order (off on on off off on ...), so that
-  // drift and bursts from neighbours on a shared machine land on both sides alike; consecutive
-  // attached blocks share one attachment.
-  std::unique_ptr<kk::BpfKernelSource> attached;
+  // Each round runs its execs per side in blocks of `block_execs`, in ABBA order (off on on off
+  // off on ...), mirrored every other round, so that bursts from neighbours on a shared machine
+  // land on both sides alike.
+  auto programs = ToggledPrograms::load();
+  if (!programs) {
+    std::cerr << "kpleg-bench-bpf: " << programs.error().message << "\n";
+    return 1;
+  }
+  int attached_programs = 0;
   auto set_attached = [&](bool on) -> bool {
-    if (on && !attached) {
-      auto src = attach_programs({});
-      if (!src) {
-        std::cerr << "kpleg-bench-bpf: " << src.error().message << "\n";
+    if (on == (*programs)->attached()) return true;
+    if (on) {
+      auto n = (*programs)->attach();
+      if (!n) {
+        std::cerr << "kpleg-bench-bpf: " << n.error().message << "\n";
         return false;
       }
-      attached = std::move(*src);
-    } else if (!on && attached) {
-      attached->stop();
-      attached.reset();
+      attached_programs = *n;
+    } else {
+      (*programs)->detach();
     }
+    // Untimed: whatever the switch left for the kernel to finish is done before the next block.
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
     return true;
   };
+  const int blocks = std::max(1, execs / block_execs);
   const int per_block = std::max(1, execs / blocks);
   for (int r = 0; r < rounds; ++r) {
     StormResult on, off;
@@ -497,6 +557,8 @@ int main(int argc, char** argv) {
       {"median_attached_us_per_exec", median(attached_us)},
       {"median_detached_us_per_exec", median(detached_us)},
       {"median_slowdown_percent", (med - 1) * 100},
+      {"attached_programs", attached_programs},
+      {"blocks_per_side_per_round", blocks},
       {"bpf_ns_per_iteration_from_stats", bpf_ns_per_iter},
       {"slowdown_percent_from_stats", iter_ns > 0 ? 100.0 * bpf_ns_per_iter / iter_ns : 0.0},
   };

@@ -257,7 +257,8 @@ class Daemon:
         self.stderr = open(os.path.join(out_dir, f"kplegd-{tag}.log"), "a")
         # No metrics server: two daemons would contend for its default port, and nothing scrapes.
         args = [cfg.kplegd, "--mode", mode, "--runtime-endpoint", endpoint, "--log-level", "warn",
-                "--relist-period", cfg.relist_period, "--metrics-address", ""]
+                "--relist-period", cfg.relist_period, "--metrics-address", "",
+                "--cgroup-root", cfg.cgroup_prefix_name]
         self.socket = None
         if consumer == "watch":
             self.socket = os.path.join(cfg.sock_dir, f"{tag}.sock")
@@ -372,7 +373,29 @@ class Runtime:
 
 
 def load_cmd(cfg, *args, endpoint=None):
-    return [cfg.kpleg_load, "--runtime-endpoint", endpoint or cfg.endpoint, *args]
+    # Through the prefixing forwarder: the pods land under the benchmark's own cgroup prefix.
+    return [cfg.kpleg_load, "--runtime-endpoint", endpoint or cfg.load_endpoint, *args]
+
+
+def start_prefix_proxy(cfg, out_dir):
+    """kpleg-bench-cri-prefix between kpleg-load and containerd (see cgroup_prefix_proxy.cc)."""
+    sock = os.path.join(cfg.sock_dir, "load.sock")
+    err = open(os.path.join(out_dir, "cri-prefix.log"), "a")
+    p = subprocess.Popen([cfg.prefix_proxy, "--listen", f"unix://{sock}", "--upstream", cfg.endpoint,
+                          "--prefix", "/" + cfg.cgroup_prefix_name], stdout=err, stderr=err)
+    if cfg.pid_file:
+        with open(cfg.pid_file, "w") as f:
+            f.write(str(p.pid))
+    cfg.load_endpoint = f"unix://{sock}"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if p.poll() is not None:
+            raise RuntimeError(f"kpleg-bench-cri-prefix exited with {p.returncode}: see {err.name}")
+        rc, lines, _ = run_json_lines(load_cmd(cfg, "version"), timeout=10)
+        if rc == 0 and lines:
+            return p
+        time.sleep(0.1)  # polling with a deadline
+    raise RuntimeError("kpleg-bench-cri-prefix did not answer within 10 s")
 
 
 def run_json_lines(cmd, timeout):
@@ -948,6 +971,9 @@ def main():
     ap.add_argument("--containerd-pid", type=int, required=True)
     ap.add_argument("--out-dir", required=True)
     ap.add_argument("--cgroup-root", required=True, help="cgroup2 directory for this run's cgroups (made here)")
+    ap.add_argument("--cgroup-prefix-name", required=True,
+                    help="top-level cgroup the benchmark's pods are created under (and the daemons track)")
+    ap.add_argument("--pid-file", help="where to write the prefix forwarder's pid (for the caller's cleanup)")
     ap.add_argument("--counts", default="0,10,50,110,250,500")
     ap.add_argument("--rates", default="0,1,10")
     ap.add_argument("--window", type=float, default=60)
@@ -969,6 +995,8 @@ def main():
     cfg.kpleg_load = os.path.join(cfg.bin_dir, "kpleg-load")
     cfg.watch = os.path.join(cfg.bin_dir, "kpleg-bench-watch")
     cfg.proxy = os.path.join(cfg.bin_dir, "kpleg-cri-proxy")
+    cfg.prefix_proxy = os.path.join(cfg.bin_dir, "kpleg-bench-cri-prefix")
+    cfg.load_endpoint = cfg.endpoint
     cfg.pod_bytes = int(cfg.pod_mib * MiB)
     cfg.mem_reserve = int(cfg.mem_reserve_gib * (1 << 30))
     cfg.current_n = 0
@@ -1004,7 +1032,9 @@ def main():
     with open("/proc/sys/kernel/bpf_stats_enabled") as f:
         stats_before = f.read().strip()
     rc = 0
+    prefix_proxy = None
     try:
+        prefix_proxy = start_prefix_proxy(cfg, raw)
         with open("/proc/sys/kernel/bpf_stats_enabled", "w") as f:
             f.write("1")
         for n in counts:
@@ -1070,6 +1100,13 @@ def main():
         results["meta"]["elapsed_min"] = (time.monotonic() - t_start) / 60
         results["pods_reached"] = len(pods.pods)
         write_outputs(cfg, results)
+        # The pods stay for the test bed's down, which needs no forwarder.
+        if prefix_proxy is not None:
+            prefix_proxy.send_signal(signal.SIGTERM)
+            try:
+                prefix_proxy.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                prefix_proxy.kill()
         shutil.rmtree(cfg.sock_dir, ignore_errors=True)
         # containerd (and the shims) leave with the test bed's down; the cgroups then go.
         for c in cgroups.values():

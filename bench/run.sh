@@ -47,7 +47,7 @@ if [ -z "$BIN_DIR" ]; then
   if [ -x "$REPO/build-bench/bin/kplegd" ]; then BIN_DIR=$REPO/build-bench/bin; else BIN_DIR=$REPO/build/bin; fi
 fi
 BIN_DIR=$(cd "$BIN_DIR" && pwd)
-for b in kplegd kpleg-load kpleg-bench-bpf kpleg-bench-watch; do
+for b in kplegd kpleg-load kpleg-bench-bpf kpleg-bench-watch kpleg-bench-cri-prefix; do
   [ -x "$BIN_DIR/$b" ] || { echo "bench/run.sh: $BIN_DIR/$b is missing: build the 'bench' target's binaries" >&2; exit 1; }
 done
 command -v gnuplot >/dev/null || { echo "bench/run.sh: gnuplot is missing (apt-get install gnuplot-nox)" >&2; exit 1; }
@@ -72,12 +72,24 @@ echo "bench: results in $OUT" >&2
 TESTBED=$REPO/scripts/testbed.sh
 CG2=$(awk '$3 == "cgroup2" { print $2; exit }' /proc/self/mounts)
 [ -n "$CG2" ] || { echo "bench/run.sh: no cgroup2 mount (needed for per-process CPU accounting)" >&2; exit 1; }
-# This run's cgroups: one per daemon, one for containerd and its shims.
+# This run's cgroups: one per daemon, one for containerd and its shims (accounting only).
 CGROUP_ROOT=$CG2/kpleg-bench-run-$$
+# The top-level cgroup the benchmark's pods live under, in every hierarchy, and the only root
+# the daemons track: other containers on this machine stay out of the measurement.
+POD_PREFIX=kpleg-bench-pods-$$
+PREFIX_PID_FILE=$(mktemp /tmp/kpleg-bench-prefix.XXXXXX)
 cleanup() {
   local rc=$?
+  local pid
+  pid=$(cat "$PREFIX_PID_FILE" 2>/dev/null || true)
+  [ -n "$pid" ] && kill "$pid" 2>/dev/null || true
+  rm -f "$PREFIX_PID_FILE"
   "$TESTBED" down >/dev/null 2>&1 || echo "bench: warning: test bed down failed ($KPLEG_TESTBED_DIR)" >&2
-  # Empty once containerd and its shims are gone.
+  # Empty once containerd, its shims and the pods are gone; kpleg-load only removes pod
+  # cgroups under /kubepods, so the prefix's are removed here, deepest first.
+  for h in /sys/fs/cgroup/*/ "$CG2/"; do
+    [ -d "$h$POD_PREFIX" ] && find "$h$POD_PREFIX" -depth -type d -exec rmdir {} + 2>/dev/null || true
+  done
   if [ -d "$CGROUP_ROOT" ]; then
     for c in "$CGROUP_ROOT"/*/; do [ -d "$c" ] && { rmdir "$c" 2>/dev/null || true; }; done
     rmdir "$CGROUP_ROOT" 2>/dev/null || echo "bench: warning: could not remove $CGROUP_ROOT" >&2
@@ -97,7 +109,8 @@ ENDPOINT_LINE=$("$TESTBED" up)
 ENDPOINT=${ENDPOINT_LINE#KPLEG_RUNTIME_ENDPOINT=}
 CONTAINERD_PID=$(cat "$KPLEG_TESTBED_DIR/containerd.pid")
 python3 "$REPO/bench/compare.py" --bin-dir "$BIN_DIR" --endpoint "$ENDPOINT" \
-  --containerd-pid "$CONTAINERD_PID" --cgroup-root "$CGROUP_ROOT" --out-dir "$OUT" --bpf-json "$OUT/bpf.json" \
+  --containerd-pid "$CONTAINERD_PID" --cgroup-root "$CGROUP_ROOT" --cgroup-prefix-name "$POD_PREFIX" \
+  --pid-file "$PREFIX_PID_FILE" --out-dir "$OUT" --bpf-json "$OUT/bpf.json" \
   --command "$COMMAND" "${COMPARE_ARGS[@]}" "${EXTRA[@]}" || COMPARE_RC=$?
 COMPARE_RC=${COMPARE_RC:-0}
 
