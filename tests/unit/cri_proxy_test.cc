@@ -6,6 +6,7 @@
 #include "cri/cri_proxy.h"
 
 #include <grpcpp/grpcpp.h>
+#include <google/protobuf/util/message_differencer.h>
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -228,12 +229,12 @@ TEST_F(CriProxyTest, ForwardsRequestsAndAnswersUnchanged) {
   vreq.set_version("v1");
   v1::VersionResponse vresp;
   ASSERT_TRUE(stub_->Version(ctx(2s).get(), vreq, &vresp).ok());
-  EXPECT_EQ(vresp.SerializeAsString(), upstream_->fake.version()->SerializeAsString());
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(vresp, *upstream_->fake.version()));
 
   v1::ContainerStatusResponse cs;
   ASSERT_TRUE(container_status(a_.container_ids[0], 2s, &cs).ok());
-  EXPECT_EQ(cs.status().SerializeAsString(),
-            upstream_->fake.container_status(a_.container_ids[0])->SerializeAsString());
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(
+      cs.status(), *upstream_->fake.container_status(a_.container_ids[0])));
   EXPECT_EQ(cs.info().at("pid"), "4242");
 
   // Fields this proto subset does not know reach the runtime as they were sent.

@@ -411,16 +411,17 @@ class CriProxy::Impl final : public v1::RuntimeService::Service {
         break;
       }
       if (!stall_ || stall_->pod_uid != uid) break;
-      if (ctx->IsCancelled()) {
-        answer = grpc::Status(grpc::StatusCode::CANCELLED, "caller cancelled a stalled call");
-        break;
-      }
-      const auto now = SteadyClock::now();
+      // A passed deadline also shows as a cancelled call: look at the deadline first.
       if (ctx->deadline() <= SysClock::now()) {
         answer = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
                               std::string(method) + " of pod " + uid + " stalled by the CRI proxy");
         break;
       }
+      if (ctx->IsCancelled()) {
+        answer = grpc::Status(grpc::StatusCode::CANCELLED, "caller cancelled a stalled call");
+        break;
+      }
+      const auto now = SteadyClock::now();
       auto wake = now + kHoldPoll;
       if (stall_->mode == StallMode::kDelay) {
         const auto until = start + stall_->delay;
