@@ -1,0 +1,451 @@
+// A slow runtime: one pod's CRI calls hang (a wedged shim, a CNI plugin stuck in its status
+// call) while the runtime answers everything else. kplegd talks to the real containerd through
+// CriProxy, which holds exactly that pod's calls until kplegd's 2 s deadline; the pods are made
+// and changed by kpleg-load against the real endpoint, so the workload itself is never slowed.
+//
+// What must hold: the other pods' events keep their usual latency (ebpf) or relist latency
+// (relist), kplegd reports the stuck pod, the stuck pod's transitions are not emitted while the
+// runtime cannot confirm them, and once the stall clears they arrive, once each.
+#include <gtest/gtest.h>
+#include <google/protobuf/util/message_differencer.h>
+#include <time.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "cri/cri_proxy.h"
+#include "cri/grpc_cri_client.h"
+#include "e2e/e2e_support.h"
+
+#ifndef KPLEGCTL_BIN
+#error "KPLEGCTL_BIN must name the kplegctl binary"
+#endif
+
+namespace kpleg::testing {
+namespace {
+
+using namespace std::chrono_literals;
+using Types = std::vector<std::string>;
+const Types kStarted{"ContainerStarted"};
+const Types kDied{"ContainerStarted", "ContainerDied"};
+constexpr auto kCriTimeout = 2s;
+// Short enough that ebpf mode's periodic reconcile falls inside the test's patience: after a
+// confirmation has failed for its whole budget, the periodic reconcile is what retries it.
+constexpr auto kReconcilePeriod = 10s;
+
+uint64_t realtime_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return uint64_t(ts.tv_sec) * 1'000'000'000ull + uint64_t(ts.tv_nsec);
+}
+
+double ms(uint64_t ns) { return double(ns) / 1e6; }
+
+// Seconds since midnight of a kplegd text log line ("2026-11-21T15:45:07.822650 debug ...").
+std::optional<double> log_time(const std::string& line) {
+  int h, m;
+  double s;
+  auto t = line.find('T');
+  if (t == std::string::npos || std::sscanf(line.c_str() + t + 1, "%d:%d:%lf", &h, &m, &s) != 3)
+    return std::nullopt;
+  return h * 3600.0 + m * 60.0 + s;
+}
+
+// One event of `events` (the first of that type for that container), if any.
+std::optional<nlohmann::json> event_of(const std::vector<nlohmann::json>& events,
+                                       const std::string& id, const std::string& type) {
+  for (const auto& e : events)
+    if (e.value("container_id", "") == id && e.value("type", "") == type) return e;
+  return std::nullopt;
+}
+
+class SlowRuntimeTest : public CriTestBedTest, public ::testing::WithParamInterface<std::string> {
+ protected:
+  void SetUp() override {
+    CriTestBedTest::SetUp();
+    if (IsSkipped() || HasFailure()) return;
+    char tmpl[] = "/tmp/kpleg-slow-runtime-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    cri::CriProxyOptions po;
+    po.listen_endpoint = "unix://" + dir_ + "/cri.sock";
+    po.upstream_endpoint = endpoint_;
+    auto p = cri::CriProxy::start(po);
+    ASSERT_TRUE(p.ok()) << p.error().message;
+    proxy_ = std::move(*p);
+    auto d = start_kplegd(proxy_->endpoint(), GetParam(),
+                          {"--cri-timeout", "2s", "--relist-period", "1s", "--reconcile-period",
+                           std::to_string(kReconcilePeriod.count()) + "s"});
+    ASSERT_TRUE(d.ok()) << d.error().message;
+    kplegd_ = std::move(*d);
+  }
+  void TearDown() override {
+    if (proxy_) proxy_->clear_stall();  // releases held calls: kplegd stops at once
+    if (kplegd_) {
+      EXPECT_EQ(kplegd_->stop(), 0) << "kplegd did not shut down cleanly";
+      if (HasFailure()) std::cerr << "kplegd log:\n" << kplegd_->log();
+    }
+    proxy_.reset();
+    CriTestBedTest::TearDown();
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+  bool ebpf() const { return GetParam() == "ebpf"; }
+  // The API socket start_kplegd gave this daemon, as kplegd announces it.
+  std::string api_socket() const {
+    const std::string mark = "api: serving kpleg.v1.PodLifecycle on unix:";
+    auto log = kplegd_->log();
+    auto at = log.find(mark);
+    if (at == std::string::npos) return "";
+    at += mark.size();
+    return log.substr(at, log.find(' ', at) - at);
+  }
+
+  LaunchedPod launch(const std::string& name, int containers, const std::string& command) {
+    auto p = launch_pod(endpoint_, namespace_, name, containers, command);
+    EXPECT_TRUE(p.ok()) << p.error().message;
+    return p.ok() ? *p : LaunchedPod{};
+  }
+  // The runtime kills at once: the transition happens now, not after a grace period.
+  void kill_container(const std::string& id) {
+    auto r = run_kpleg_load({"stop-container", "--grace-period", "0", id});
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    ASSERT_EQ(r->exit_code, 0) << r->err;
+  }
+  bool all_started(const LaunchedPod& p) {
+    bool ok = wait_types(*kplegd_, p.sandbox_id, kStarted);
+    for (const auto& id : p.container_ids) ok = wait_types(*kplegd_, id, kStarted) && ok;
+    return ok;
+  }
+
+  // kplegd's health reasons, read the way an operator would: kplegctl over the API socket.
+  // (kplegctl health prints the reasons only when unhealthy; a pod stuck in a runtime call
+  // is a reason that does not make the node unhealthy, so read the Stats answer.)
+  Result<std::vector<std::string>> health_reasons() {
+    auto r = run_process({KPLEGCTL_BIN, "--socket", api_socket(), "stats", "-o", "json"}, 10s);
+    if (!r) return r.error();
+    if (r->exit_code != 0) return Error{r->exit_code, "kplegctl stats: " + r->err};
+    auto j = nlohmann::json::parse(r->out, nullptr, false);
+    if (j.is_discarded() || !j.contains("health_reasons"))
+      return Error{EINVAL, "kplegctl stats printed no health: " + r->out};
+    return j["health_reasons"].get<std::vector<std::string>>();
+  }
+  bool health_names(const std::string& uid, std::chrono::milliseconds timeout,
+                    std::vector<std::string>* last = nullptr) {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (true) {
+      auto reasons = health_reasons();
+      if (reasons.ok()) {
+        if (last) *last = *reasons;
+        for (const auto& r : *reasons)
+          if (r.find(uid) != std::string::npos) return true;
+      } else if (last) {
+        *last = {reasons.error().message};
+      }
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      std::this_thread::sleep_for(250ms);
+    }
+  }
+
+  // Polls a condition over kplegd's log (KplegdProcess::wait_for holds the lock log() takes).
+  bool eventually(const std::function<bool()>& pred, std::chrono::milliseconds timeout) {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (!pred()) {
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      std::this_thread::sleep_for(50ms);
+    }
+    return true;
+  }
+  size_t log_count(const std::string& needle) const {
+    auto log = kplegd_->log();
+    size_t n = 0;
+    for (size_t pos = 0; (pos = log.find(needle, pos)) != std::string::npos; pos += needle.size()) ++n;
+    return n;
+  }
+
+  // Every container's event types, with no type twice for one container.
+  void expect_no_duplicates(const std::vector<LaunchedPod>& pods) {
+    for (const auto& p : pods) {
+      std::vector<std::string> ids = p.container_ids;
+      ids.push_back(p.sandbox_id);
+      for (const auto& id : ids) {
+        auto types = kplegd_->types_for(id);
+        std::set<std::string> unique(types.begin(), types.end());
+        EXPECT_EQ(unique.size(), types.size()) << p.name << " " << id.substr(0, 12);
+      }
+    }
+  }
+
+  std::string dir_;
+  std::unique_ptr<cri::CriProxy> proxy_;
+  std::unique_ptr<KplegdProcess> kplegd_;
+};
+
+TEST_P(SlowRuntimeTest, OnePodsHungStatusCallsDoNotHoldUpOtherPods) {
+  auto stalled = launch("stalled", 2, "sleep 1000000");
+  auto steady = launch("steady", 1, "sleep 1000000");
+  // Exits on its own, after the stall below has begun.
+  auto exits = launch("exits", 1, "sh -c 'sleep 8; exit 0'");
+  ASSERT_FALSE(HasFailure());
+  ASSERT_TRUE(all_started(stalled));
+  ASSERT_TRUE(all_started(steady));
+  ASSERT_TRUE(all_started(exits));
+
+  const uint64_t stall_ns = realtime_ns();
+  proxy_->set_stalled_pod({stalled.uid, cri::StallMode::kHang, {}});
+
+  // A transition in the stalled pod, then in the others, while its calls hang.
+  kill_container(stalled.container_ids[0]);
+  const uint64_t kill_steady_ns = realtime_ns();
+  kill_container(steady.container_ids[0]);
+  auto quick = launch("quick", 1, "sh -c 'sleep 1; exit 0'");  // a pod born during the stall
+  ASSERT_FALSE(HasFailure());
+
+  EXPECT_TRUE(wait_types(*kplegd_, steady.container_ids[0], kDied, 20s));
+  EXPECT_TRUE(wait_types(*kplegd_, quick.sandbox_id, kStarted, 20s));
+  EXPECT_TRUE(wait_types(*kplegd_, quick.container_ids[0], kDied, 20s));
+  EXPECT_TRUE(wait_types(*kplegd_, exits.container_ids[0], kDied, 20s));
+
+  // kplegd noticed the stuck pod: the stalled calls really were made, and timed out.
+  if (ebpf()) {
+    EXPECT_TRUE(kplegd_->wait_for_log("could not confirm " + stalled.container_ids[0].substr(0, 12),
+                                      20s));
+  } else {
+    EXPECT_TRUE(kplegd_->wait_for_log(
+        "relist: ignoring events of pod " + namespace_ + "/" + stalled.name, 20s));
+  }
+  auto ps = proxy_->stats();
+  EXPECT_GT(ps.gave_up, 0u) << "no call of the stalled pod hit its deadline";
+
+  // Nothing is emitted for the stalled pod that the runtime did not confirm.
+  EXPECT_EQ(kplegd_->types_for(stalled.container_ids[0]), kStarted);
+  EXPECT_EQ(kplegd_->types_for(stalled.container_ids[1]), kStarted);
+
+  // The other pods' events, and how late they were.
+  const auto events = kplegd_->events();
+  std::ostringstream report;
+  report << GetParam() << " mode, other pods during the stall:";
+  const std::set<std::string> others{steady.uid, exits.uid, quick.uid};
+  uint64_t worst_started_ns = 0, worst_ns = 0;
+  int kernel_events = 0;
+  for (const auto& e : events) {
+    if (!others.count(e.value("pod_uid", "")) || e.value("emit_ts_ns", uint64_t(0)) < stall_ns)
+      continue;
+    const auto type = e.value("type", "");
+    const auto name = e.value("pod_name", "") + "/" +
+                      (e.value("sandbox", false) ? std::string("sandbox") : e.value("container_name", ""));
+    if (ebpf()) {
+      EXPECT_EQ(e.value("source", ""), "kernel") << name << " " << type;
+      const uint64_t k = e.value("kernel_ts_ns", uint64_t(0)), emit = e.value("emit_ts_ns", uint64_t(0));
+      if (k == 0 || emit < k) continue;
+      ++kernel_events;
+      const uint64_t lat = emit - k;
+      worst_ns = std::max(worst_ns, lat);
+      if (type == "ContainerStarted") worst_started_ns = std::max(worst_started_ns, lat);
+      report << "\n  " << name << " " << type << ": kernel->emit " << ms(lat) << " ms";
+    } else {
+      report << "\n  " << name << " " << type << " emitted";
+    }
+  }
+  if (ebpf()) {
+    EXPECT_GE(kernel_events, 5) << "quick: sandbox+start+death, steady: death, exits: death";
+    EXPECT_LT(worst_started_ns, 1'000'000'000u) << "a Started took " << ms(worst_started_ns) << " ms";
+    EXPECT_LT(worst_ns, 1'000'000'000u) << "an event took " << ms(worst_ns) << " ms";
+    // The premise: this container died while the stall was on.
+    if (auto d = event_of(events, exits.container_ids[0], "ContainerDied"))
+      EXPECT_GT((*d)["kernel_ts_ns"].get<uint64_t>(), stall_ns);
+  }
+  if (auto d = event_of(events, steady.container_ids[0], "ContainerDied")) {
+    const uint64_t lat = (*d)["emit_ts_ns"].get<uint64_t>() - kill_steady_ns;
+    report << "\n  steady/c0 StopContainer (kpleg-load) -> ContainerDied emitted: " << ms(lat) << " ms";
+    // Relist mode: every relist now spends the 2 s deadline on the stalled pod, 1 s apart.
+    EXPECT_LT(lat, ebpf() ? 2'000'000'000u : 10'000'000'000u);
+  }
+
+  if (!ebpf()) {
+    // The generic PLEG inspects pods one after another, so each relist now waits out the
+    // stalled pod's deadline: relists start >= 2 s (deadline) apart instead of 1 s.
+    const std::string failed_inspection = "ignoring events of pod " + namespace_ + "/" + stalled.name;
+    ASSERT_TRUE(eventually([&] { return log_count(failed_inspection) >= 4; }, 30s))
+        << "the stalled pod is not re-inspected each relist";
+    std::vector<double> starts;
+    std::istringstream log(kplegd_->log());
+    for (std::string line; std::getline(log, line);) {
+      if (line.find("ignoring events of pod " + namespace_ + "/" + stalled.name) == std::string::npos)
+        continue;
+      if (auto t = log_time(line)) starts.push_back(*t);
+    }
+    report << "\n  failed inspections of the stalled pod, interval between them:";
+    for (size_t i = 1; i < starts.size(); ++i) {
+      const double gap = starts[i] - starts[i - 1];
+      report << " " << gap << " s";
+      if (gap >= 0) EXPECT_GE(gap, 2.0) << "relists can no longer be 1 s apart";
+    }
+  }
+
+  // The stall ends: the stalled pod's transition arrives, once.
+  const uint64_t clear_ns = realtime_ns();
+  proxy_->clear_stall();
+  EXPECT_TRUE(wait_types(*kplegd_, stalled.container_ids[0], kDied, kReconcilePeriod + 20s))
+      << ::testing::PrintToString(kplegd_->types_for(stalled.container_ids[0]));
+  if (auto d = event_of(kplegd_->events(), stalled.container_ids[0], "ContainerDied")) {
+    report << "\n  stalled/c0 ContainerDied after the stall cleared: "
+           << ms((*d)["emit_ts_ns"].get<uint64_t>() - clear_ns) << " ms (source "
+           << (*d)["source"].get<std::string>() << ", correction " << (*d)["correction"] << ")";
+    EXPECT_EQ((*d)["exit_code"], 137);
+  }
+  // Let one more full pass over the runtime happen (a periodic reconcile / a few relists), then
+  // nothing may have been emitted twice.
+  auto barrier = launch("barrier", 1, "sh -c 'sleep 1; exit 0'");
+  EXPECT_TRUE(wait_types(*kplegd_, barrier.container_ids[0], kDied, 20s));
+  if (ebpf()) {
+    const size_t before = log_count("reconcile (period)");
+    EXPECT_TRUE(eventually([&] { return log_count("reconcile (period)") > before; },
+                           kReconcilePeriod + 5s));
+  }
+  EXPECT_EQ(kplegd_->types_for(stalled.container_ids[0]), kDied);
+  EXPECT_EQ(kplegd_->types_for(stalled.container_ids[1]), kStarted);
+  EXPECT_EQ(kplegd_->types_for(stalled.sandbox_id), kStarted);
+  EXPECT_EQ(kplegd_->types_for(steady.container_ids[0]), kDied);
+  EXPECT_EQ(kplegd_->types_for(exits.container_ids[0]), kDied);
+  EXPECT_EQ(kplegd_->types_for(quick.container_ids[0]), kDied);
+  expect_no_duplicates({stalled, steady, exits, quick, barrier});
+  std::cout << report.str() << std::endl;
+  RecordProperty("measurements", report.str());
+}
+
+// An operator asking kplegd's API during the stall is told which pod is stuck.
+TEST_P(SlowRuntimeTest, HealthNamesTheStalledPod) {
+  auto stalled = launch("stalled", 1, "sleep 1000000");
+  ASSERT_FALSE(HasFailure());
+  ASSERT_TRUE(all_started(stalled));
+  proxy_->set_stalled_pod({stalled.uid, cri::StallMode::kHang, {}});
+  kill_container(stalled.container_ids[0]);
+
+  std::vector<std::string> reasons;
+  EXPECT_TRUE(health_names(stalled.uid, 20s, &reasons))
+      << "health reasons: " << ::testing::PrintToString(reasons)
+      << "\nCRI proxy: " << proxy_->stats().stalled << " calls held, " << proxy_->stats().gave_up
+      << " ran into their deadline";
+
+  proxy_->clear_stall();
+  EXPECT_TRUE(wait_types(*kplegd_, stalled.container_ids[0], kDied, kReconcilePeriod + 20s));
+  EXPECT_FALSE(health_names(stalled.uid, 0s)) << "the pod is no longer stuck";
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, SlowRuntimeTest, ::testing::Values("ebpf", "relist"),
+                         [](const auto& info) { return info.param; });
+
+// The proxy alone, in front of the real containerd: a stalled pod's calls wait, others do not.
+class CriProxyContainerdTest : public CriTestBedTest {
+ protected:
+  void SetUp() override {
+    CriTestBedTest::SetUp();
+    if (IsSkipped() || HasFailure()) return;
+    char tmpl[] = "/tmp/kpleg-cri-proxy-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    cri::CriProxyOptions po;
+    po.listen_endpoint = "unix://" + dir_ + "/cri.sock";
+    po.upstream_endpoint = endpoint_;
+    auto p = cri::CriProxy::start(po);
+    ASSERT_TRUE(p.ok()) << p.error().message;
+    proxy_ = std::move(*p);
+  }
+  void TearDown() override {
+    proxy_.reset();
+    CriTestBedTest::TearDown();
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+  std::unique_ptr<cri::GrpcCriClient> client(const std::string& endpoint,
+                                             std::chrono::milliseconds timeout,
+                                             size_t in_flight = 8) {
+    cri::GrpcCriClientOptions o;
+    o.call_timeout = timeout;
+    o.max_in_flight = in_flight;
+    auto c = cri::GrpcCriClient::create(endpoint, o);
+    EXPECT_TRUE(c.ok());
+    return c.ok() ? std::move(*c) : nullptr;
+  }
+  std::string dir_;
+  std::unique_ptr<cri::CriProxy> proxy_;
+};
+
+TEST_F(CriProxyContainerdTest, StalledPodWaitsOtherPodsDoNot) {
+  auto a = launch_pod(endpoint_, namespace_, "held", 1, "sleep 1000000");
+  auto b = launch_pod(endpoint_, namespace_, "free", 1, "sleep 1000000");
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto direct = client(endpoint_, 2s);
+  auto via = client(proxy_->endpoint(), 1s, 64);
+  ASSERT_TRUE(direct && via);
+
+  // Transparent: the same answer as the runtime's own.
+  auto d = direct->container_status(a->container_ids[0]);
+  auto v = via->container_status(a->container_ids[0]);
+  ASSERT_TRUE(d.ok() && v.ok()) << (d.ok() ? v.error().message : d.error().message);
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(*v, *d))
+      << v->DebugString() << "\nversus\n" << d->DebugString();
+  auto missing = via->container_status(std::string(64, '0'));
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.error().code, grpc::StatusCode::NOT_FOUND);
+
+  // Hang: the pod's calls run into the caller's 1 s deadline; 16 of them held at once.
+  proxy_->set_stalled_pod({a->uid, cri::StallMode::kHang, {}});
+  std::vector<std::thread> held;
+  std::atomic<int> deadline_exceeded{0};
+  for (int i = 0; i < 16; ++i) {
+    held.emplace_back([&, i] {
+      int code = 0;
+      if (i % 2) {
+        auto r = via->pod_sandbox_status(a->sandbox_id);
+        code = r.ok() ? 0 : r.error().code;
+      } else {
+        auto r = via->container_status(a->container_ids[0]);
+        code = r.ok() ? 0 : r.error().code;
+      }
+      if (code == grpc::StatusCode::DEADLINE_EXCEEDED) ++deadline_exceeded;
+    });
+  }
+  // Meanwhile, the other pod's calls are answered as usual.
+  std::vector<double> other_ms;
+  for (int i = 0; i < 10; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    auto st = via->container_status(b->container_ids[0]);
+    other_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    EXPECT_TRUE(st.ok()) << st.error().message;
+    EXPECT_EQ(st->state(), runtime::v1::CONTAINER_RUNNING);
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  for (auto& t : held) t.join();
+  EXPECT_EQ(deadline_exceeded.load(), 16);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  auto worst = *std::max_element(other_ms.begin(), other_ms.end());
+  EXPECT_LT(worst, 500.0);
+  std::cout << "other pod's ContainerStatus through the proxy while 16 calls were held: worst "
+            << worst << " ms" << std::endl;
+  // Held threads are released when their callers give up.
+  auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (proxy_->stats().stalled_in_flight != 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(proxy_->stats().stalled_in_flight, 0u);
+
+  // Delay: the call is answered, late.
+  proxy_->set_stalled_pod({a->uid, cri::StallMode::kDelay, 1500ms});
+  auto patient = client(proxy_->endpoint(), 5s);
+  t0 = std::chrono::steady_clock::now();
+  auto late = patient->container_status(a->container_ids[0]);
+  EXPECT_TRUE(late.ok());
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 1500ms);
+  proxy_->clear_stall();
+  t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(patient->container_status(a->container_ids[0]).ok());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 500ms);
+}
+
+}  // namespace
+}  // namespace kpleg::testing
