@@ -8,10 +8,12 @@
 // Live control without a restart (the clients' connections stay up):
 //   SIGUSR1  clears the stall;
 //   SIGHUP   re-reads --control-file, one line: "hang <pod uid>", "delay <pod uid> <duration>"
-//            or "clear" (an empty file clears too).
+//            or "clear" (an empty file clears too). A control file present at start is read
+//            then too, after the --stall-* flags.
 // Exit status: 0 after SIGTERM/SIGINT; 1 when it cannot listen or the upstream does not answer
 // at start; 2 for bad flags.
 #include <signal.h>
+#include <unistd.h>
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
@@ -157,7 +159,9 @@ int main(int argc, char** argv) {
   }
   spdlog::info("upstream runtime: {}", *version);
   if (stall) (*proxy)->set_stalled_pod(*stall);
-  if (!control_file.empty()) reload(**proxy, control_file);
+  // A control file already there at start wins over the flags; one written later is read on
+  // SIGHUP.
+  if (!control_file.empty() && access(control_file.c_str(), F_OK) == 0) reload(**proxy, control_file);
 
   while (true) {
     int sig = 0;
