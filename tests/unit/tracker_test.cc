@@ -7,6 +7,8 @@
 #include <mutex>
 #include <vector>
 
+#include <grpcpp/support/status_code_enum.h>
+
 #include "cri/fake_cri_client.h"
 #include "pleg/reconciler.h"
 #include "pleg/tracker.h"
@@ -239,6 +241,27 @@ TEST_F(TrackerTest, RunningContainerThatVanishesGivesDiedThenRemoved) {
   ASSERT_TRUE(cri_.remove_container(id).ok());
   kernel_exit(id, 0);  // by the time the exit is confirmed, the container is gone
   ASSERT_TRUE(wait_types(id, {"ContainerStarted", "ContainerDied", "ContainerRemoved"}));
+}
+
+TEST_F(TrackerTest, FailingCallsNameThePodUntilItAnswersAgain) {
+  auto id = create("stuck");
+  ASSERT_TRUE(cri_.start_container(id).ok());
+  cri_.fail_always(cri::CriMethod::kContainerStatus,
+                   Error{grpc::StatusCode::DEADLINE_EXCEEDED, "CRI ContainerStatus failed: DEADLINE_EXCEEDED"});
+  kernel_exec(id);
+  auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (tracker_->troubled_pods().empty() && std::chrono::steady_clock::now() < deadline) {
+    sink_.wait_count(1, 10ms);
+  }
+  auto troubles = tracker_->troubled_pods();
+  ASSERT_EQ(troubles.size(), 1u);
+  EXPECT_EQ(troubles[0].pod_uid, kUid);
+  EXPECT_NE(troubles[0].last_error.find("DEADLINE_EXCEEDED"), std::string::npos);
+  EXPECT_TRUE(sink_.events().empty()) << "nothing the runtime did not confirm";
+
+  cri_.fail_always(cri::CriMethod::kContainerStatus, std::nullopt);
+  ASSERT_TRUE(wait_types(id, {"ContainerStarted"}));
+  EXPECT_TRUE(tracker_->troubled_pods().empty());
 }
 
 TEST_F(TrackerTest, UnknownCgroupAsksForAReconcile) {

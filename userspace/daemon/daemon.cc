@@ -210,10 +210,14 @@ api::HealthReport Daemon::health() {
                               .count()) +
            " s ago" + (rs.last_error.empty() ? "" : ": " + rs.last_error));
     }
-    // A pod stuck in a runtime call is named, but does not make the node's events unhealthy:
+    // A pod whose runtime calls fail is named, but does not make the node's events unhealthy:
     // every other pod is confirmed by other workers.
-    for (const auto& pod : tracker_->stalled_pods(2 * opts_.cri_timeout)) {
-      r.reasons.push_back("pod " + pod + " stalled in a container runtime call");
+    for (const auto& t : tracker_->troubled_pods()) {
+      r.reasons.push_back(
+          "pod " + t.pod_uid + ": " + std::to_string(t.failures) +
+          " container runtime calls failed in the last " +
+          std::to_string(std::chrono::duration_cast<std::chrono::seconds>(t.failing_for).count()) +
+          " s: " + t.last_error);
     }
   } else if (relist_) {
     auto h = relist_->health();

@@ -37,16 +37,6 @@ size_t PodWorkQueue::pending() const {
   return n;
 }
 
-std::vector<std::string> PodWorkQueue::stalled(Clock::duration threshold) const {
-  std::lock_guard lk(mu_);
-  std::vector<std::string> out;
-  auto now = Clock::now();
-  for (const auto& [pod, since] : busy_) {
-    if (now - since > threshold) out.push_back(pod);
-  }
-  return out;
-}
-
 void PodWorkQueue::run() {
   std::unique_lock lk(mu_);
   while (!stopping_) {
@@ -75,7 +65,7 @@ void PodWorkQueue::run() {
     auto& q = queues_[pick];
     Task task = std::move(q.front().task);
     q.pop_front();
-    busy_[pick] = now;
+    busy_.insert(pick);
     lk.unlock();
     task();
     lk.lock();

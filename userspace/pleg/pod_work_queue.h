@@ -33,8 +33,6 @@ class PodWorkQueue {
   void stop();
 
   size_t pending() const;
-  // Pods whose task has been running for longer than `threshold` (a stalled runtime call).
-  std::vector<std::string> stalled(Clock::duration threshold) const;
 
  private:
   struct Item {
@@ -46,7 +44,7 @@ class PodWorkQueue {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::map<std::string, std::deque<Item>> queues_;
-  std::map<std::string, Clock::time_point> busy_;  // pod -> when its running task started
+  std::set<std::string> busy_;  // pods with a task running
   bool stopping_ = false;
   std::vector<std::thread> threads_;
 };

@@ -186,6 +186,7 @@ void Tracker::confirm(const std::string& id, Want want, std::chrono::millisecond
     sandbox = rec.identity.sandbox;
   }
   auto obs = observe(id, sandbox_known, sandbox);
+  note_call(id, obs.ok() ? nullptr : &obs.error());
 
   const int want_rank = want == Want::kRunning ? 1 : 2;
   // A start the runtime does not know yet (RunPodSandbox/StartContainer still in progress, the
@@ -316,6 +317,7 @@ void Tracker::check_removed(const std::string& id) {
     ++stats_.removal_checks;
   }
   auto obs = observe(id, true, sandbox);
+  note_call(id, obs.ok() ? nullptr : &obs.error());
   std::lock_guard lk(mu_);
   auto& rec = records_[id];
   if (obs.ok() && obs->state == ContainerState::kNonExistent) {
@@ -373,21 +375,32 @@ void Tracker::reconcile(const std::vector<RuntimeContainer>& view, bool initial)
       std::lock_guard lk(mu_);
       pod = records_[id].identity.pod_uid;
     }
-    queue_.post(pod.empty() ? id : pod, [this, id] { recheck_correction(id); },
+    queue_.post(pod.empty() ? id : pod,
+                [this, id] { recheck_correction(id, std::chrono::milliseconds(1000)); },
                 Clock::now() + opts_.correction_grace);
   }
 }
 
-void Tracker::recheck_correction(const std::string& id) {
+void Tracker::recheck_correction(const std::string& id, std::chrono::milliseconds retry) {
   bool sandbox;
+  std::string pod;
   {
     std::lock_guard lk(mu_);
     auto& rec = records_[id];
     if (rec.pending > 0) return;  // the kernel path has it
     sandbox = rec.identity.sandbox;
+    pod = rec.identity.pod_uid;
   }
   auto obs = observe(id, true, sandbox);
-  if (!obs) return;  // the next reconcile tries again
+  note_call(id, obs.ok() ? nullptr : &obs.error());
+  if (!obs) {
+    // The runtime does not answer for this pod (hung, erroring): keep asking, less and less
+    // often, rather than leaving a known difference to the next periodic reconcile.
+    auto next = std::min(retry * 2, std::chrono::milliseconds(30'000));
+    queue_.post(pod.empty() ? id : pod, [this, id, next] { recheck_correction(id, next); },
+                Clock::now() + retry);
+    return;
+  }
   std::lock_guard lk(mu_);
   auto& rec = records_[id];
   if (rec.pending > 0) return;
@@ -425,8 +438,28 @@ std::pair<uint64_t, std::vector<TrackedContainer>> Tracker::containers_at(
   return {seq_now(), std::move(out)};
 }
 
-std::vector<std::string> Tracker::stalled_pods(std::chrono::milliseconds threshold) const {
-  return queue_.stalled(threshold);
+void Tracker::note_call(const std::string& id, const Error* error) {
+  std::lock_guard lk(mu_);
+  auto it = records_.find(id);
+  const std::string pod = it == records_.end() || it->second.identity.pod_uid.empty()
+                              ? id
+                              : it->second.identity.pod_uid;
+  if (!error) {
+    troubles_.erase(pod);
+    return;
+  }
+  auto [t, fresh] = troubles_.try_emplace(pod);
+  if (fresh) t->second.since = Clock::now();
+  ++t->second.failures;
+  t->second.last_error = error->message;
+}
+
+std::vector<Tracker::PodTrouble> Tracker::troubled_pods() const {
+  std::lock_guard lk(mu_);
+  std::vector<PodTrouble> out;
+  auto now = Clock::now();
+  for (const auto& [pod, t] : troubles_) out.push_back({pod, t.failures, now - t.since, t.last_error});
+  return out;
 }
 
 }  // namespace kpleg::pleg

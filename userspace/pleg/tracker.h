@@ -99,8 +99,15 @@ class Tracker {
   // holds: the snapshot is exactly the state after the events up to that sequence number.
   std::pair<uint64_t, std::vector<TrackedContainer>> containers_at(
       const std::function<uint64_t()>& seq_now) const;
-  // Pods whose confirmation has been stuck in a CRI call for longer than `threshold`.
-  std::vector<std::string> stalled_pods(std::chrono::milliseconds threshold) const;
+  // Pods whose targeted CRI calls have been failing (a hung or erroring runtime for that pod),
+  // with how long and why; cleared by the pod's next successful call.
+  struct PodTrouble {
+    std::string pod_uid;
+    uint64_t failures = 0;
+    std::chrono::steady_clock::duration failing_for{};
+    std::string last_error;
+  };
+  std::vector<PodTrouble> troubled_pods() const;
   void stop();
 
  private:
@@ -130,7 +137,9 @@ class Tracker {
   void confirm(const std::string& id, Want want, std::chrono::milliseconds delay,
                std::chrono::steady_clock::time_point deadline);
   void check_removed(const std::string& id);
-  void recheck_correction(const std::string& id);
+  void recheck_correction(const std::string& id, std::chrono::milliseconds retry);
+  // Records the outcome of a targeted call for the pod of `id` (troubled_pods()).
+  void note_call(const std::string& id, const Error* error);
   // Moves a container forward to `target` and publishes the events the transition implies.
   // Caller holds mu_. Returns the number of events published.
   int advance(Record& rec, ContainerState target, const ContainerSnapshot& snap, EventSource source,
@@ -147,6 +156,12 @@ class Tracker {
 
   mutable std::mutex mu_;
   std::map<std::string, Record> records_;  // by container/sandbox id
+  struct Trouble {
+    std::chrono::steady_clock::time_point since;
+    uint64_t failures = 0;
+    std::string last_error;
+  };
+  std::map<std::string, Trouble> troubles_;  // by pod uid
   TrackerStats stats_;
   std::function<void(const std::string&)> on_inconsistency_;
 };
