@@ -50,6 +50,23 @@ if (system("test -s ".dir."/cpu_vs_n_r10.dat && echo 1") eq "1") {
   set title "CPU vs pods under churn of 10 transitions/s, both daemons on the same containerd"
   set xlabel "pods N"
   set ylabel "CPU seconds per minute"
+  set yrange [0:*]
   plot dir."/cpu_vs_n_r10.dat" using 1:3 with linespoints lw 2 pt 7 title "kplegd ebpf (daemon + BPF programs)", \
        ""                      using 1:4 with linespoints lw 2 pt 5 title "kplegd relist (daemon)"
 }
+
+# How far events trail the runtime: from the return of the CRI call that made the transition
+# (the runtime knows the new state by then) to the consumer. Values <= 0 are drawn at 0.1 ms.
+set output dir."/lag_cdf.png"
+set title "Event after the runtime's own answer (end of the CRI call) to consumer"
+set xlabel "ms after the CRI call returned (log; <= 0.1 ms: before it returned)"
+set ylabel "fraction of transitions"
+set logscale x
+set yrange [0:1]
+set key top left
+plot dir."/lag_cdf_ebpf_started.dat"   using 1:2 with steps lw 2 lc rgb "#1f77b4" title "ebpf ContainerStarted", \
+     dir."/lag_cdf_ebpf_died.dat"      using 1:2 with steps lw 2 lc rgb "#1f77b4" dt 2 title "ebpf ContainerDied", \
+     dir."/lag_cdf_ebpf_removed.dat"   using 1:2 with steps lw 2 lc rgb "#1f77b4" dt 3 title "ebpf ContainerRemoved", \
+     dir."/lag_cdf_relist_started.dat" using 1:2 with steps lw 2 lc rgb "#d62728" title "relist ContainerStarted", \
+     dir."/lag_cdf_relist_died.dat"    using 1:2 with steps lw 2 lc rgb "#d62728" dt 2 title "relist ContainerDied", \
+     dir."/lag_cdf_relist_removed.dat" using 1:2 with steps lw 2 lc rgb "#d62728" dt 3 title "relist ContainerRemoved"

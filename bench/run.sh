@@ -5,11 +5,12 @@ set -euo pipefail
 
 usage() {
   cat <<'EOF'
-usage: bench/run.sh [--quick] [--bin-dir DIR] [--results-dir DIR] [-- compare.py options]
+usage: bench/run.sh [--quick] [--skip-bpf] [--bin-dir DIR] [--results-dir DIR] [-- compare.py options]
 
   --quick        Small and fast (about 2 minutes): N=3, churn 0 and 10/s, 6 s windows, the BPF
                  benchmark's quick mode. Exits 1 unless results were written and ebpf mode had
                  no missed or duplicated transitions (the CTest smoke test `bench_quick`).
+  --skip-bpf     Leave out kpleg-bench-bpf (the daemon comparison only).
   --bin-dir      Where kplegd, kpleg-load, kpleg-bench-bpf, kpleg-bench-watch (and
                  kpleg-cri-proxy, when built) are (default: build-bench/bin, else build/bin).
   --results-dir  Parent of the timestamped result directory (default: bench/results).
@@ -24,12 +25,14 @@ EOF
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 QUICK=0
+SKIP_BPF=0
 BIN_DIR=
 RESULTS_PARENT=$REPO/bench/results
 EXTRA=()
 while [ $# -gt 0 ]; do
   case $1 in
     --quick) QUICK=1 ;;
+    --skip-bpf) SKIP_BPF=1 ;;
     --bin-dir) BIN_DIR=$2; shift ;;
     --results-dir) RESULTS_PARENT=$2; shift ;;
     -h|--help) usage; exit 0 ;;
@@ -100,8 +103,10 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 # 1. The BPF programs' cost, on a quiet machine: before the test bed and its pods exist.
-echo "bench: BPF program cost and exec storm" >&2
-"$BIN_DIR/kpleg-bench-bpf" "${BPF_ARGS[@]}" --json-out "$OUT/bpf.json"
+if [ $SKIP_BPF -eq 0 ]; then
+  echo "bench: BPF program cost and exec storm" >&2
+  "$BIN_DIR/kpleg-bench-bpf" "${BPF_ARGS[@]}" --json-out "$OUT/bpf.json"
+fi
 
 # 2. The daemons, side by side, on a fresh private test bed.
 "$TESTBED" down >/dev/null 2>&1 || true
