@@ -1,5 +1,5 @@
 // kpleg-bench-watch: the benchmark's consumer of kplegd's Watch stream. It is a plain
-// kpleg.v1 PodLifecycle client, like any node agent would be, that stamps each event with the
+// kpleg.v1 PodLifecycle client, like any other consumer on the node, that stamps each event with the
 // moment it arrived (CLOCK_REALTIME, the clock of kernel_ts_ns and of kpleg-load's traces), so
 // detection latency is measured where a consumer sees it. It also samples Stats (relist count,
 // corrections, health) on SIGUSR1, so the benchmark reads them at the edges of its windows
