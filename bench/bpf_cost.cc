@@ -33,6 +33,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <thread>
@@ -557,6 +558,9 @@ int main(int argc, char** argv) {
       {"median_attached_us_per_exec", median(attached_us)},
       {"median_detached_us_per_exec", median(detached_us)},
       {"median_slowdown_percent", (med - 1) * 100},
+      // All rounds together: mean attached over mean detached time per exec.
+      {"pooled_wall_ratio", std::accumulate(attached_us.begin(), attached_us.end(), 0.0) /
+                                std::accumulate(detached_us.begin(), detached_us.end(), 0.0)},
       {"attached_programs", attached_programs},
       {"blocks_per_side_per_round", blocks},
       {"bpf_ns_per_iteration_from_stats", bpf_ns_per_iter},

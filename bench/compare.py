@@ -866,7 +866,9 @@ def write_summary(cfg, results):
             L.append(f"| {p} | {fmt(o.get('ns_per_run'), 0)} | {fmt(o.get('run_cnt'))} | {fmt(cl.get('ns_per_run'), 0)} | {fmt(cl.get('run_cnt'))} |")
         L.append(f"\nExec storm ({es['rounds'][0]['execs_per_side']} fork+exec+exit of /bin/true per side per round, "
                  f"{len(es['rounds'])} rounds): median slowdown {es['median_slowdown_percent']:.2f} % "
-                 f"(ratios {es['min_wall_ratio']:.3f}–{es['max_wall_ratio']:.3f}); from the kernel's statistics "
+                 f"(ratios {es['min_wall_ratio']:.3f}–{es['max_wall_ratio']:.3f}"
+                 + (f", pooled {es['pooled_wall_ratio']:.4f}" if "pooled_wall_ratio" in es else "")
+                 + "); from the kernel's statistics "
                  f"{es['bpf_ns_per_iteration_from_stats']:.0f} ns per iteration = {es['slowdown_percent_from_stats']:.3f} %.\n")
     with open(os.path.join(cfg.out_dir, "summary.md"), "w") as f:
         f.write("\n".join(L) + "\n")
