@@ -11,8 +11,9 @@ usage: bench/run.sh [--quick] [--skip-bpf] [--bin-dir DIR] [--results-dir DIR] [
                  benchmark's quick mode. Exits 1 unless results were written and ebpf mode had
                  no missed or duplicated transitions (the CTest smoke test `bench_quick`).
   --skip-bpf     Leave out kpleg-bench-bpf (the daemon comparison only).
-  --bin-dir      Where kplegd, kpleg-load, kpleg-bench-bpf, kpleg-bench-watch (and
-                 kpleg-cri-proxy, when built) are (default: build-bench/bin, else build/bin).
+  --bin-dir      Where kplegd, kpleg-load, kpleg-bench-bpf, kpleg-bench-watch,
+                 kpleg-bench-cri-prefix (and kpleg-cri-proxy, for the slow-runtime scenario)
+                 are (default: build-bench/bin, else build/bin).
   --results-dir  Parent of the timestamped result directory (default: bench/results).
 
 Full run: N in 0,10,50,110,250,500 (as far as memory and the time budget allow), churn 0, 1
