@@ -185,6 +185,27 @@ int BPF_PROG(cgroup_rmdir, struct cgroup *cgrp, const char *path)
 	return 0;
 }
 
+/*
+ * runc protects itself against overwrites of its binary (CVE-2019-5736) by re-executing
+ * `runc init` from a sealed memfd, i.e. an exec of /dev/fd/N or /proc/self/fd/N (other runtimes
+ * re-exec /proc/self/exe). When runc has already moved that process into the container's cgroup,
+ * the re-exec would be the cgroup's first exec and claim "started" for the wrong process. No
+ * container entrypoint is exec'd through such a path.
+ */
+static __always_inline bool exec__is_runtime_reexec(struct linux_binprm *bprm)
+{
+	char p[12] = {};
+
+	if (bpf_probe_read_kernel_str(p, sizeof(p), BPF_CORE_READ(bprm, filename)) < 0)
+		return false;
+	if (p[0] == '/' && p[1] == 'd' && p[2] == 'e' && p[3] == 'v' && p[4] == '/' &&
+	    p[5] == 'f' && p[6] == 'd' && p[7] == '/')
+		return true;
+	return p[0] == '/' && p[1] == 'p' && p[2] == 'r' && p[3] == 'o' && p[4] == 'c' &&
+	       p[5] == '/' && p[6] == 's' && p[7] == 'e' && p[8] == 'l' && p[9] == 'f' &&
+	       p[10] == '/';
+}
+
 SEC("tp_btf/sched_process_exec")
 int BPF_PROG(sched_process_exec, struct task_struct *task, pid_t old_pid,
 	     struct linux_binprm *bprm)
@@ -194,6 +215,10 @@ int BPF_PROG(sched_process_exec, struct task_struct *task, pid_t old_pid,
 
 	if (!t) {
 		counter__inc(KPLEG_CNT_FILTERED);
+		return 0;
+	}
+	if (!t->exec_seen && exec__is_runtime_reexec(bprm)) {
+		counter__inc(KPLEG_CNT_EXEC_REEXEC);
 		return 0;
 	}
 	/* Claim the first exec once, even when two CPUs exec in the same cgroup at once. */

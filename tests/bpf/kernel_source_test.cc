@@ -2,6 +2,7 @@
 // Every test works in a private cgroup2 subtree (kpleg-bpf-test-<pid>/...) and looks only at
 // the events of the cgroups it made, so a runtime on the same machine does not disturb it.
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -131,6 +132,28 @@ TEST_F(KernelSourceTest, ContainerLifecycleExactlyOneExecThenExitThenRmdir) {
   EXPECT_GE(st.bpf.exec_repeated, 5u);
   EXPECT_EQ(st.bpf.ringbuf_drops, 0u);
   EXPECT_EQ(st.decode_errors, 0u);
+}
+
+TEST_F(KernelSourceTest, RuntimeReexecThroughAnFdIsNotTheStart) {
+  // Like runc's memfd re-exec of `runc init` inside the container's cgroup: the first exec is of
+  // /dev/fd/N; the start is the exec of the entrypoint that follows, and its exit is the death.
+  start();
+  auto ctr = make_tree(container_path('7'));
+  ASSERT_TRUE(ctr.ok());
+  int fd = open("/bin/sh", O_RDONLY);  // inherited by the child (no O_CLOEXEC)
+  ASSERT_GE(fd, 0);
+  auto status = run_in_cgroup(ctr->path(), {"/dev/fd/" + std::to_string(fd), "-c",
+                                            "exec /bin/sh -c 'exit 6'"});
+  close(fd);
+  ASSERT_TRUE(status.ok());
+  ASSERT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 6);
+  ASSERT_TRUE(ctr->remove().ok());
+  ASSERT_TRUE(wait_kinds(ctr->id(), {"cgroup_mkdir", "exec", "exit", "cgroup_rmdir"}));
+  auto evs = collector_.for_cgroups({ctr->id()});
+  ASSERT_EQ(kinds_of(evs), (std::vector<std::string>{"cgroup_mkdir", "exec", "exit", "cgroup_rmdir"}));
+  EXPECT_EQ(std::get<ProcessExec>(evs[1].body).filename, "/bin/sh");
+  EXPECT_EQ(std::get<ProcessExit>(evs[2].body).exit_code, 6u);
+  EXPECT_GE(source_->stats().bpf.exec_reexec, 1u);
 }
 
 TEST_F(KernelSourceTest, ExitBySignalReportsTheSignal) {

@@ -40,19 +40,26 @@ size_t PodWorkQueue::pending() const {
 void PodWorkQueue::run() {
   std::unique_lock lk(mu_);
   while (!stopping_) {
-    // The earliest runnable head among idle pods.
+    // The first ready task of an idle pod. A delayed task (a retry, a removal check) does not
+    // hold back the ready tasks queued behind it: every task re-reads the runtime and moves its
+    // container forward only, so their order within a pod does not change what is emitted.
     auto now = Clock::now();
     Clock::time_point next_due = Clock::time_point::max();
     std::string pick;
+    std::deque<Item>::iterator item;
     bool found = false;
     for (auto& [pod, q] : queues_) {
       if (q.empty() || busy_.count(pod)) continue;
-      if (q.front().not_before <= now) {
-        pick = pod;
-        found = true;
-        break;
+      for (auto it = q.begin(); it != q.end(); ++it) {
+        if (it->not_before <= now) {
+          pick = pod;
+          item = it;
+          found = true;
+          break;
+        }
+        next_due = std::min(next_due, it->not_before);
       }
-      next_due = std::min(next_due, q.front().not_before);
+      if (found) break;
     }
     if (!found) {
       if (next_due == Clock::time_point::max()) {
@@ -62,9 +69,8 @@ void PodWorkQueue::run() {
       }
       continue;
     }
-    auto& q = queues_[pick];
-    Task task = std::move(q.front().task);
-    q.pop_front();
+    Task task = std::move(item->task);
+    queues_[pick].erase(item);
     busy_.insert(pick);
     lk.unlock();
     task();

@@ -1,6 +1,6 @@
-// Work for pods, run by a small pool of threads: one pod's tasks run one at a time and in order
-// (its events stay ordered), different pods run in parallel, and a task can be delayed (retries
-// while the runtime catches up) without holding a thread. A pod whose CRI calls hang occupies at
+// Work for pods, run by a small pool of threads: one pod's tasks run one at a time, in order
+// among those that are due, different pods run in parallel, and a task can be delayed (retries
+// while the runtime catches up, removal checks) without holding a thread or the tasks behind it. A pod whose CRI calls hang occupies at
 // most one worker, so the others keep confirming other pods' events.
 #pragma once
 

@@ -41,6 +41,7 @@ nlohmann::json counters_json(const kernel::KernelSourceStats& s) {
           {"exec_repeated", s.bpf.exec_repeated},
           {"exit_ignored", s.bpf.exit_ignored},
           {"track_full", s.bpf.track_full},
+          {"exec_reexec", s.bpf.exec_reexec},
           {"received", s.received},
           {"decode_errors", s.decode_errors},
           {"lost", s.lost_reported},
