@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <fstream>
+
 #include "e2e/e2e_support.h"
 
 namespace kpleg::testing {
@@ -25,10 +27,20 @@ TEST_F(FaultsTest, ContainerdKilledAndRestartedNothingMissed) {
   auto pid = TestBed::instance().containerd_pid();
   ASSERT_TRUE(pid.ok()) << pid.error().message;
   ASSERT_EQ(kill(*pid, SIGKILL), 0);
-  // The container exits (3 s after its start) while the runtime is down.
   EXPECT_TRUE(kplegd.wait_for_log("connection lost", 10s)) << kplegd.log();
-  auto wait_down = std::chrono::steady_clock::now() + 4s;
-  while (std::chrono::steady_clock::now() < wait_down) kplegd.wait_for_log("\x01never", 100ms);
+  // The container exits (3 s after its start) while the runtime is down: wait until its cgroup
+  // has no process left.
+  const std::string procs = "/sys/fs/cgroup/unified/kubepods/besteffort/pod" + dies_while_down->uid +
+                            "/" + dies_while_down->container_ids[0] + "/cgroup.procs";
+  bool exited = false;
+  for (auto deadline = std::chrono::steady_clock::now() + 15s;
+       !exited && std::chrono::steady_clock::now() < deadline;) {
+    std::ifstream in(procs);
+    std::string pid;
+    exited = in.good() && !(in >> pid);
+    if (!exited) kplegd.wait_for_log("\x01never", 50ms);  // poll interval
+  }
+  EXPECT_TRUE(exited) << "the container did not exit while containerd was down (" << procs << ")";
   auto up = TestBed::instance().up();
   ASSERT_TRUE(up.ok()) << up.error().message;
 
