@@ -65,18 +65,24 @@ std::optional<nlohmann::json> event_of(const std::vector<nlohmann::json>& events
   return std::nullopt;
 }
 
+// A CriProxy in front of `upstream`, listening in a fresh temporary directory (returned in
+// `dir`, for the caller to remove).
+Result<std::unique_ptr<cri::CriProxy>> start_proxy(const std::string& upstream, std::string& dir) {
+  char tmpl[] = "/tmp/kpleg-cri-proxy-XXXXXX";
+  if (mkdtemp(tmpl) == nullptr) return Error::from_errno(errno, "mkdtemp");
+  dir = tmpl;
+  cri::CriProxyOptions po;
+  po.listen_endpoint = "unix://" + dir + "/cri.sock";
+  po.upstream_endpoint = upstream;
+  return cri::CriProxy::start(po);
+}
+
 class SlowRuntimeTest : public CriTestBedTest, public ::testing::WithParamInterface<std::string> {
  protected:
   void SetUp() override {
     CriTestBedTest::SetUp();
     if (IsSkipped() || HasFailure()) return;
-    char tmpl[] = "/tmp/kpleg-slow-runtime-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-    cri::CriProxyOptions po;
-    po.listen_endpoint = "unix://" + dir_ + "/cri.sock";
-    po.upstream_endpoint = endpoint_;
-    auto p = cri::CriProxy::start(po);
+    auto p = start_proxy(endpoint_, dir_);
     ASSERT_TRUE(p.ok()) << p.error().message;
     proxy_ = std::move(*p);
     auto d = start_kplegd(proxy_->endpoint(), GetParam(),
@@ -349,13 +355,7 @@ class CriProxyContainerdTest : public CriTestBedTest {
   void SetUp() override {
     CriTestBedTest::SetUp();
     if (IsSkipped() || HasFailure()) return;
-    char tmpl[] = "/tmp/kpleg-cri-proxy-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-    cri::CriProxyOptions po;
-    po.listen_endpoint = "unix://" + dir_ + "/cri.sock";
-    po.upstream_endpoint = endpoint_;
-    auto p = cri::CriProxy::start(po);
+    auto p = start_proxy(endpoint_, dir_);
     ASSERT_TRUE(p.ok()) << p.error().message;
     proxy_ = std::move(*p);
   }
