@@ -259,15 +259,32 @@ TEST_F(KernelSourceTest, CgroupsThatExistedBeforeTheLoaderAreTracked) {
 TEST_F(KernelSourceTest, TinyRingBufferReportsExactlyWhatWasLost) {
   // A consumer stalled behind a slow sink, as in a daemon that cannot keep up: the first record
   // blocks the consumer thread until the burst is over, so the one-page ring buffer overflows.
-  std::mutex mu;
-  std::condition_variable cv;
-  bool gate_open = false;
+  // The gate is shared with the sink, which the consumer thread may still be calling (for the
+  // rmdir records of the clean-up) after this test body has returned.
+  struct Gate {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool open = false;
+    void release() {
+      {
+        std::lock_guard lk(mu);
+        open = true;
+      }
+      cv.notify_all();
+    }
+  };
+  auto gate = std::make_shared<Gate>();
+  // A failed assertion below must not leave the consumer thread blocked for TearDown to join.
+  struct ReleaseOnExit {
+    std::shared_ptr<Gate> g;
+    ~ReleaseOnExit() { g->release(); }
+  } release_on_exit{gate};
   auto inner = collector_.sink();
   KernelSink gated;
-  gated.on_event = [&](const KernelEvent& ev) {
+  gated.on_event = [gate, inner](const KernelEvent& ev) {
     {
-      std::unique_lock lk(mu);
-      cv.wait(lk, [&] { return gate_open; });
+      std::unique_lock lk(gate->mu);
+      gate->cv.wait(lk, [&] { return gate->open; });
     }
     inner.on_event(ev);
   };
@@ -291,11 +308,7 @@ TEST_F(KernelSourceTest, TinyRingBufferReportsExactlyWhatWasLost) {
     burst.push_back(std::move(*c));
   }
   const uint64_t generated = kBurst + 3;
-  {
-    std::lock_guard lk(mu);
-    gate_open = true;
-  }
-  cv.notify_all();
+  gate->release();
 
   // Accounted for once received + reported lost covers everything generated.
   ASSERT_TRUE(collector_.wait_accounted(generated, kDeadline))
