@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <unordered_set>
 #include <vector>
 
 #include <fmt/format.h>
@@ -24,9 +25,11 @@
 namespace kpleg::api {
 namespace {
 
-// How often a Watch looks up from the subscription to notice a client cancellation or a
-// server stop: the bound on how long either takes to end the stream.
-constexpr auto kWatchPoll = std::chrono::milliseconds(50);
+// How often an idle Watch looks up from its subscription to notice that its client went away
+// (a write to a gone client fails at once, so this only matters while no event comes). A server
+// stop does not wait for it: stop() cancels every open subscription. Each look costs a wakeup
+// of an otherwise idle daemon, hence seconds, not milliseconds.
+constexpr auto kWatchPoll = std::chrono::milliseconds(1000);
 
 Result<std::string> read_file(const std::string& path, const char* flag) {
   std::ifstream in(path, std::ios::binary);
@@ -51,7 +54,12 @@ class PodLifecycleService final : public v1::PodLifecycle::Service {
                       StatsProvider& stats, size_t max_watchers)
       : bus_(bus), state_(state), health_(health), stats_(stats), max_watchers_(max_watchers) {}
 
-  void stop() { stopping_.store(true); }
+  // Ends every open Watch at once, and any Watch that starts later.
+  void stop() {
+    std::lock_guard lk(open_mu_);
+    stopping_.store(true);
+    for (bus::Subscription* sub : open_) sub->cancel();
+  }
 
   grpc::Status List(grpc::ServerContext*, const v1::ListRequest* req,
                     v1::ListResponse* resp) override {
@@ -105,6 +113,7 @@ class PodLifecycleService final : public v1::PodLifecycle::Service {
       from = bus::kUnknownPosition;  // a position in another daemon instance's stream
     bus::Subscription sub =
         bus_.subscribe(from, bus::EventFilter{req->pod_uid(), req->pod_namespace()});
+    OpenWatch open{*this, sub};
 
     // Initial metadata tells the consumer that its subscription is in place: anything
     // published from now on reaches it.
@@ -118,6 +127,7 @@ class PodLifecycleService final : public v1::PodLifecycle::Service {
       bus::Subscription::Next n = sub.next(kWatchPoll);
       if (n.status == bus::Subscription::Status::kTimeout) continue;
       if (n.status == bus::Subscription::Status::kClosed) {
+        if (stopping_.load()) return {grpc::StatusCode::UNAVAILABLE, "kplegd is shutting down"};
         if (sub.cut_off()) {
           spdlog::warn("api: Watch from {} cut off: {}", ctx->peer(), sub.close_reason());
           return {grpc::StatusCode::RESOURCE_EXHAUSTED, sub.close_reason()};
@@ -133,6 +143,21 @@ class PodLifecycleService final : public v1::PodLifecycle::Service {
   }
 
  private:
+  // Registers a Watch's subscription for stop() while the handler runs.
+  struct OpenWatch {
+    PodLifecycleService& svc;
+    bus::Subscription& sub;
+    OpenWatch(PodLifecycleService& s, bus::Subscription& b) : svc(s), sub(b) {
+      std::lock_guard lk(svc.open_mu_);
+      if (svc.stopping_.load()) sub.cancel();
+      svc.open_.insert(&sub);
+    }
+    ~OpenWatch() {
+      std::lock_guard lk(svc.open_mu_);
+      svc.open_.erase(&sub);
+    }
+  };
+
   bus::EventBus& bus_;
   StateProvider& state_;
   HealthProvider& health_;
@@ -140,6 +165,8 @@ class PodLifecycleService final : public v1::PodLifecycle::Service {
   const size_t max_watchers_;
   std::atomic<size_t> watchers_{0};
   std::atomic<bool> stopping_{false};
+  std::mutex open_mu_;
+  std::unordered_set<bus::Subscription*> open_;
 };
 
 ApiServer::ApiServer(ApiServerOptions options, bus::EventBus& bus, StateProvider& state,

@@ -14,9 +14,15 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// How often the watcher looks up from WaitForStateChange to see whether the client is being
-// destroyed: the destructor waits at most this long.
+// While the channel is not READY, the watcher follows it with WaitForStateChange and looks up
+// this often to see whether the client is being destroyed (the destructor waits at most this
+// long).
 constexpr auto kWatchPoll = std::chrono::milliseconds(100);
+// While READY, it only looks at the state this often, on a plain timed wait that the destructor
+// interrupts: a gRPC state watch arms a gRPC timer each time, and on an idle node those timer
+// wakeups were most of the daemon's CPU. A lost connection stays visible (IDLE or
+// TRANSIENT_FAILURE) until something reconnects it, so it is noticed on the next look.
+constexpr auto kReadyPoll = std::chrono::milliseconds(1000);
 
 ConnectionState from_grpc(grpc_connectivity_state s) {
   switch (s) {
@@ -92,7 +98,11 @@ GrpcCriClient::GrpcCriClient(std::string target, GrpcCriClientOptions options)
 }
 
 GrpcCriClient::~GrpcCriClient() {
-  stopping_.store(true);
+  {
+    std::lock_guard lk(stop_mu_);
+    stopping_.store(true);
+  }
+  stop_cv_.notify_all();
   if (watcher_.joinable()) watcher_.join();
 }
 
@@ -104,13 +114,29 @@ ConnectionState GrpcCriClient::state() const {
 // closed goes IDLE and would stay there until the next call. Asking for the state with
 // try_to_connect keeps it connecting, so the runtime's return is noticed (and reported) even
 // when nothing is calling.
+//
+// While READY the watcher only looks once every kReadyPoll, so calls can take a lost
+// connection through a whole reconnect between two looks. A call that fails with UNAVAILABLE
+// on a channel that is no longer READY therefore tells the watcher at once (note_call_lost):
+// every outage that a call saw is reported as lost and then reconnected.
 void GrpcCriClient::watch_connectivity() {
   bool ever_ready = false;
   bool lost = false;
   auto last = GRPC_CHANNEL_IDLE;
   while (!stopping_.load()) {
     auto s = channel_->GetState(/*try_to_connect=*/true);
-    if (s != last) {
+    bool call_saw_loss = false;
+    {
+      std::lock_guard lk(stop_mu_);
+      std::swap(call_saw_loss, call_saw_loss_);
+    }
+    if (call_saw_loss && ever_ready && !lost) {
+      lost = true;
+      spdlog::warn("CRI runtime at {}: connection lost (a call failed with UNAVAILABLE), "
+                   "reconnecting",
+                   target_);
+    }
+    if (s != last || (s == GRPC_CHANNEL_READY && lost)) {
       if (s == GRPC_CHANNEL_READY) {
         if (lost) {
           reconnects_.fetch_add(1, std::memory_order_relaxed);
@@ -128,8 +154,21 @@ void GrpcCriClient::watch_connectivity() {
       }
       last = s;
     }
-    channel_->WaitForStateChange(s, std::chrono::system_clock::now() + kWatchPoll);
+    if (s == GRPC_CHANNEL_READY) {
+      std::unique_lock lk(stop_mu_);
+      stop_cv_.wait_for(lk, kReadyPoll, [&] { return stopping_.load() || call_saw_loss_; });
+    } else {
+      channel_->WaitForStateChange(s, std::chrono::system_clock::now() + kWatchPoll);
+    }
   }
+}
+
+void GrpcCriClient::note_call_lost() {
+  {
+    std::lock_guard lk(stop_mu_);
+    call_saw_loss_ = true;
+  }
+  stop_cv_.notify_all();
 }
 
 template <typename Response, typename Invoke>
@@ -152,6 +191,10 @@ Result<Response> GrpcCriClient::invoke(CriMethod method, std::chrono::millisecon
   Response response;
   grpc::Status st = rpc(&ctx, &response);
   stats_.record(method, st.error_code());
+  // UNAVAILABLE on a channel that is still READY is the runtime's own answer, not an outage.
+  if (st.error_code() == grpc::StatusCode::UNAVAILABLE &&
+      channel_->GetState(/*try_to_connect=*/false) != GRPC_CHANNEL_READY)
+    note_call_lost();
   if (!st.ok()) {
     return Error{st.error_code(), fmt::format("CRI {} failed: {}: {}", cri_method_name(method),
                                               grpc_code_name(st.error_code()), st.error_message())};

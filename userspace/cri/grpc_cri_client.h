@@ -16,9 +16,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -95,6 +97,7 @@ class GrpcCriClient final : public CriClient {
  private:
   GrpcCriClient(std::string target, GrpcCriClientOptions options);
   void watch_connectivity();
+  void note_call_lost();  // a call failed with UNAVAILABLE on a channel that is not READY
   template <typename Response, typename Invoke>
   Result<Response> invoke(CriMethod method, std::chrono::milliseconds timeout, Invoke&& rpc);
 
@@ -106,6 +109,9 @@ class GrpcCriClient final : public CriClient {
   CallStats stats_;
   std::atomic<uint64_t> reconnects_{0};
   std::atomic<bool> stopping_{false};
+  std::mutex stop_mu_;
+  std::condition_variable stop_cv_;
+  bool call_saw_loss_ = false;  // guarded by stop_mu_
   std::thread watcher_;
 };
 
