@@ -1,10 +1,13 @@
 // Faults: the runtime dies and comes back, the kernel path cannot load, bad flags.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <unistd.h>
 
+#include <cstdio>
 #include <fstream>
 
 #include "e2e/e2e_support.h"
+#include "kernel/self_test.h"
 
 namespace kpleg::testing {
 namespace {
@@ -60,6 +63,40 @@ TEST_F(FaultsTest, ContainerdKilledAndRestartedNothingMissed) {
   ASSERT_TRUE(after.ok()) << after.error().message;
   EXPECT_TRUE(wait_types(kplegd, after->container_ids[0], {"ContainerStarted", "ContainerDied"}));
   EXPECT_TRUE(wait_types(kplegd, before->container_ids[0], {"ContainerStarted"}));
+  EXPECT_EQ(kplegd.stop(), 0);
+}
+
+// Another runtime's container under the same kubepods root: kplegd sees it start through the
+// kernel, cannot confirm it with its runtime, and lets it be, without a full relist and without
+// an event. (A real node's kubepods can hold containers that kplegd's runtime did not make.)
+TEST_F(FaultsTest, AnotherRuntimesContainerIsIgnoredWithoutARelist) {
+  auto d = start_kplegd(endpoint_, "ebpf");
+  ASSERT_TRUE(d.ok()) << d.error().message;
+  auto& kplegd = **d;
+
+  char uid[40];
+  snprintf(uid, sizeof(uid), "f0e1d2c3-0000-4000-8000-%012x", unsigned(getpid()));
+  const std::string pod_dir = std::string("/sys/fs/cgroup/unified/kubepods/besteffort/pod") + uid;
+  auto pod = kernel::ScratchCgroup::create(pod_dir);
+  ASSERT_TRUE(pod.ok()) << pod.error().message;
+  const std::string id(64, 'e');
+  auto ctr = kernel::ScratchCgroup::create(pod_dir + "/" + id);
+  ASSERT_TRUE(ctr.ok()) << ctr.error().message;
+  auto pid = kernel::spawn_in_cgroup(ctr->path(), {"/bin/sleep", "60"});
+  ASSERT_TRUE(pid.ok()) << pid.error().message;
+  const bool given_up = kplegd.wait_for_log("the runtime does not know it", 20s);
+  kill(*pid, SIGKILL);
+  auto status = kernel::wait_child(*pid);
+  ASSERT_TRUE(status.ok()) << status.error().message;
+  EXPECT_TRUE(given_up) << kplegd.log();
+  EXPECT_EQ(kplegd.log().find("reconcile (tracker"), std::string::npos)
+      << "a foreign container cost a full relist:\n" << kplegd.log();
+  for (const auto& e : kplegd.events()) EXPECT_NE(e["container_id"], id) << e.dump();
+
+  // kplegd's own pods keep working.
+  auto own = launch_pod(endpoint_, namespace_, "own", 1, "sh -c 'exit 0'");
+  ASSERT_TRUE(own.ok()) << own.error().message;
+  EXPECT_TRUE(wait_types(kplegd, own->container_ids[0], {"ContainerStarted", "ContainerDied"}));
   EXPECT_EQ(kplegd.stop(), 0);
 }
 

@@ -2,9 +2,11 @@
 // once the runtime confirms them, with the kubelet's rules, no duplicates, no Died before Started.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include <grpcpp/support/status_code_enum.h>
@@ -272,6 +274,124 @@ TEST_F(TrackerTest, UnknownCgroupAsksForAReconcile) {
   tracker_->on_kernel_event(ev);
   EXPECT_NE(reason.find("unknown cgroup"), std::string::npos);
   EXPECT_EQ(tracker_->stats().unresolved_signals, 1u);
+}
+
+// Polls f until it holds or 5 s pass.
+template <typename F>
+bool eventually(F f) {
+  auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (!f()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(5ms);
+  }
+  return true;
+}
+
+TEST_F(TrackerTest, AContainerTheRuntimeDoesNotKnowIsForeignNotAnInconsistency) {
+  tracker_->stop();
+  TrackerOptions o;
+  o.foreign_after = 100ms;
+  tracker_ = std::make_unique<Tracker>(cri_, index_, sink_, o);
+  std::atomic<int> inconsistencies{0};
+  tracker_->set_inconsistency_handler([&](const std::string&) { ++inconsistencies; });
+
+  // A container-shaped cgroup of this pod that another runtime made.
+  const std::string foreign(64, 'f');
+  index_.on_mkdir(cgroup_of(foreign), path_of(foreign));
+  kernel_exec(foreign);
+  ASSERT_TRUE(eventually([&] { return tracker_->stats().foreign_containers == 1; }))
+      << "the unknown container was never given up on";
+  EXPECT_EQ(inconsistencies.load(), 0) << "a foreign container must not cost a full relist";
+  EXPECT_EQ(tracker_->stats().confirm_failures, 0u);
+
+  // Its later signals cost no CRI call and give no event.
+  const auto calls = cri_.calls(cri::CriMethod::kContainerStatus);
+  kernel_exit(foreign, 0);
+  kernel::KernelEvent rmdir;
+  rmdir.body = kernel::CgroupRmdir{cgroup_of(foreign)};
+  tracker_->on_kernel_event(rmdir);
+  EXPECT_EQ(tracker_->stats().foreign_signals, 2u);
+  EXPECT_EQ(cri_.calls(cri::CriMethod::kContainerStatus), calls);
+  EXPECT_TRUE(sink_.events().empty());
+  EXPECT_TRUE(tracker_->containers().empty());
+
+  // This pod's own containers are unaffected.
+  auto id = create("app");
+  ASSERT_TRUE(cri_.start_container(id).ok());
+  kernel_exec(id);
+  ASSERT_TRUE(wait_types(id, {"ContainerStarted"}));
+  EXPECT_EQ(inconsistencies.load(), 0);
+}
+
+TEST_F(TrackerTest, AnUnknownContainerThatAlreadyDiedEndsItsStartConfirmationQuietly) {
+  tracker_->stop();
+  TrackerOptions o;
+  o.confirm_budget = 300ms;  // without the fix, the start's confirmation gives up after this
+  o.foreign_after = 10s;
+  tracker_ = std::make_unique<Tracker>(cri_, index_, sink_, o);
+  std::atomic<int> inconsistencies{0};
+  tracker_->set_inconsistency_handler([&](const std::string&) { ++inconsistencies; });
+  const std::string gone(64, 'd');
+  index_.on_mkdir(cgroup_of(gone), path_of(gone));
+  kernel_exec(gone);
+  kernel_exit(gone, 0);  // the death is confirmed (not found: gone before it was ever known)
+  const auto retries_then = [&] { return tracker_->stats().confirm_retries; };
+  ASSERT_TRUE(eventually([&] {
+    auto a = retries_then();
+    std::this_thread::sleep_for(50ms);
+    return retries_then() == a;
+  })) << "the start's confirmation kept retrying";
+  std::this_thread::sleep_for(o.confirm_budget * 2);  // past the budget: nothing may come
+  EXPECT_EQ(inconsistencies.load(), 0);
+  EXPECT_TRUE(sink_.events().empty());
+}
+
+TEST_F(TrackerTest, RemovedContainersAreForgottenAfterTheRetentionButAStaleListCannotRevive) {
+  auto lifecycle = [&](const std::string& name) {
+    auto id = create(name);
+    EXPECT_TRUE(cri_.start_container(id).ok());
+    kernel_exec(id);
+    EXPECT_TRUE(wait_types(id, {"ContainerStarted"}));
+    EXPECT_TRUE(cri_.exit_container(id, 0).ok());
+    kernel_exit(id, 0);
+    EXPECT_TRUE(wait_types(id, {"ContainerStarted", "ContainerDied"}));
+    return id;
+  };
+  auto initial = list_runtime(cri_);
+  ASSERT_TRUE(initial.ok());
+  tracker_->reconcile(*initial, /*initial=*/true);  // the sandbox
+  auto id = lifecycle("app");
+  auto stale = list_runtime(cri_);  // taken while the container still exists
+  ASSERT_TRUE(stale.ok());
+  ASSERT_TRUE(cri_.remove_container(id).ok());
+  ASSERT_TRUE(wait_types(id, {"ContainerStarted", "ContainerDied", "ContainerRemoved"}));
+  const size_t events = sink_.events().size();
+
+  // Within the retention, a list from before the removal changes nothing.
+  tracker_->reconcile(*stale, /*initial=*/false);
+  EXPECT_FALSE(sink_.wait_count(events + 1, 200ms)) << "a stale list revived a removed container";
+  EXPECT_EQ(tracker_->stats().records, 2u) << "the sandbox and the removed container";
+
+  // With a zero retention, the next reconcile forgets the removed container: memory follows
+  // the live containers, not every container ever seen.
+  tracker_->stop();
+  TrackerOptions o;
+  o.removal_check_first = 20ms;
+  o.removal_check_max = 40ms;
+  o.removed_retention = 0ms;
+  tracker_ = std::make_unique<Tracker>(cri_, index_, sink_, o);
+  auto view = list_runtime(cri_);
+  ASSERT_TRUE(view.ok());
+  tracker_->reconcile(*view, /*initial=*/true);
+  auto id2 = lifecycle("app2");
+  ASSERT_TRUE(cri_.remove_container(id2).ok());
+  ASSERT_TRUE(wait_types(id2, {"ContainerStarted", "ContainerDied", "ContainerRemoved"}));
+  EXPECT_EQ(tracker_->stats().records, 2u) << "the sandbox and the removed container";
+  view = list_runtime(cri_);
+  ASSERT_TRUE(view.ok());
+  tracker_->reconcile(*view, /*initial=*/false);
+  EXPECT_EQ(tracker_->stats().records, 1u) << "only the sandbox is left";
+  EXPECT_EQ(tracker_->stats().corrections_total(), 0u);
 }
 
 }  // namespace

@@ -93,6 +93,11 @@ Status Daemon::start_ebpf() {
   });
   tracker_->set_inconsistency_handler(
       [this](const std::string& why) { reconciler_->request("tracker: " + why); });
+  metrics_.on_scrape([this] {
+    pleg::TrackerStats ts = tracker_->stats();
+    metrics_.foreign_containers.set(static_cast<double>(ts.foreign_containers));
+    metrics_.tracked_records.set(static_cast<double>(ts.records));
+  });
 
   kernel_ = std::make_unique<kernel::BpfKernelSource>(opts_.kernel);
   kernel::KernelSink sink;

@@ -60,6 +60,14 @@ KplegMetrics::KplegMetrics(Registry& r)
                                     "Watch subscribers cut off because their queue was full.")
                               .get()),
       mode(r.gauge("kpleg_mode", "1 for the active event source mode.", {"mode"})),
+      foreign_containers(r.counter("kpleg_foreign_containers_total",
+                                   "Containers started in a tracked cgroup that the runtime "
+                                   "does not know; their kernel signals are ignored.")
+                             .get()),
+      tracked_records(r.gauge("kpleg_tracked_records",
+                              "Containers and sandboxes held by the tracker, removed ones "
+                              "included until they expire.")
+                          .get()),
       registry_(r) {
   r.gauge("kpleg_build_info", "kpleg's version; always 1.", {"version"})
       .with({KPLEG_VERSION})
@@ -112,5 +120,7 @@ void KplegMetrics::mirror_bus(const bus::EventBus& bus) {
     discard_events.set(static_cast<double>(st.discarded_events));
   });
 }
+
+void KplegMetrics::on_scrape(std::function<void()> f) { registry_.add_collector(std::move(f)); }
 
 }  // namespace kpleg::metrics

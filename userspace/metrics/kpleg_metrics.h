@@ -4,6 +4,7 @@
 #pragma once
 
 #include <array>
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -51,6 +52,12 @@ struct KplegMetrics {
   Counter& subscribers_cut_off;
   // kpleg_mode{mode}: 1 for the active mode ("ebpf" or "relist"), 0 for the other.
   Family<Gauge>& mode;
+  // kpleg_foreign_containers_total: containers that started in a tracked cgroup but that the
+  // runtime does not know (another runtime's); their kernel signals are ignored.
+  Counter& foreign_containers;
+  // kpleg_tracked_records: containers and sandboxes the ebpf-mode tracker holds in memory,
+  // removed ones included until they expire.
+  Gauge& tracked_records;
 
   void set_mode(std::string_view active);
 
@@ -61,6 +68,9 @@ struct KplegMetrics {
   // Copy kept-elsewhere numbers in at every scrape; the sources must outlive the registry.
   void mirror_cri_calls(const cri::CallStats& stats);
   void mirror_bus(const bus::EventBus& bus);
+  // Runs f before every scrape (to copy in numbers kept elsewhere); f's captures must outlive
+  // the registry.
+  void on_scrape(std::function<void()> f);
 
  private:
   Registry& registry_;
@@ -69,7 +79,7 @@ struct KplegMetrics {
 };
 
 // The metric names, for docs and tests.
-inline constexpr std::array<std::string_view, 14> kMetricNames = {
+inline constexpr std::array<std::string_view, 16> kMetricNames = {
     "kubelet_pleg_relist_duration_seconds",
     "kubelet_pleg_relist_interval_seconds",
     "kubelet_pleg_last_seen_seconds",
@@ -83,6 +93,8 @@ inline constexpr std::array<std::string_view, 14> kMetricNames = {
     "kpleg_subscribers",
     "kpleg_subscribers_cut_off_total",
     "kpleg_mode",
+    "kpleg_foreign_containers_total",
+    "kpleg_tracked_records",
     "kpleg_build_info",
 };
 

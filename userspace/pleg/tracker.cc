@@ -115,6 +115,15 @@ void Tracker::on_kernel_event(const kernel::KernelEvent& ev) {
       rec.identity.id = id;
       rec.identity.pod_uid = entry->identity.pod_uid;
     }
+    if (rec.foreign) {
+      ++stats_.foreign_signals;
+      if (std::holds_alternative<kernel::CgroupRmdir>(ev.body)) {
+        // Gone: let the sweep forget it.
+        rec.reported = ContainerState::kNonExistent;
+        rec.removed_at = Clock::now();
+      }
+      return;
+    }
     if (std::holds_alternative<kernel::ProcessExec>(ev.body)) {
       rec.kernel_exec_seen = true;
       rec.kernel_start_ts = ts;
@@ -178,21 +187,43 @@ Result<Tracker::Observation> Tracker::observe(const std::string& id, bool sandbo
 
 void Tracker::confirm(const std::string& id, Want want, std::chrono::milliseconds delay,
                       Clock::time_point deadline) {
+  const int want_rank = want == Want::kRunning ? 1 : 2;
   bool sandbox_known, sandbox;
   {
     std::lock_guard lk(mu_);
     auto& rec = records_[id];
+    // Another path got there first (a later signal's confirmation, a reconcile, a death that
+    // came before the start could be confirmed): nothing left to confirm.
+    if (rank(rec.reported) >= want_rank) {
+      --rec.pending;
+      return;
+    }
     sandbox_known = rec.sandbox_known;
     sandbox = rec.identity.sandbox;
   }
   auto obs = observe(id, sandbox_known, sandbox);
   note_call(id, obs.ok() ? nullptr : &obs.error());
 
-  const int want_rank = want == Want::kRunning ? 1 : 2;
   // A start the runtime does not know yet (RunPodSandbox/StartContainer still in progress, the
   // id not in its store) is not a removal: wait for it like for any other lag.
   bool settled = obs.ok() && rank(obs->state) >= want_rank &&
                  !(want == Want::kRunning && obs->state == ContainerState::kNonExistent);
+  if (want == Want::kRunning && obs.ok() && obs->state == ContainerState::kNonExistent &&
+      Clock::now() - (deadline - opts_.confirm_budget) >= opts_.foreign_after) {
+    std::lock_guard lk(mu_);
+    auto& rec = records_[id];
+    if (rank(rec.reported) == 0 && rec.identity.pod_name.empty()) {
+      // Still unknown long after its start: not this runtime's container. Not an
+      // inconsistency either, so no reconcile; its later signals are ignored.
+      --rec.pending;
+      rec.foreign = true;
+      ++stats_.foreign_containers;
+      spdlog::info("tracker: {} started in a tracked cgroup but the runtime does not know it "
+                   "(another runtime's container?): ignoring its kernel signals",
+                   id.substr(0, 12));
+      return;
+    }
+  }
   if (!settled && Clock::now() + delay < deadline) {
     // The runtime has not caught up with the kernel yet (or did not answer): try again soon.
     {
@@ -238,11 +269,13 @@ int Tracker::advance(Record& rec, ContainerState target, const ContainerSnapshot
                      EventSource source, bool correction) {
   const ContainerState from = rec.reported;
   if (rank(target) <= rank(from)) return 0;
+  if (target == ContainerState::kNonExistent) rec.removed_at = Clock::now();
   // Gone before the runtime ever reported it to us: nothing a consumer could have seen.
   if (target == ContainerState::kNonExistent && rank(from) == 0 && rec.identity.pod_name.empty()) {
     rec.reported = target;
     return 0;
   }
+  rec.foreign = false;  // the runtime reports it: it is this runtime's after all
 
   std::vector<EventType> types;
   switch (target) {
@@ -367,6 +400,10 @@ void Tracker::reconcile(const std::vector<RuntimeContainer>& view, bool initial)
       }
     }
   }
+  {
+    std::lock_guard lk(mu_);
+    sweep_removed();
+  }
   // A difference may be a kernel event still on its way: look again after a grace period
   // with a targeted call before calling it a correction.
   for (const auto& id : recheck) {
@@ -381,12 +418,24 @@ void Tracker::reconcile(const std::vector<RuntimeContainer>& view, bool initial)
   }
 }
 
+void Tracker::sweep_removed() {
+  const auto now = Clock::now();
+  for (auto it = records_.begin(); it != records_.end();) {
+    const Record& rec = it->second;
+    bool expired = rec.reported == ContainerState::kNonExistent && rec.pending == 0 &&
+                   now - rec.removed_at >= opts_.removed_retention;
+    it = expired ? records_.erase(it) : std::next(it);
+  }
+}
+
 void Tracker::recheck_correction(const std::string& id, std::chrono::milliseconds retry) {
   bool sandbox;
   std::string pod;
   {
     std::lock_guard lk(mu_);
-    auto& rec = records_[id];
+    auto it = records_.find(id);
+    if (it == records_.end()) return;  // removed and forgotten meanwhile
+    auto& rec = it->second;
     if (rec.pending > 0) return;  // the kernel path has it
     sandbox = rec.identity.sandbox;
     pod = rec.identity.pod_uid;
@@ -413,7 +462,9 @@ void Tracker::recheck_correction(const std::string& id, std::chrono::millisecond
 
 TrackerStats Tracker::stats() const {
   std::lock_guard lk(mu_);
-  return stats_;
+  TrackerStats st = stats_;
+  st.records = records_.size();
+  return st;
 }
 
 std::vector<TrackedContainer> Tracker::containers() const {

@@ -42,6 +42,14 @@ struct TrackerOptions {
   // A difference found by a reconcile is re-checked after this grace period (a kernel event in
   // flight is not a missed one) before it becomes a correction.
   std::chrono::milliseconds correction_grace{300};
+  // A started container that the runtime still does not know after this long belongs to
+  // someone else (another runtime under the same kubepods root): its kernel signals are
+  // ignored from then on, without a reconcile. A reconcile that lists it after all reports it
+  // as a correction.
+  std::chrono::milliseconds foreign_after{1000};
+  // How long a removed container's record stays, so that a runtime list taken just before the
+  // removal cannot bring it back. Swept on every reconcile.
+  std::chrono::milliseconds removed_retention{60'000};
 };
 
 // One container (or sandbox) as a full runtime list reports it.
@@ -72,6 +80,9 @@ struct TrackerStats {
   uint64_t confirm_retries = 0;
   uint64_t confirm_failures = 0;     // budget exhausted; handed to the reconciler
   uint64_t removal_checks = 0;
+  uint64_t foreign_containers = 0;  // started containers the runtime does not know
+  uint64_t foreign_signals = 0;      // kernel signals of those, ignored
+  size_t records = 0;                // containers and sandboxes held in memory (incl. removed)
   std::map<std::string, uint64_t> corrections;  // by event type
   uint64_t corrections_total() const;
 };
@@ -123,6 +134,8 @@ class Tracker {
     int pending = 0;               // kernel confirmations queued or running
     std::chrono::milliseconds removal_backoff{0};
     bool removal_scheduled = false;
+    bool foreign = false;  // the runtime does not know it (see foreign_after)
+    std::chrono::steady_clock::time_point removed_at{};  // when it became kNonExistent
   };
   enum class Want { kRunning, kExited };
 
@@ -137,6 +150,8 @@ class Tracker {
   void confirm(const std::string& id, Want want, std::chrono::milliseconds delay,
                std::chrono::steady_clock::time_point deadline);
   void check_removed(const std::string& id);
+  // Forgets removed containers older than removed_retention. Caller holds mu_.
+  void sweep_removed();
   void recheck_correction(const std::string& id, std::chrono::milliseconds retry);
   // Records the outcome of a targeted call for the pod of `id` (troubled_pods()).
   void note_call(const std::string& id, const Error* error);
