@@ -118,6 +118,20 @@ class TrackerTest : public ::testing::Test {
     return false;
   }
 
+  // Replaces the tracker with one built with `o`; counts its inconsistencies.
+  void restart_tracker(const TrackerOptions& o) {
+    tracker_->stop();
+    tracker_ = std::make_unique<Tracker>(cri_, index_, sink_, o);
+    tracker_->set_inconsistency_handler([this](const std::string&) { ++inconsistencies_; });
+  }
+  // A container-shaped cgroup of this pod that the runtime does not know.
+  std::string unknown_container(char c) {
+    std::string id(64, c);
+    index_.on_mkdir(cgroup_of(id), path_of(id));
+    return id;
+  }
+
+  std::atomic<int> inconsistencies_{0};
   cri::FakeCriClient cri_;
   cgroup::CgroupIndex index_;
   CollectingSink sink_;
@@ -288,20 +302,14 @@ bool eventually(F f) {
 }
 
 TEST_F(TrackerTest, AContainerTheRuntimeDoesNotKnowIsForeignNotAnInconsistency) {
-  tracker_->stop();
   TrackerOptions o;
   o.foreign_after = 100ms;
-  tracker_ = std::make_unique<Tracker>(cri_, index_, sink_, o);
-  std::atomic<int> inconsistencies{0};
-  tracker_->set_inconsistency_handler([&](const std::string&) { ++inconsistencies; });
-
-  // A container-shaped cgroup of this pod that another runtime made.
-  const std::string foreign(64, 'f');
-  index_.on_mkdir(cgroup_of(foreign), path_of(foreign));
+  restart_tracker(o);
+  const std::string foreign = unknown_container('f');  // another runtime made it
   kernel_exec(foreign);
   ASSERT_TRUE(eventually([&] { return tracker_->stats().foreign_containers == 1; }))
       << "the unknown container was never given up on";
-  EXPECT_EQ(inconsistencies.load(), 0) << "a foreign container must not cost a full relist";
+  EXPECT_EQ(inconsistencies_.load(), 0) << "a foreign container must not cost a full relist";
   EXPECT_EQ(tracker_->stats().confirm_failures, 0u);
 
   // Its later signals cost no CRI call and give no event.
@@ -320,19 +328,15 @@ TEST_F(TrackerTest, AContainerTheRuntimeDoesNotKnowIsForeignNotAnInconsistency) 
   ASSERT_TRUE(cri_.start_container(id).ok());
   kernel_exec(id);
   ASSERT_TRUE(wait_types(id, {"ContainerStarted"}));
-  EXPECT_EQ(inconsistencies.load(), 0);
+  EXPECT_EQ(inconsistencies_.load(), 0);
 }
 
 TEST_F(TrackerTest, AnUnknownContainerThatAlreadyDiedEndsItsStartConfirmationQuietly) {
-  tracker_->stop();
   TrackerOptions o;
   o.confirm_budget = 300ms;  // without the fix, the start's confirmation gives up after this
   o.foreign_after = 10s;
-  tracker_ = std::make_unique<Tracker>(cri_, index_, sink_, o);
-  std::atomic<int> inconsistencies{0};
-  tracker_->set_inconsistency_handler([&](const std::string&) { ++inconsistencies; });
-  const std::string gone(64, 'd');
-  index_.on_mkdir(cgroup_of(gone), path_of(gone));
+  restart_tracker(o);
+  const std::string gone = unknown_container('d');
   kernel_exec(gone);
   kernel_exit(gone, 0);  // the death is confirmed (not found: gone before it was ever known)
   const auto retries_then = [&] { return tracker_->stats().confirm_retries; };
@@ -342,7 +346,7 @@ TEST_F(TrackerTest, AnUnknownContainerThatAlreadyDiedEndsItsStartConfirmationQui
     return retries_then() == a;
   })) << "the start's confirmation kept retrying";
   std::this_thread::sleep_for(o.confirm_budget * 2);  // past the budget: nothing may come
-  EXPECT_EQ(inconsistencies.load(), 0);
+  EXPECT_EQ(inconsistencies_.load(), 0);
   EXPECT_TRUE(sink_.events().empty());
 }
 
@@ -374,12 +378,11 @@ TEST_F(TrackerTest, RemovedContainersAreForgottenAfterTheRetentionButAStaleListC
 
   // With a zero retention, the next reconcile forgets the removed container: memory follows
   // the live containers, not every container ever seen.
-  tracker_->stop();
   TrackerOptions o;
   o.removal_check_first = 20ms;
   o.removal_check_max = 40ms;
   o.removed_retention = 0ms;
-  tracker_ = std::make_unique<Tracker>(cri_, index_, sink_, o);
+  restart_tracker(o);
   auto view = list_runtime(cri_);
   ASSERT_TRUE(view.ok());
   tracker_->reconcile(*view, /*initial=*/true);
