@@ -14,7 +14,8 @@ void PodWorkQueue::post(const std::string& pod, Task task, Clock::time_point not
     if (stopping_) return;
     queues_[pod].push_back({not_before, std::move(task)});
   }
-  cv_.notify_all();
+  // Idle workers are interchangeable: one of them looks (see run()).
+  cv_.notify_one();
 }
 
 void PodWorkQueue::stop() {
@@ -62,23 +63,32 @@ void PodWorkQueue::run() {
       if (found) break;
     }
     if (!found) {
-      if (next_due == Clock::time_point::max()) {
-        cv_.wait(lk);
-      } else {
+      // Only one idle worker waits for the earliest delayed task (the timer); the others sleep
+      // until a post or a hand-over wakes one of them. Waking every idle worker at every due
+      // time and every post was most of an idle pool's CPU under churn.
+      if (next_due != Clock::time_point::max() && (!timer_armed_ || next_due < timer_at_)) {
+        timer_armed_ = true;
+        timer_at_ = next_due;
         cv_.wait_until(lk, next_due);
+        if (timer_armed_ && timer_at_ == next_due) timer_armed_ = false;
+      } else {
+        cv_.wait(lk);
       }
       continue;
     }
     Task task = std::move(item->task);
     queues_[pick].erase(item);
     busy_.insert(pick);
+    // This worker may have been the timer, and other tasks may be ready or delayed: hand the
+    // looking over to an idle worker.
+    if (!timer_armed_) cv_.notify_one();
     lk.unlock();
     task();
     lk.lock();
     busy_.erase(pick);
     auto it = queues_.find(pick);
     if (it != queues_.end() && it->second.empty()) queues_.erase(it);
-    cv_.notify_all();
+    // This worker looks again itself (the pod's next task included) before it sleeps.
   }
 }
 

@@ -46,6 +46,8 @@ class PodWorkQueue {
   std::map<std::string, std::deque<Item>> queues_;
   std::set<std::string> busy_;  // pods with a task running
   bool stopping_ = false;
+  bool timer_armed_ = false;     // an idle worker waits for timer_at_
+  Clock::time_point timer_at_{};
   std::vector<std::thread> threads_;
 };
 

@@ -1,0 +1,147 @@
+// PodWorkQueue: one pod's tasks one at a time and in order, pods in parallel, delayed tasks
+// neither early nor holding back ready ones, and a delayed task is still run on time while the
+// worker that was waiting for it is busy with another pod's task.
+#include "pleg/pod_work_queue.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <vector>
+
+namespace kpleg::pleg {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = PodWorkQueue::Clock;
+
+// A one-shot flag that tasks and the test wait on, with a deadline.
+class Latch {
+ public:
+  void open() {
+    {
+      std::lock_guard lk(mu_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+  bool wait(std::chrono::milliseconds timeout = 5s) {
+    std::unique_lock lk(mu_);
+    return cv_.wait_for(lk, timeout, [&] { return open_; });
+  }
+  bool is_open() {
+    std::lock_guard lk(mu_);
+    return open_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+};
+
+TEST(PodWorkQueue, OnePodsTasksRunOneAtATimeInOrder) {
+  PodWorkQueue q(4);
+  std::mutex mu;
+  std::vector<int> order;
+  std::atomic<int> in_flight{0}, most{0};
+  Latch done;
+  constexpr int kTasks = 50;
+  for (int i = 0; i < kTasks; ++i) {
+    q.post("pod-a", [&, i] {
+      int now = ++in_flight;
+      most = std::max(most.load(), now);
+      {
+        std::lock_guard lk(mu);
+        order.push_back(i);
+        if (order.size() == kTasks) done.open();
+      }
+      --in_flight;
+    });
+  }
+  ASSERT_TRUE(done.wait());
+  EXPECT_EQ(most.load(), 1);
+  for (int i = 0; i < kTasks; ++i) EXPECT_EQ(order[i], i);
+}
+
+TEST(PodWorkQueue, AHungPodHoldsOneWorkerAndOtherPodsGoOn) {
+  PodWorkQueue q(2);
+  Latch release, hung_started;
+  q.post("hung", [&] {
+    hung_started.open();
+    release.wait(10s);
+  });
+  ASSERT_TRUE(hung_started.wait());
+  std::atomic<int> ran{0};
+  Latch all;
+  for (int i = 0; i < 10; ++i) {
+    q.post("pod-" + std::to_string(i), [&] {
+      if (++ran == 10) all.open();
+    });
+  }
+  EXPECT_TRUE(all.wait()) << ran.load() << " of 10 ran while one pod was hung";
+  release.open();
+}
+
+TEST(PodWorkQueue, DelayedTasksRunNotBeforeTheirTimeAndDoNotHoldBackReadyOnes) {
+  PodWorkQueue q(2);
+  Latch delayed_ran, ready_ran;
+  const auto not_before = Clock::now() + 200ms;
+  Clock::time_point ran_at{};
+  q.post("pod-a", [&] {
+    ran_at = Clock::now();
+    delayed_ran.open();
+  }, not_before);
+  q.post("pod-a", [&] { ready_ran.open(); });
+  ASSERT_TRUE(ready_ran.wait());
+  EXPECT_FALSE(delayed_ran.is_open()) << "the ready task waited for the delayed one";
+  ASSERT_TRUE(delayed_ran.wait());
+  EXPECT_GE(ran_at, not_before);
+}
+
+TEST(PodWorkQueue, ADelayedTaskRunsWhileTheWorkerThatWaitedForItIsBusy) {
+  // Three workers: one held by a hung pod, one that will be held by the first delayed task,
+  // and one left to run the second delayed task. The first task does not return until the
+  // second has run, so the second must not wait for the first worker to come back.
+  PodWorkQueue q(3);
+  Latch release, hung_started;
+  q.post("hung", [&] {
+    hung_started.open();
+    release.wait(10s);
+  });
+  ASSERT_TRUE(hung_started.wait());
+  Latch second_ran;
+  std::atomic<bool> first_saw_second{false};
+  const auto t0 = Clock::now();
+  q.post("pod-1", [&] { first_saw_second = second_ran.wait(5s); }, t0 + 50ms);
+  q.post("pod-2", [&] { second_ran.open(); }, t0 + 150ms);
+  // Many more delayed tasks of other pods, due one after another.
+  std::atomic<int> more{0};
+  Latch all_more;
+  for (int i = 0; i < 20; ++i) {
+    q.post("more-" + std::to_string(i), [&] {
+      if (++more == 20) all_more.open();
+    }, t0 + 200ms + i * 10ms);
+  }
+  EXPECT_TRUE(second_ran.wait(5s)) << "the second delayed task waited for a busy worker";
+  EXPECT_TRUE(all_more.wait(5s)) << more.load() << " of 20 later delayed tasks ran";
+  release.open();
+  // pod-1's task is done once it has seen the second.
+  for (auto deadline = Clock::now() + 5s; !first_saw_second && Clock::now() < deadline;)
+    second_ran.wait(10ms);
+  EXPECT_TRUE(first_saw_second.load());
+}
+
+TEST(PodWorkQueue, StopDropsPendingTasksAndReturns) {
+  PodWorkQueue q(2);
+  std::atomic<int> ran{0};
+  q.post("pod-a", [&] { ++ran; }, Clock::now() + 10s);
+  q.stop();
+  EXPECT_EQ(ran.load(), 0);
+  EXPECT_EQ(q.pending(), 0u);
+}
+
+}  // namespace
+}  // namespace kpleg::pleg
