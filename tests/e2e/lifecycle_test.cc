@@ -158,5 +158,41 @@ TEST_P(LifecycleTest, ExecsInsideTheContainerAreNoStarts) {
 INSTANTIATE_TEST_SUITE_P(Modes, LifecycleTest, ::testing::Values("ebpf", "relist"),
                          [](const auto& info) { return info.param; });
 
+// ebpf mode: a container that stays exited (an init container, a finished job) is watched by
+// the tracker's removal sweep, one ListContainers of the exited containers for all of them,
+// against the real containerd: the sweep must not take an exited container for removed, and
+// must see the removal when it comes.
+class LongExitedTest : public CriTestBedTest {};
+
+TEST_F(LongExitedTest, AContainerExitedForLongIsRemovedThroughTheSweep) {
+  auto d = start_kplegd(endpoint_, "ebpf");  // at debug level
+  ASSERT_TRUE(d.ok()) << d.error().message;
+  auto& kplegd = **d;
+  auto pod = launch_pod(endpoint_, namespace_, "initlike", 2, "sh -c 'exit 0'");
+  ASSERT_TRUE(pod.ok()) << pod.error().message;
+  for (const auto& id : pod->container_ids) ASSERT_TRUE(wait_types(kplegd, id, kDied));
+
+  // After the targeted checks (250 ms ... 2 s) both are watched by the sweep (every 2 s).
+  auto sweeps = [&] {
+    const std::string log = kplegd.log();
+    size_t n = 0;
+    for (size_t at = log.find("removal sweep:"); at != std::string::npos;
+         at = log.find("removal sweep:", at + 1))
+      ++n;
+    return n;
+  };
+  for (auto deadline = std::chrono::steady_clock::now() + 30s;
+       sweeps() < 2 && std::chrono::steady_clock::now() < deadline;)
+    kplegd.wait_for_log("\x01never", 100ms);  // poll interval
+  ASSERT_GE(sweeps(), 2u) << kplegd.log();
+  for (const auto& id : pod->container_ids)
+    EXPECT_EQ(kplegd.types_for(id), kDied) << "an exited container was taken for removed";
+
+  ASSERT_TRUE(load_op(endpoint_, "remove-container", pod->container_ids[0]).ok());
+  EXPECT_TRUE(wait_types(kplegd, pod->container_ids[0], kRemoved, 20s)) << kplegd.log();
+  EXPECT_EQ(kplegd.types_for(pod->container_ids[1]), kDied);
+  EXPECT_EQ(kplegd.stop(), 0);
+}
+
 }  // namespace
 }  // namespace kpleg::testing

@@ -292,8 +292,8 @@ TEST_F(TrackerTest, UnknownCgroupAsksForAReconcile) {
 
 // Polls f until it holds or 5 s pass.
 template <typename F>
-bool eventually(F f) {
-  auto deadline = std::chrono::steady_clock::now() + 5s;
+bool eventually(F f, std::chrono::milliseconds timeout = 5s) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
   while (!f()) {
     if (std::chrono::steady_clock::now() > deadline) return false;
     std::this_thread::sleep_for(5ms);
@@ -395,6 +395,61 @@ TEST_F(TrackerTest, RemovedContainersAreForgottenAfterTheRetentionButAStaleListC
   tracker_->reconcile(*view, /*initial=*/false);
   EXPECT_EQ(tracker_->stats().records, 1u) << "only the sandbox is left";
   EXPECT_EQ(tracker_->stats().corrections_total(), 0u);
+}
+
+TEST_F(TrackerTest, LongExitedContainersAreWatchedByOneListCallNotACallEach) {
+  TrackerOptions o;
+  o.removal_check_first = 10ms;
+  o.removal_check_max = 20ms;
+  o.removal_sweep_period = 30ms;
+  restart_tracker(o);
+  auto initial = list_runtime(cri_);
+  ASSERT_TRUE(initial.ok());
+  tracker_->reconcile(*initial, /*initial=*/true);  // the sandbox
+
+  constexpr int kExited = 20;
+  std::vector<std::string> ids;
+  for (int i = 0; i < kExited; ++i) {
+    auto id = create("init-" + std::to_string(i));
+    ASSERT_TRUE(cri_.start_container(id).ok());
+    kernel_exec(id);
+    ASSERT_TRUE(cri_.exit_container(id, 0).ok());
+    kernel_exit(id, 0);
+    ids.push_back(id);
+  }
+  for (const auto& id : ids) ASSERT_TRUE(wait_types(id, {"ContainerStarted", "ContainerDied"}));
+  ASSERT_TRUE(eventually([&] { return tracker_->stats().removal_sweeps >= 2; }));
+
+  // While they stay exited: the sweep's list calls, no call per container.
+  const auto status_calls = cri_.calls(cri::CriMethod::kContainerStatus);
+  const auto lists = cri_.calls(cri::CriMethod::kListContainers);
+  const auto sweeps = tracker_->stats().removal_sweeps;
+  ASSERT_TRUE(eventually([&] { return tracker_->stats().removal_sweeps >= sweeps + 5; }));
+  EXPECT_EQ(cri_.calls(cri::CriMethod::kContainerStatus), status_calls);
+  EXPECT_GE(cri_.calls(cri::CriMethod::kListContainers), lists + 5);
+
+  // A removal is seen by the next sweep; the others stay.
+  ASSERT_TRUE(cri_.remove_container(ids[3]).ok());
+  ASSERT_TRUE(wait_types(ids[3], {"ContainerStarted", "ContainerDied", "ContainerRemoved"}));
+  EXPECT_EQ(sink_.types_for(ids[4]).size(), 2u);
+
+  // The sandbox too, through ListPodSandbox.
+  ASSERT_TRUE(cri_.stop_pod_sandbox(sandbox_).ok());
+  kernel_exit(sandbox_, 0);
+  ASSERT_TRUE(wait_types(sandbox_, {"ContainerStarted", "ContainerDied"}));
+  ASSERT_TRUE(eventually([&] { return cri_.calls(cri::CriMethod::kListPodSandbox) >= 3; }));
+  for (const auto& id : ids) (void)cri_.remove_container(id);
+  ASSERT_TRUE(cri_.remove_pod_sandbox(sandbox_).ok());
+  for (const auto& id : ids)
+    EXPECT_TRUE(wait_types(id, {"ContainerStarted", "ContainerDied", "ContainerRemoved"})) << id;
+  EXPECT_TRUE(wait_types(sandbox_, {"ContainerStarted", "ContainerDied", "ContainerRemoved"}));
+
+  // Nothing left to watch: the sweep stops.
+  const auto final_sweeps = tracker_->stats().removal_sweeps;
+  EXPECT_FALSE(eventually([&] { return tracker_->stats().removal_sweeps > final_sweeps + 1; },
+                          300ms));
+  EXPECT_EQ(tracker_->stats().corrections_total(), 0u);
+  EXPECT_EQ(inconsistencies_.load(), 0);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <set>
 
 namespace kpleg::pleg {
 
@@ -25,6 +26,9 @@ int rank(ContainerState s) {
   }
   return 0;
 }
+
+// The removal sweep's own queue key: it runs beside the pods' work, never behind a hung pod.
+constexpr const char* kRemovalSweepKey = "\x01removal-sweep";
 
 bool is_not_found(const Error& e) { return e.code == grpc::StatusCode::NOT_FOUND; }
 
@@ -327,7 +331,7 @@ int Tracker::advance(Record& rec, ContainerState target, const ContainerSnapshot
     sink_.publish(std::move(ev));
   }
   if (target == ContainerState::kExited) schedule_removal_check(rec);
-  if (target == ContainerState::kNonExistent) rec.removal_scheduled = false;
+  if (target == ContainerState::kNonExistent) rec.removal_scheduled = rec.removal_swept = false;
   return int(types.size());
 }
 
@@ -357,10 +361,89 @@ void Tracker::check_removed(const std::string& id) {
     advance(rec, ContainerState::kNonExistent, obs->snapshot, EventSource::kKernel, false);
     return;
   }
-  // Still there (or the runtime did not answer): look again later, less often.
+  // Still there (or the runtime did not answer): look again later, less often, and after the
+  // check at the longest interval, together with every other long-exited container.
+  if (rec.removal_backoff >= opts_.removal_check_max) {
+    join_removal_sweep(rec);
+    return;
+  }
   rec.removal_backoff = std::min(rec.removal_backoff * 2, opts_.removal_check_max);
   queue_.post(rec.identity.pod_uid.empty() ? id : rec.identity.pod_uid,
               [this, id] { check_removed(id); }, Clock::now() + rec.removal_backoff);
+}
+
+void Tracker::join_removal_sweep(Record& rec) {
+  rec.removal_swept = true;
+  if (removal_sweep_scheduled_) return;
+  removal_sweep_scheduled_ = true;
+  queue_.post(kRemovalSweepKey, [this] { removal_sweep(); },
+              Clock::now() + opts_.removal_sweep_period);
+}
+
+void Tracker::removal_sweep() {
+  bool containers = false, sandboxes = false;
+  {
+    std::lock_guard lk(mu_);
+    for (const auto& [id, rec] : records_) {
+      if (!rec.removal_swept) continue;
+      (rec.identity.sandbox ? sandboxes : containers) = true;
+    }
+  }
+  // Exited is final in the CRI: an exited container that is no longer listed as exited has
+  // been removed.
+  std::set<std::string> still_there;
+  bool listed = true;
+  if (containers) {
+    v1::ContainerFilter f;
+    f.mutable_state()->set_state(v1::CONTAINER_EXITED);
+    auto r = cri_.list_containers(f);
+    if (r) {
+      for (const auto& c : *r) still_there.insert(c.id());
+    } else {
+      listed = false;
+      spdlog::debug("tracker: removal sweep: {}", r.error().message);
+    }
+  }
+  if (sandboxes && listed) {
+    v1::PodSandboxFilter f;
+    f.mutable_state()->set_state(v1::SANDBOX_NOTREADY);
+    auto r = cri_.list_pod_sandboxes(f);
+    if (r) {
+      for (const auto& sb : *r) still_there.insert(sb.id());
+    } else {
+      listed = false;
+      spdlog::debug("tracker: removal sweep: {}", r.error().message);
+    }
+  }
+  std::lock_guard lk(mu_);
+  stats_.removal_sweeps += uint64_t(containers) + uint64_t(sandboxes);
+  size_t watched = 0, removed = 0;
+  bool remaining = false;
+  for (auto& [id, rec] : records_) {
+    if (!rec.removal_swept) continue;
+    // Judge only the kinds listed above: a record may have joined since.
+    const bool kind_listed = rec.identity.sandbox ? sandboxes : containers;
+    if (listed && kind_listed && rec.reported == ContainerState::kExited && !still_there.count(id)) {
+      ContainerSnapshot gone;
+      gone.state = ContainerState::kNonExistent;
+      advance(rec, ContainerState::kNonExistent, gone, EventSource::kKernel, false);
+      ++removed;
+    }
+    ++watched;
+    if (rec.reported == ContainerState::kNonExistent) {
+      rec.removal_swept = false;
+    } else {
+      remaining = true;
+    }
+  }
+  spdlog::debug("tracker: removal sweep: {} long-exited watched, {} removed{}", watched, removed,
+                listed ? "" : " (the list failed: next sweep)");
+  if (!remaining) {
+    removal_sweep_scheduled_ = false;
+    return;
+  }
+  queue_.post(kRemovalSweepKey, [this] { removal_sweep(); },
+              Clock::now() + opts_.removal_sweep_period);
 }
 
 void Tracker::reconcile(const std::vector<RuntimeContainer>& view, bool initial) {

@@ -36,9 +36,14 @@ struct TrackerOptions {
   // Confirmation retries while the runtime has not caught up with the kernel yet.
   std::chrono::milliseconds confirm_retry_first{5};
   std::chrono::milliseconds confirm_budget{5000};
-  // Removal checks of exited containers: first after this, then doubling up to the max.
+  // Removal checks of exited containers: a targeted status call first after this, then
+  // doubling up to the max. A container still there after the check at the max interval (an
+  // init container, a finished job, the last dead instance the kubelet keeps for its logs)
+  // joins the removal sweep: one ListContainers (ListPodSandbox for sandboxes) of the exited
+  // ones every sweep period, whatever their number, instead of a call per container.
   std::chrono::milliseconds removal_check_first{250};
-  std::chrono::milliseconds removal_check_max{8000};
+  std::chrono::milliseconds removal_check_max{2000};
+  std::chrono::milliseconds removal_sweep_period{2000};
   // A difference found by a reconcile is re-checked after this grace period (a kernel event in
   // flight is not a missed one) before it becomes a correction.
   std::chrono::milliseconds correction_grace{300};
@@ -79,7 +84,8 @@ struct TrackerStats {
   uint64_t confirmations = 0;        // targeted CRI confirmations that changed state
   uint64_t confirm_retries = 0;
   uint64_t confirm_failures = 0;     // budget exhausted; handed to the reconciler
-  uint64_t removal_checks = 0;
+  uint64_t removal_checks = 0;       // targeted removal checks
+  uint64_t removal_sweeps = 0;       // list calls of the removal sweep
   uint64_t foreign_containers = 0;  // started containers the runtime does not know
   uint64_t foreign_signals = 0;      // kernel signals of those, ignored
   size_t records = 0;                // containers and sandboxes held in memory (incl. removed)
@@ -134,6 +140,7 @@ class Tracker {
     int pending = 0;               // kernel confirmations queued or running
     std::chrono::milliseconds removal_backoff{0};
     bool removal_scheduled = false;
+    bool removal_swept = false;  // exited for long: the removal sweep watches it
     bool foreign = false;  // the runtime does not know it (see foreign_after)
     std::chrono::steady_clock::time_point removed_at{};  // when it became kNonExistent
   };
@@ -152,6 +159,9 @@ class Tracker {
   void check_removed(const std::string& id);
   // Forgets removed containers older than removed_retention. Caller holds mu_.
   void sweep_removed();
+  // Hands a long-exited container to the removal sweep. Caller holds mu_.
+  void join_removal_sweep(Record& rec);
+  void removal_sweep();
   void recheck_correction(const std::string& id, std::chrono::milliseconds retry);
   // Records the outcome of a targeted call for the pod of `id` (troubled_pods()).
   void note_call(const std::string& id, const Error* error);
@@ -179,6 +189,7 @@ class Tracker {
   std::map<std::string, Trouble> troubles_;  // by pod uid
   TrackerStats stats_;
   std::function<void(const std::string&)> on_inconsistency_;
+  bool removal_sweep_scheduled_ = false;
 };
 
 }  // namespace kpleg::pleg
