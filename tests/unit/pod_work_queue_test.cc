@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -42,6 +43,28 @@ class Latch {
   bool open_ = false;
 };
 
+// Occupies one of the queue's workers with a task of pod "hung" until released (or 10 s).
+// The latches are shared with the task, which may still be returning from its wait when the
+// test is done with them.
+class HungPod {
+ public:
+  explicit HungPod(PodWorkQueue& q) : s_(std::make_shared<State>()) {
+    q.post("hung", [s = s_] {
+      s->started.open();
+      s->release.wait(10s);
+    });
+  }
+  ~HungPod() { release(); }
+  bool wait_started() { return s_->started.wait(); }
+  void release() { s_->release.open(); }
+
+ private:
+  struct State {
+    Latch started, release;
+  };
+  std::shared_ptr<State> s_;
+};
+
 TEST(PodWorkQueue, OnePodsTasksRunOneAtATimeInOrder) {
   PodWorkQueue q(4);
   std::mutex mu;
@@ -62,18 +85,15 @@ TEST(PodWorkQueue, OnePodsTasksRunOneAtATimeInOrder) {
     });
   }
   ASSERT_TRUE(done.wait());
+  q.stop();  // the last task may still be returning: let it finish before the locals go
   EXPECT_EQ(most.load(), 1);
   for (int i = 0; i < kTasks; ++i) EXPECT_EQ(order[i], i);
 }
 
 TEST(PodWorkQueue, AHungPodHoldsOneWorkerAndOtherPodsGoOn) {
   PodWorkQueue q(2);
-  Latch release, hung_started;
-  q.post("hung", [&] {
-    hung_started.open();
-    release.wait(10s);
-  });
-  ASSERT_TRUE(hung_started.wait());
+  HungPod hung(q);
+  ASSERT_TRUE(hung.wait_started());
   std::atomic<int> ran{0};
   Latch all;
   for (int i = 0; i < 10; ++i) {
@@ -82,7 +102,8 @@ TEST(PodWorkQueue, AHungPodHoldsOneWorkerAndOtherPodsGoOn) {
     });
   }
   EXPECT_TRUE(all.wait()) << ran.load() << " of 10 ran while one pod was hung";
-  release.open();
+  hung.release();
+  q.stop();
 }
 
 TEST(PodWorkQueue, DelayedTasksRunNotBeforeTheirTimeAndDoNotHoldBackReadyOnes) {
@@ -98,6 +119,7 @@ TEST(PodWorkQueue, DelayedTasksRunNotBeforeTheirTimeAndDoNotHoldBackReadyOnes) {
   ASSERT_TRUE(ready_ran.wait());
   EXPECT_FALSE(delayed_ran.is_open()) << "the ready task waited for the delayed one";
   ASSERT_TRUE(delayed_ran.wait());
+  q.stop();
   EXPECT_GE(ran_at, not_before);
 }
 
@@ -106,12 +128,8 @@ TEST(PodWorkQueue, ADelayedTaskRunsWhileTheWorkerThatWaitedForItIsBusy) {
   // and one left to run the second delayed task. The first task does not return until the
   // second has run, so the second must not wait for the first worker to come back.
   PodWorkQueue q(3);
-  Latch release, hung_started;
-  q.post("hung", [&] {
-    hung_started.open();
-    release.wait(10s);
-  });
-  ASSERT_TRUE(hung_started.wait());
+  HungPod hung(q);
+  ASSERT_TRUE(hung.wait_started());
   Latch second_ran;
   std::atomic<bool> first_saw_second{false};
   const auto t0 = Clock::now();
@@ -127,11 +145,9 @@ TEST(PodWorkQueue, ADelayedTaskRunsWhileTheWorkerThatWaitedForItIsBusy) {
   }
   EXPECT_TRUE(second_ran.wait(5s)) << "the second delayed task waited for a busy worker";
   EXPECT_TRUE(all_more.wait(5s)) << more.load() << " of 20 later delayed tasks ran";
-  release.open();
-  // pod-1's task is done once it has seen the second.
-  for (auto deadline = Clock::now() + 5s; !first_saw_second && Clock::now() < deadline;)
-    second_ran.wait(10ms);
-  EXPECT_TRUE(first_saw_second.load());
+  hung.release();
+  q.stop();  // waits for the running tasks, pod-1's included
+  EXPECT_TRUE(first_saw_second.load()) << "the first delayed task never saw the second run";
 }
 
 TEST(PodWorkQueue, StopDropsPendingTasksAndReturns) {

@@ -124,6 +124,15 @@ class TrackerTest : public ::testing::Test {
     tracker_ = std::make_unique<Tracker>(cri_, index_, sink_, o);
     tracker_->set_inconsistency_handler([this](const std::string&) { ++inconsistencies_; });
   }
+  // restart_tracker() with removal checks in milliseconds, then the start-up sync (the sandbox).
+  void restart_with_fast_removal(TrackerOptions o) {
+    o.removal_check_first = 10ms;
+    o.removal_check_max = 20ms;
+    restart_tracker(o);
+    auto view = list_runtime(cri_);
+    ASSERT_TRUE(view.ok());
+    tracker_->reconcile(*view, /*initial=*/true);
+  }
   // A container-shaped cgroup of this pod that the runtime does not know.
   std::string unknown_container(char c) {
     std::string id(64, c);
@@ -379,18 +388,13 @@ TEST_F(TrackerTest, RemovedContainersAreForgottenAfterTheRetentionButAStaleListC
   // With a zero retention, the next reconcile forgets the removed container: memory follows
   // the live containers, not every container ever seen.
   TrackerOptions o;
-  o.removal_check_first = 20ms;
-  o.removal_check_max = 40ms;
   o.removed_retention = 0ms;
-  restart_tracker(o);
-  auto view = list_runtime(cri_);
-  ASSERT_TRUE(view.ok());
-  tracker_->reconcile(*view, /*initial=*/true);
+  restart_with_fast_removal(o);
   auto id2 = lifecycle("app2");
   ASSERT_TRUE(cri_.remove_container(id2).ok());
   ASSERT_TRUE(wait_types(id2, {"ContainerStarted", "ContainerDied", "ContainerRemoved"}));
   EXPECT_EQ(tracker_->stats().records, 2u) << "the sandbox and the removed container";
-  view = list_runtime(cri_);
+  auto view = list_runtime(cri_);
   ASSERT_TRUE(view.ok());
   tracker_->reconcile(*view, /*initial=*/false);
   EXPECT_EQ(tracker_->stats().records, 1u) << "only the sandbox is left";
@@ -399,13 +403,8 @@ TEST_F(TrackerTest, RemovedContainersAreForgottenAfterTheRetentionButAStaleListC
 
 TEST_F(TrackerTest, LongExitedContainersAreWatchedByOneListCallNotACallEach) {
   TrackerOptions o;
-  o.removal_check_first = 10ms;
-  o.removal_check_max = 20ms;
   o.removal_sweep_period = 30ms;
-  restart_tracker(o);
-  auto initial = list_runtime(cri_);
-  ASSERT_TRUE(initial.ok());
-  tracker_->reconcile(*initial, /*initial=*/true);  // the sandbox
+  restart_with_fast_removal(o);
 
   constexpr int kExited = 20;
   std::vector<std::string> ids;
