@@ -112,6 +112,7 @@ void Tracker::on_kernel_event(const kernel::KernelEvent& ev) {
   const uint64_t ts = kernel::monotonic_to_realtime_ns(ev.ktime_ns);
 
   Want want;
+  std::chrono::milliseconds first_look{0};
   {
     std::lock_guard lk(mu_);
     auto& rec = records_[id];
@@ -145,10 +146,15 @@ void Tracker::on_kernel_event(const kernel::KernelEvent& ev) {
     }
     ++rec.pending;
     ++stats_.kernel_signals;
+    first_look = want == Want::kRunning ? start_lag_.first_look() : exit_lag_.first_look();
   }
-  auto deadline = Clock::now() + opts_.confirm_budget;
+  const auto now = Clock::now();
+  const auto deadline = now + opts_.confirm_budget;
   queue_.post(entry->identity.pod_uid.empty() ? id : entry->identity.pod_uid,
-              [this, id, want, deadline] { confirm(id, want, opts_.confirm_retry_first, deadline); });
+              [this, id, want, deadline, now] {
+                confirm(id, want, opts_.confirm_retry_first, deadline, now, Clock::duration(-1));
+              },
+              now + first_look);
 }
 
 Result<Tracker::Observation> Tracker::observe(const std::string& id, bool sandbox_known,
@@ -190,7 +196,8 @@ Result<Tracker::Observation> Tracker::observe(const std::string& id, bool sandbo
 }
 
 void Tracker::confirm(const std::string& id, Want want, std::chrono::milliseconds delay,
-                      Clock::time_point deadline) {
+                      Clock::time_point deadline, Clock::time_point signal_at,
+                      Clock::duration last_miss) {
   const int want_rank = want == Want::kRunning ? 1 : 2;
   bool sandbox_known, sandbox;
   {
@@ -205,6 +212,7 @@ void Tracker::confirm(const std::string& id, Want want, std::chrono::millisecond
     sandbox_known = rec.sandbox_known;
     sandbox = rec.identity.sandbox;
   }
+  const auto look = Clock::now() - signal_at;
   auto obs = observe(id, sandbox_known, sandbox);
   note_call(id, obs.ok() ? nullptr : &obs.error());
 
@@ -243,7 +251,9 @@ void Tracker::confirm(const std::string& id, Want want, std::chrono::millisecond
       pod = records_[id].identity.pod_uid;
     }
     queue_.post(pod.empty() ? id : pod,
-                [this, id, want, next, deadline] { confirm(id, want, next, deadline); },
+                [this, id, want, next, deadline, signal_at, look] {
+                  confirm(id, want, next, deadline, signal_at, look);
+                },
                 Clock::now() + delay);
     return;
   }
@@ -266,6 +276,10 @@ void Tracker::confirm(const std::string& id, Want want, std::chrono::millisecond
                  id.substr(0, 12) + " after a kernel " + (want == Want::kRunning ? "start" : "exit"));
     return;
   }
+  std::optional<std::chrono::milliseconds> miss;
+  if (last_miss >= Clock::duration::zero())
+    miss = std::chrono::duration_cast<std::chrono::milliseconds>(last_miss);
+  (want == Want::kRunning ? start_lag_ : exit_lag_).settled(miss);
   if (advance(rec, obs->state, obs->snapshot, EventSource::kKernel, false) > 0) ++stats_.confirmations;
 }
 
@@ -547,6 +561,8 @@ TrackerStats Tracker::stats() const {
   std::lock_guard lk(mu_);
   TrackerStats st = stats_;
   st.records = records_.size();
+  st.start_lag_ms = start_lag_.estimate_ms();
+  st.exit_lag_ms = exit_lag_.estimate_ms();
   return st;
 }
 

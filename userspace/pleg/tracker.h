@@ -27,6 +27,7 @@
 #include "cri/cri_client.h"
 #include "kernel/kernel_event.h"
 #include "pleg/event.h"
+#include "pleg/lag_learner.h"
 #include "pleg/pod_work_queue.h"
 
 namespace kpleg::pleg {
@@ -34,6 +35,8 @@ namespace kpleg::pleg {
 struct TrackerOptions {
   size_t workers = 4;  // pods confirmed in parallel
   // Confirmation retries while the runtime has not caught up with the kernel yet.
+  // The first look goes when the runtime has usually caught up (learned, see lag_learner.h);
+  // then retries double from this step up to 20 ms.
   std::chrono::milliseconds confirm_retry_first{5};
   std::chrono::milliseconds confirm_budget{5000};
   // Removal checks of exited containers: a targeted status call first after this, then
@@ -83,6 +86,8 @@ struct TrackerStats {
   uint64_t unresolved_signals = 0;   // kernel events for cgroups the index does not know
   uint64_t confirmations = 0;        // targeted CRI confirmations that changed state
   uint64_t confirm_retries = 0;
+  double start_lag_ms = 0;           // learned runtime lag behind the kernel (lag_learner.h)
+  double exit_lag_ms = 0;
   uint64_t confirm_failures = 0;     // budget exhausted; handed to the reconciler
   uint64_t removal_checks = 0;       // targeted removal checks
   uint64_t removal_sweeps = 0;       // list calls of the removal sweep
@@ -154,8 +159,12 @@ class Tracker {
   };
 
   Result<Observation> observe(const std::string& id, bool sandbox_known, bool sandbox);
+  // One look at the runtime for a kernel signal received at `signal_at`; `last_miss` is when
+  // (after the signal) the previous look still saw the old state, negative for none.
   void confirm(const std::string& id, Want want, std::chrono::milliseconds delay,
-               std::chrono::steady_clock::time_point deadline);
+               std::chrono::steady_clock::time_point deadline,
+               std::chrono::steady_clock::time_point signal_at,
+               std::chrono::steady_clock::duration last_miss);
   void check_removed(const std::string& id);
   // Forgets removed containers older than removed_retention. Caller holds mu_.
   void sweep_removed();
@@ -190,6 +199,7 @@ class Tracker {
   TrackerStats stats_;
   std::function<void(const std::string&)> on_inconsistency_;
   bool removal_sweep_scheduled_ = false;
+  LagLearner start_lag_, exit_lag_;  // when the runtime reports a start / an exit
 };
 
 }  // namespace kpleg::pleg

@@ -1,0 +1,58 @@
+// LagLearner: first looks move to just before the runtime's usual lag, never past the cap, and
+// come back down when they turn out to be late.
+#include "pleg/lag_learner.h"
+
+#include <gtest/gtest.h>
+
+namespace kpleg::pleg {
+namespace {
+
+using ms = std::chrono::milliseconds;
+
+// A runtime that reports the transition `lag` after the signal, looked at the way the tracker
+// does: first at first_look(), then in steps of 5 ms. Returns the number of looks.
+int confirm_once(LagLearner& l, ms lag) {
+  ms at = l.first_look();
+  std::optional<ms> last_miss;
+  int looks = 1;
+  while (at < lag) {
+    last_miss = at;
+    at += ms(5);
+    ++looks;
+  }
+  l.settled(last_miss);
+  return looks;
+}
+
+TEST(LagLearner, LooksAtOnceUntilItHasLearned) {
+  LagLearner l;
+  EXPECT_EQ(l.first_look(), ms(0));
+}
+
+TEST(LagLearner, ASteadyLagIsConfirmedWithFewLooks) {
+  LagLearner l;
+  EXPECT_GE(confirm_once(l, ms(30)), 6) << "before learning: a look every 5 ms";
+  for (int i = 0; i < 30; ++i) confirm_once(l, ms(30));
+  int looks = 0;
+  for (int i = 0; i < 10; ++i) looks += confirm_once(l, ms(30));
+  EXPECT_LE(looks, 30) << "at most 3 looks per confirmation once learned (7 before)";
+  EXPECT_LE(l.first_look(), ms(30)) << "never after the lag itself";
+  EXPECT_GE(l.first_look(), ms(20));
+}
+
+TEST(LagLearner, AFasterRuntimeBringsTheFirstLookBackDown) {
+  LagLearner l;
+  for (int i = 0; i < 30; ++i) confirm_once(l, ms(40));
+  ASSERT_GE(l.first_look(), ms(30));
+  for (int i = 0; i < 40; ++i) confirm_once(l, ms(2));
+  EXPECT_LE(l.first_look(), ms(5));
+}
+
+TEST(LagLearner, TheFirstLookIsCapped) {
+  LagLearner l(ms(100));
+  for (int i = 0; i < 50; ++i) l.settled(ms(5000));
+  EXPECT_EQ(l.first_look(), ms(100));
+}
+
+}  // namespace
+}  // namespace kpleg::pleg
