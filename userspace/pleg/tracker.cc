@@ -221,7 +221,7 @@ void Tracker::confirm(const std::string& id, Want want, std::chrono::millisecond
   bool settled = obs.ok() && rank(obs->state) >= want_rank &&
                  !(want == Want::kRunning && obs->state == ContainerState::kNonExistent);
   if (want == Want::kRunning && obs.ok() && obs->state == ContainerState::kNonExistent &&
-      Clock::now() - (deadline - opts_.confirm_budget) >= opts_.foreign_after) {
+      Clock::now() - signal_at >= opts_.foreign_after) {
     std::lock_guard lk(mu_);
     auto& rec = records_[id];
     if (rank(rec.reported) == 0 && rec.identity.pod_name.empty()) {
@@ -406,28 +406,24 @@ void Tracker::removal_sweep() {
   // Exited is final in the CRI: an exited container that is no longer listed as exited has
   // been removed.
   std::set<std::string> still_there;
+  auto collect = [&](const auto& listed_ids) {
+    if (!listed_ids) {
+      spdlog::debug("tracker: removal sweep: {}", listed_ids.error().message);
+      return false;
+    }
+    for (const auto& item : *listed_ids) still_there.insert(item.id());
+    return true;
+  };
   bool listed = true;
   if (containers) {
     v1::ContainerFilter f;
     f.mutable_state()->set_state(v1::CONTAINER_EXITED);
-    auto r = cri_.list_containers(f);
-    if (r) {
-      for (const auto& c : *r) still_there.insert(c.id());
-    } else {
-      listed = false;
-      spdlog::debug("tracker: removal sweep: {}", r.error().message);
-    }
+    listed = collect(cri_.list_containers(f));
   }
   if (sandboxes && listed) {
     v1::PodSandboxFilter f;
     f.mutable_state()->set_state(v1::SANDBOX_NOTREADY);
-    auto r = cri_.list_pod_sandboxes(f);
-    if (r) {
-      for (const auto& sb : *r) still_there.insert(sb.id());
-    } else {
-      listed = false;
-      spdlog::debug("tracker: removal sweep: {}", r.error().message);
-    }
+    listed = collect(cri_.list_pod_sandboxes(f));
   }
   std::lock_guard lk(mu_);
   stats_.removal_sweeps += uint64_t(containers) + uint64_t(sandboxes);
@@ -561,8 +557,6 @@ TrackerStats Tracker::stats() const {
   std::lock_guard lk(mu_);
   TrackerStats st = stats_;
   st.records = records_.size();
-  st.start_lag_ms = start_lag_.estimate_ms();
-  st.exit_lag_ms = exit_lag_.estimate_ms();
   return st;
 }
 

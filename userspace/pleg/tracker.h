@@ -86,8 +86,6 @@ struct TrackerStats {
   uint64_t unresolved_signals = 0;   // kernel events for cgroups the index does not know
   uint64_t confirmations = 0;        // targeted CRI confirmations that changed state
   uint64_t confirm_retries = 0;
-  double start_lag_ms = 0;           // learned runtime lag behind the kernel (lag_learner.h)
-  double exit_lag_ms = 0;
   uint64_t confirm_failures = 0;     // budget exhausted; handed to the reconciler
   uint64_t removal_checks = 0;       // targeted removal checks
   uint64_t removal_sweeps = 0;       // list calls of the removal sweep
