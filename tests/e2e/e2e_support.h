@@ -12,6 +12,12 @@
 
 namespace kpleg::testing {
 
+// Per-container event sequences the tests expect.
+using Types = std::vector<std::string>;
+inline const Types kStarted{"ContainerStarted"};
+inline const Types kDied{"ContainerStarted", "ContainerDied"};
+inline const Types kRemoved{"ContainerStarted", "ContainerDied", "ContainerRemoved"};
+
 struct LaunchedPod {
   std::string uid;
   std::string name;

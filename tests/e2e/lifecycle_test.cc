@@ -8,10 +8,6 @@ namespace kpleg::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using Types = std::vector<std::string>;
-const Types kStarted{"ContainerStarted"};
-const Types kDied{"ContainerStarted", "ContainerDied"};
-const Types kRemoved{"ContainerStarted", "ContainerDied", "ContainerRemoved"};
 
 class LifecycleTest : public CriTestBedTest, public ::testing::WithParamInterface<std::string> {
  protected:

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -31,9 +32,6 @@ namespace kpleg::testing {
 namespace {
 
 using namespace std::chrono_literals;
-using Types = std::vector<std::string>;
-const Types kStarted{"ContainerStarted"};
-const Types kDied{"ContainerStarted", "ContainerDied"};
 constexpr auto kCriTimeout = 2s;
 // Short enough that ebpf mode's periodic reconcile falls inside the test's patience: after a
 // confirmation has failed for its whole budget, the periodic reconcile is what retries it.
@@ -65,26 +63,37 @@ std::optional<nlohmann::json> event_of(const std::vector<nlohmann::json>& events
   return std::nullopt;
 }
 
-// A CriProxy in front of `upstream`, listening in a fresh temporary directory (returned in
-// `dir`, for the caller to remove).
-Result<std::unique_ptr<cri::CriProxy>> start_proxy(const std::string& upstream, std::string& dir) {
-  char tmpl[] = "/tmp/kpleg-cri-proxy-XXXXXX";
-  if (mkdtemp(tmpl) == nullptr) return Error::from_errno(errno, "mkdtemp");
-  dir = tmpl;
-  cri::CriProxyOptions po;
-  po.listen_endpoint = "unix://" + dir + "/cri.sock";
-  po.upstream_endpoint = upstream;
-  return cri::CriProxy::start(po);
-}
-
-class SlowRuntimeTest : public CriTestBedTest, public ::testing::WithParamInterface<std::string> {
+// The test bed's containerd behind a CriProxy that listens in a fresh temporary directory.
+class ProxiedTestBedTest : public CriTestBedTest {
  protected:
   void SetUp() override {
     CriTestBedTest::SetUp();
     if (IsSkipped() || HasFailure()) return;
-    auto p = start_proxy(endpoint_, dir_);
+    char tmpl[] = "/tmp/kpleg-cri-proxy-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr) << "mkdtemp: " << strerror(errno);
+    dir_ = tmpl;
+    cri::CriProxyOptions po;
+    po.listen_endpoint = "unix://" + dir_ + "/cri.sock";
+    po.upstream_endpoint = endpoint_;
+    auto p = cri::CriProxy::start(po);
     ASSERT_TRUE(p.ok()) << p.error().message;
     proxy_ = std::move(*p);
+  }
+  void TearDown() override {
+    proxy_.reset();
+    CriTestBedTest::TearDown();
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+  std::string dir_;
+  std::unique_ptr<cri::CriProxy> proxy_;
+};
+
+class SlowRuntimeTest : public ProxiedTestBedTest,
+                        public ::testing::WithParamInterface<std::string> {
+ protected:
+  void SetUp() override {
+    ProxiedTestBedTest::SetUp();
+    if (IsSkipped() || HasFailure()) return;
     auto d = start_kplegd(proxy_->endpoint(), GetParam(),
                           {"--cri-timeout", "2s", "--relist-period", "1s", "--reconcile-period",
                            std::to_string(kReconcilePeriod.count()) + "s"});
@@ -97,9 +106,7 @@ class SlowRuntimeTest : public CriTestBedTest, public ::testing::WithParamInterf
       EXPECT_EQ(kplegd_->stop(), 0) << "kplegd did not shut down cleanly";
       if (HasFailure()) std::cerr << "kplegd log:\n" << kplegd_->log();
     }
-    proxy_.reset();
-    CriTestBedTest::TearDown();
-    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+    ProxiedTestBedTest::TearDown();
   }
   bool ebpf() const { return GetParam() == "ebpf"; }
   // The API socket start_kplegd gave this daemon, as kplegd announces it.
@@ -187,8 +194,6 @@ class SlowRuntimeTest : public CriTestBedTest, public ::testing::WithParamInterf
     }
   }
 
-  std::string dir_;
-  std::unique_ptr<cri::CriProxy> proxy_;
   std::unique_ptr<KplegdProcess> kplegd_;
 };
 
@@ -350,20 +355,8 @@ INSTANTIATE_TEST_SUITE_P(Modes, SlowRuntimeTest, ::testing::Values("ebpf", "reli
                          [](const auto& info) { return info.param; });
 
 // The proxy alone, in front of the real containerd: a stalled pod's calls wait, others do not.
-class CriProxyContainerdTest : public CriTestBedTest {
+class CriProxyContainerdTest : public ProxiedTestBedTest {
  protected:
-  void SetUp() override {
-    CriTestBedTest::SetUp();
-    if (IsSkipped() || HasFailure()) return;
-    auto p = start_proxy(endpoint_, dir_);
-    ASSERT_TRUE(p.ok()) << p.error().message;
-    proxy_ = std::move(*p);
-  }
-  void TearDown() override {
-    proxy_.reset();
-    CriTestBedTest::TearDown();
-    if (!dir_.empty()) std::filesystem::remove_all(dir_);
-  }
   std::unique_ptr<cri::GrpcCriClient> client(const std::string& endpoint,
                                              std::chrono::milliseconds timeout,
                                              size_t in_flight = 8) {
@@ -374,8 +367,6 @@ class CriProxyContainerdTest : public CriTestBedTest {
     EXPECT_TRUE(c.ok());
     return c.ok() ? std::move(*c) : nullptr;
   }
-  std::string dir_;
-  std::unique_ptr<cri::CriProxy> proxy_;
 };
 
 TEST_F(CriProxyContainerdTest, StalledPodWaitsOtherPodsDoNot) {
