@@ -397,6 +397,52 @@ TEST_F(TrackerTest, RemovedContainersAreForgottenAfterTheRetentionButAStaleListC
   EXPECT_EQ(tracker_->stats().corrections_total(), 0u);
 }
 
+TEST_F(TrackerTest, AReconcileThatSeesAnExitedContainerGoneIsNoCorrection) {
+  // Removal checks far off: only the reconcile can bring the removal to light in this test.
+  TrackerOptions o;
+  o.removal_check_first = 1h;
+  o.removal_check_max = 1h;
+  o.correction_grace = 10ms;
+  restart_tracker(o);
+  auto initial = list_runtime(cri_);
+  ASSERT_TRUE(initial.ok());
+  tracker_->reconcile(*initial, /*initial=*/true);  // the sandbox
+  auto id = create("job");
+  ASSERT_TRUE(cri_.start_container(id).ok());
+  kernel_exec(id);
+  ASSERT_TRUE(wait_types(id, {"ContainerStarted"}));
+  ASSERT_TRUE(cri_.exit_container(id, 0).ok());
+  kernel_exit(id, 0);
+  ASSERT_TRUE(wait_types(id, {"ContainerStarted", "ContainerDied"}));
+  ASSERT_TRUE(cri_.remove_container(id).ok());
+  const auto status_calls = cri_.calls(cri::CriMethod::kContainerStatus);
+
+  auto view = list_runtime(cri_);
+  ASSERT_TRUE(view.ok());
+  tracker_->reconcile(*view, /*initial=*/false);
+  ASSERT_TRUE(wait_types(id, {"ContainerStarted", "ContainerDied", "ContainerRemoved"}));
+  auto removed = sink_.events().back();
+  EXPECT_FALSE(removed.correction);
+  EXPECT_EQ(removed.source, EventSource::kKernel);
+  EXPECT_EQ(tracker_->stats().corrections_total(), 0u);
+  EXPECT_EQ(cri_.calls(cri::CriMethod::kContainerStatus), status_calls + 1) << "one look";
+  EXPECT_EQ(inconsistencies_.load(), 0);
+
+  // A running container that vanished is still a correction (the kernel path owed its death).
+  auto lost = create("lost");
+  ASSERT_TRUE(cri_.start_container(lost).ok());
+  kernel_exec(lost);
+  ASSERT_TRUE(wait_types(lost, {"ContainerStarted"}));
+  ASSERT_TRUE(cri_.stop_container(lost, 0).ok());
+  ASSERT_TRUE(cri_.remove_container(lost).ok());
+  view = list_runtime(cri_);
+  ASSERT_TRUE(view.ok());
+  tracker_->reconcile(*view, /*initial=*/false);
+  ASSERT_TRUE(wait_types(lost, {"ContainerStarted", "ContainerDied", "ContainerRemoved"}));
+  EXPECT_TRUE(sink_.events().back().correction);
+  EXPECT_EQ(tracker_->stats().corrections.at("ContainerRemoved"), 1u);
+}
+
 TEST_F(TrackerTest, LongExitedContainersAreWatchedByOneListCallNotACallEach) {
   TrackerOptions o;
   o.removal_sweep_period = 30ms;

@@ -15,14 +15,23 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+// Work for one pod runs in order; a container whose pod is not known yet is its own key.
+const std::string& queue_key(const std::string& pod_uid, const std::string& id) {
+  return pod_uid.empty() ? id : pod_uid;
+}
+
 // Forward order of the states a container id passes through; it never goes back.
 int rank(ContainerState s) {
   switch (s) {
     case ContainerState::kCreated:
-    case ContainerState::kUnknown: return 0;
-    case ContainerState::kRunning: return 1;
-    case ContainerState::kExited: return 2;
-    case ContainerState::kNonExistent: return 3;
+    case ContainerState::kUnknown:
+      return 0;
+    case ContainerState::kRunning:
+      return 1;
+    case ContainerState::kExited:
+      return 2;
+    case ContainerState::kNonExistent:
+      return 3;
   }
   return 0;
 }
@@ -150,11 +159,12 @@ void Tracker::on_kernel_event(const kernel::KernelEvent& ev) {
   }
   const auto now = Clock::now();
   const auto deadline = now + opts_.confirm_budget;
-  queue_.post(entry->identity.pod_uid.empty() ? id : entry->identity.pod_uid,
-              [this, id, want, deadline, now] {
-                confirm(id, want, opts_.confirm_retry_first, deadline, now, Clock::duration(-1));
-              },
-              now + first_look);
+  queue_.post(
+      queue_key(entry->identity.pod_uid, id),
+      [this, id, want, deadline, now] {
+        confirm(id, want, opts_.confirm_retry_first, deadline, now, Clock::duration(-1));
+      },
+      now + first_look);
 }
 
 Result<Tracker::Observation> Tracker::observe(const std::string& id, bool sandbox_known,
@@ -230,9 +240,10 @@ void Tracker::confirm(const std::string& id, Want want, std::chrono::millisecond
       --rec.pending;
       rec.foreign = true;
       ++stats_.foreign_containers;
-      spdlog::info("tracker: {} started in a tracked cgroup but the runtime does not know it "
-                   "(another runtime's container?): ignoring its kernel signals",
-                   id.substr(0, 12));
+      spdlog::info(
+          "tracker: {} started in a tracked cgroup but the runtime does not know it "
+          "(another runtime's container?): ignoring its kernel signals",
+          id.substr(0, 12));
       return;
     }
   }
@@ -250,11 +261,12 @@ void Tracker::confirm(const std::string& id, Want want, std::chrono::millisecond
       std::lock_guard lk(mu_);
       pod = records_[id].identity.pod_uid;
     }
-    queue_.post(pod.empty() ? id : pod,
-                [this, id, want, next, deadline, signal_at, look] {
-                  confirm(id, want, next, deadline, signal_at, look);
-                },
-                Clock::now() + delay);
+    queue_.post(
+        queue_key(pod, id),
+        [this, id, want, next, deadline, signal_at, look] {
+          confirm(id, want, next, deadline, signal_at, look);
+        },
+        Clock::now() + delay);
     return;
   }
 
@@ -273,14 +285,16 @@ void Tracker::confirm(const std::string& id, Want want, std::chrono::millisecond
     ++stats_.confirm_failures;
     lk.unlock();
     inconsistent("runtime still reports " + std::string(to_string(obs->state)) + " for " +
-                 id.substr(0, 12) + " after a kernel " + (want == Want::kRunning ? "start" : "exit"));
+                 id.substr(0, 12) + " after a kernel " +
+                 (want == Want::kRunning ? "start" : "exit"));
     return;
   }
   std::optional<std::chrono::milliseconds> miss;
   if (last_miss >= Clock::duration::zero())
     miss = std::chrono::duration_cast<std::chrono::milliseconds>(last_miss);
   (want == Want::kRunning ? start_lag_ : exit_lag_).settled(miss);
-  if (advance(rec, obs->state, obs->snapshot, EventSource::kKernel, false) > 0) ++stats_.confirmations;
+  if (advance(rec, obs->state, obs->snapshot, EventSource::kKernel, false) > 0)
+    ++stats_.confirmations;
 }
 
 int Tracker::advance(Record& rec, ContainerState target, const ContainerSnapshot& snap,
@@ -354,11 +368,12 @@ void Tracker::schedule_removal_check(Record& rec) {
   rec.removal_scheduled = true;
   rec.removal_backoff = opts_.removal_check_first;
   const std::string id = rec.identity.id;
-  queue_.post(rec.identity.pod_uid.empty() ? id : rec.identity.pod_uid,
-              [this, id] { check_removed(id); }, Clock::now() + rec.removal_backoff);
+  queue_.post(
+      queue_key(rec.identity.pod_uid, id), [this, id] { check_removed(id); },
+      Clock::now() + rec.removal_backoff);
 }
 
-void Tracker::check_removed(const std::string& id) {
+void Tracker::check_removed(const std::string& id, bool follow_up) {
   bool sandbox;
   {
     std::lock_guard lk(mu_);
@@ -375,6 +390,7 @@ void Tracker::check_removed(const std::string& id) {
     advance(rec, ContainerState::kNonExistent, obs->snapshot, EventSource::kKernel, false);
     return;
   }
+  if (!follow_up) return;
   // Still there (or the runtime did not answer): look again later, less often, and after the
   // check at the longest interval, together with every other long-exited container.
   if (rec.removal_backoff >= opts_.removal_check_max) {
@@ -382,16 +398,17 @@ void Tracker::check_removed(const std::string& id) {
     return;
   }
   rec.removal_backoff = std::min(rec.removal_backoff * 2, opts_.removal_check_max);
-  queue_.post(rec.identity.pod_uid.empty() ? id : rec.identity.pod_uid,
-              [this, id] { check_removed(id); }, Clock::now() + rec.removal_backoff);
+  queue_.post(
+      queue_key(rec.identity.pod_uid, id), [this, id] { check_removed(id); },
+      Clock::now() + rec.removal_backoff);
 }
 
 void Tracker::join_removal_sweep(Record& rec) {
   rec.removal_swept = true;
   if (removal_sweep_scheduled_) return;
   removal_sweep_scheduled_ = true;
-  queue_.post(kRemovalSweepKey, [this] { removal_sweep(); },
-              Clock::now() + opts_.removal_sweep_period);
+  queue_.post(
+      kRemovalSweepKey, [this] { removal_sweep(); }, Clock::now() + opts_.removal_sweep_period);
 }
 
 void Tracker::removal_sweep() {
@@ -433,7 +450,8 @@ void Tracker::removal_sweep() {
     if (!rec.removal_swept) continue;
     // Judge only the kinds listed above: a record may have joined since.
     const bool kind_listed = rec.identity.sandbox ? sandboxes : containers;
-    if (listed && kind_listed && rec.reported == ContainerState::kExited && !still_there.count(id)) {
+    if (listed && kind_listed && rec.reported == ContainerState::kExited &&
+        !still_there.count(id)) {
       ContainerSnapshot gone;
       gone.state = ContainerState::kNonExistent;
       advance(rec, ContainerState::kNonExistent, gone, EventSource::kKernel, false);
@@ -452,15 +470,15 @@ void Tracker::removal_sweep() {
     removal_sweep_scheduled_ = false;
     return;
   }
-  queue_.post(kRemovalSweepKey, [this] { removal_sweep(); },
-              Clock::now() + opts_.removal_sweep_period);
+  queue_.post(
+      kRemovalSweepKey, [this] { removal_sweep(); }, Clock::now() + opts_.removal_sweep_period);
 }
 
 void Tracker::reconcile(const std::vector<RuntimeContainer>& view, bool initial) {
   std::map<std::string, const RuntimeContainer*> seen;
   for (const auto& rc : view) seen[rc.id] = &rc;
 
-  std::vector<std::string> recheck;
+  std::vector<std::string> recheck, removed;
   {
     std::lock_guard lk(mu_);
     for (const auto& rc : view) {
@@ -487,11 +505,26 @@ void Tracker::reconcile(const std::vector<RuntimeContainer>& view, bool initial)
       if (seen.count(id) || rec.reported == ContainerState::kNonExistent) continue;
       if (rec.identity.pod_name.empty() && rank(rec.reported) == 0) continue;  // never known
       if (initial) {
-        advance(rec, ContainerState::kNonExistent, {ContainerState::kNonExistent}, EventSource::kReconcile, false);
+        advance(rec, ContainerState::kNonExistent, {ContainerState::kNonExistent},
+                EventSource::kReconcile, false);
+      } else if (rec.reported == ContainerState::kExited) {
+        // Removals of exited containers have no kernel signal: the removal checks and sweep
+        // find them, within removal_check_max. A relist that comes first is not a correction;
+        // it only tells the removal path to look now.
+        removed.push_back(id);
       } else if (rec.pending == 0) {
         recheck.push_back(id);
       }
     }
+  }
+  for (const auto& id : removed) {
+    std::string pod;
+    {
+      std::lock_guard lk(mu_);
+      pod = records_[id].identity.pod_uid;
+    }
+    queue_.post(
+        queue_key(pod, id), [this, id] { check_removed(id, false); }, Clock::now());
   }
   {
     std::lock_guard lk(mu_);
@@ -505,9 +538,9 @@ void Tracker::reconcile(const std::vector<RuntimeContainer>& view, bool initial)
       std::lock_guard lk(mu_);
       pod = records_[id].identity.pod_uid;
     }
-    queue_.post(pod.empty() ? id : pod,
-                [this, id] { recheck_correction(id, std::chrono::milliseconds(1000)); },
-                Clock::now() + opts_.correction_grace);
+    queue_.post(
+        queue_key(pod, id), [this, id] { recheck_correction(id, std::chrono::milliseconds(1000)); },
+        Clock::now() + opts_.correction_grace);
   }
 }
 
@@ -539,8 +572,9 @@ void Tracker::recheck_correction(const std::string& id, std::chrono::millisecond
     // The runtime does not answer for this pod (hung, erroring): keep asking, less and less
     // often, rather than leaving a known difference to the next periodic reconcile.
     auto next = std::min(retry * 2, std::chrono::milliseconds(30'000));
-    queue_.post(pod.empty() ? id : pod, [this, id, next] { recheck_correction(id, next); },
-                Clock::now() + retry);
+    queue_.post(
+        queue_key(pod, id), [this, id, next] { recheck_correction(id, next); },
+        Clock::now() + retry);
     return;
   }
   std::lock_guard lk(mu_);
@@ -548,8 +582,9 @@ void Tracker::recheck_correction(const std::string& id, std::chrono::millisecond
   if (rec.pending > 0) return;
   adopt_identity(rec, *obs);
   if (advance(rec, obs->state, obs->snapshot, EventSource::kReconcile, true) > 0) {
-    spdlog::warn("reconcile corrected {} {}/{} to {}", rec.identity.sandbox ? "sandbox" : "container",
-                 rec.identity.pod_namespace, rec.identity.pod_name, to_string(obs->state));
+    spdlog::warn("reconcile corrected {} {}/{} to {}",
+                 rec.identity.sandbox ? "sandbox" : "container", rec.identity.pod_namespace,
+                 rec.identity.pod_name, to_string(obs->state));
   }
 }
 
@@ -602,7 +637,8 @@ std::vector<Tracker::PodTrouble> Tracker::troubled_pods() const {
   std::lock_guard lk(mu_);
   std::vector<PodTrouble> out;
   auto now = Clock::now();
-  for (const auto& [pod, t] : troubles_) out.push_back({pod, t.failures, now - t.since, t.last_error});
+  for (const auto& [pod, t] : troubles_)
+    out.push_back({pod, t.failures, now - t.since, t.last_error});
   return out;
 }
 

@@ -82,16 +82,16 @@ struct TrackedContainer {
 };
 
 struct TrackerStats {
-  uint64_t kernel_signals = 0;       // kernel events that mapped to a container
-  uint64_t unresolved_signals = 0;   // kernel events for cgroups the index does not know
-  uint64_t confirmations = 0;        // targeted CRI confirmations that changed state
+  uint64_t kernel_signals = 0;      // kernel events that mapped to a container
+  uint64_t unresolved_signals = 0;  // kernel events for cgroups the index does not know
+  uint64_t confirmations = 0;       // targeted CRI confirmations that changed state
   uint64_t confirm_retries = 0;
-  uint64_t confirm_failures = 0;     // budget exhausted; handed to the reconciler
-  uint64_t removal_checks = 0;       // targeted removal checks
-  uint64_t removal_sweeps = 0;       // list calls of the removal sweep
+  uint64_t confirm_failures = 0;    // budget exhausted; handed to the reconciler
+  uint64_t removal_checks = 0;      // targeted removal checks
+  uint64_t removal_sweeps = 0;      // list calls of the removal sweep
   uint64_t foreign_containers = 0;  // started containers the runtime does not know
-  uint64_t foreign_signals = 0;      // kernel signals of those, ignored
-  size_t records = 0;                // containers and sandboxes held in memory (incl. removed)
+  uint64_t foreign_signals = 0;     // kernel signals of those, ignored
+  size_t records = 0;               // containers and sandboxes held in memory (incl. removed)
   std::map<std::string, uint64_t> corrections;  // by event type
   uint64_t corrections_total() const;
 };
@@ -140,11 +140,11 @@ class Tracker {
     bool oom_killed = false;
     uint64_t kernel_start_ts = 0;  // realtime ns
     uint64_t kernel_exit_ts = 0;
-    int pending = 0;               // kernel confirmations queued or running
+    int pending = 0;  // kernel confirmations queued or running
     std::chrono::milliseconds removal_backoff{0};
     bool removal_scheduled = false;
     bool removal_swept = false;  // exited for long: the removal sweep watches it
-    bool foreign = false;  // the runtime does not know it (see foreign_after)
+    bool foreign = false;        // the runtime does not know it (see foreign_after)
     std::chrono::steady_clock::time_point removed_at{};  // when it became kNonExistent
   };
   enum class Want { kRunning, kExited };
@@ -163,7 +163,9 @@ class Tracker {
                std::chrono::steady_clock::time_point deadline,
                std::chrono::steady_clock::time_point signal_at,
                std::chrono::steady_clock::duration last_miss);
-  void check_removed(const std::string& id);
+  // A targeted look for the removal of exited `id`. `follow_up`: if it is still there, keep
+  // looking (backing off, then through the removal sweep); otherwise this is a single look.
+  void check_removed(const std::string& id, bool follow_up = true);
   // Forgets removed containers older than removed_retention. Caller holds mu_.
   void sweep_removed();
   // Hands a long-exited container to the removal sweep. Caller holds mu_.
