@@ -21,12 +21,23 @@ cmake --build "$build" -j "$(nproc)"
 
 status=0
 # The cri/e2e tests share one containerd test bed (one kills and restarts it), so tests run
-# one at a time.
-(cd "$build" && ctest --output-on-failure --no-tests=error ${CTEST_ARGS:-}) || status=$?
+# one at a time. The whole output is kept in $build/Testing/ctest-output.log.
+ctest_log=$build/Testing/ctest-output.log
+mkdir -p "$build/Testing"
+(cd "$build" && ctest --output-on-failure --no-tests=error ${CTEST_ARGS:-}) 2>&1 | tee "$ctest_log" ||
+  status=$?
 
 if [ "${FUZZ_SECONDS:-60}" != 0 ]; then
   FUZZ_SECONDS=${FUZZ_SECONDS:-60} bash scripts/fuzz.sh || status=1
 fi
 
 bash scripts/testbed.sh down || true
+
+# A failed test's output (assertions, then kplegd's log) scrolls far up a long run: repeat its
+# assertion messages last.
+if [ "$status" != 0 ] && grep -q ': Failure$' "$ctest_log"; then
+  echo
+  echo "==== failed assertions (the whole output: $ctest_log) ===="
+  awk '/: Failure$/ {n = 10} n > 0 {print; n--; if (++shown >= 120) exit}' "$ctest_log"
+fi
 exit $status

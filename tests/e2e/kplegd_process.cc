@@ -5,7 +5,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <gtest/gtest.h>
+
 #include <cstring>
+#include <iostream>
 
 namespace kpleg::testing {
 
@@ -22,7 +25,8 @@ std::vector<std::string> types_of(const std::vector<nlohmann::json>& events,
 
 Result<std::unique_ptr<KplegdProcess>> KplegdProcess::start(const std::vector<std::string>& args) {
   int out[2], err[2];
-  if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) return Error::from_errno(errno, "pipe");
+  if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0)
+    return Error::from_errno(errno, "pipe");
   std::vector<std::string> argv{kplegd_binary()};
   argv.insert(argv.end(), args.begin(), args.end());
   std::vector<char*> cargv;
@@ -44,6 +48,7 @@ Result<std::unique_ptr<KplegdProcess>> KplegdProcess::start(const std::vector<st
   close(err[1]);
   auto p = std::unique_ptr<KplegdProcess>(new KplegdProcess());
   p->pid_ = pid;
+  for (size_t i = 1; i < argv.size(); ++i) p->args_ += (i > 1 ? " " : "") + argv[i];
   p->out_reader_ = std::thread([raw = p.get(), fd = out[0]] { raw->read_loop(fd, true); });
   p->err_reader_ = std::thread([raw = p.get(), fd = err[0]] { raw->read_loop(fd, false); });
   return p;
@@ -131,6 +136,21 @@ KplegdProcess::~KplegdProcess() {
   if (!exit_status_ && pid_ > 0) stop();
   if (out_reader_.joinable()) out_reader_.join();
   if (err_reader_.joinable()) err_reader_.join();
+  // A failed test shows what the daemon said and sent: its log and its events.
+  if (::testing::Test::HasFailure()) {
+    std::lock_guard lk(mu_);
+    std::cerr << "---- kplegd " << args_ << " (pid " << pid_ << ", exit "
+              << (exit_status_ ? std::to_string(*exit_status_) : "?") << ") log:\n"
+              << log_ << "---- its " << events_.size() << " events:\n";
+    for (const auto& e : events_) {
+      std::cerr << e.value("emit_ts_ns", uint64_t{0}) / 1000000 % 100000000 << "ms "
+                << e.value("type", "") << " " << e.value("container_id", "").substr(0, 12) << " "
+                << e.value("pod_name", "") << "/" << e.value("container_name", "")
+                << " source=" << e.value("source", "")
+                << (e.value("correction", false) ? " correction" : "") << "\n";
+    }
+    std::cerr << "----\n";
+  }
 }
 
 }  // namespace kpleg::testing

@@ -42,6 +42,7 @@ class KplegdProcess {
   void read_loop(int fd, bool is_stdout);
 
   pid_t pid_ = -1;
+  std::string args_;
   std::optional<int> exit_status_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
