@@ -19,6 +19,8 @@ PACKAGES=(
   prometheus gnuplot-nox qemu-system-x86 jq procps psmisc kmod
   # vmtests: unpacking the xz-compressed modules of Debian's newer kernels
   xz-utils
+  # deploy/ manifest check
+  python3-yaml
   # throwaway CA and certificates for the API's TLS tests
   openssl
 )
