@@ -55,6 +55,22 @@ TEST_P(LifecycleTest, LongRunningContainer) {
   }
 }
 
+TEST_P(LifecycleTest, ContainersRunningBeforeTheDaemonAreInItsPrintedStartUpSync) {
+  auto pod = launch("early", 1, "sleep 1000000");
+  // A second daemon, started after the pod: its start-up sync reports the pod, and
+  // --print-events prints that sync too, not only what happens after "ready".
+  auto late = start_kplegd(endpoint_, GetParam(), {"--relist-period", "1s"});
+  ASSERT_TRUE(late.ok()) << late.error().message;
+  ASSERT_TRUE(wait_types(**late, pod.sandbox_id, kStarted));
+  ASSERT_TRUE(wait_types(**late, pod.container_ids[0], kStarted));
+  for (const auto& e : (*late)->events()) {
+    if (e["pod_uid"] != pod.uid) continue;
+    EXPECT_EQ(e["source"], ebpf() ? "reconcile" : "relist") << e.dump();
+    EXPECT_EQ(e["correction"], false) << "the start-up sync is no correction: " << e.dump();
+  }
+  EXPECT_EQ((*late)->stop(), 0);
+}
+
 TEST_P(LifecycleTest, ExitZeroAndExitThree) {
   auto ok = launch("exit0", 1, "sh -c 'sleep 2; exit 0'");
   auto bad = launch("exit3", 1, "sh -c 'sleep 2; exit 3'");
@@ -106,10 +122,12 @@ TEST_P(LifecycleTest, FourContainersStartedTogether) {
 TEST_P(LifecycleTest, CrashWithin100ms) {
   auto pod = launch("crash", 1, "sh -c 'exit 5'");
   const auto& id = pod.container_ids[0];
-  kplegd_->wait_for([&](const auto& evs) {
-    auto t = types_of(evs, id);
-    return !t.empty() && t.back() == "ContainerDied";
-  }, 20s);
+  kplegd_->wait_for(
+      [&](const auto& evs) {
+        auto t = types_of(evs, id);
+        return !t.empty() && t.back() == "ContainerDied";
+      },
+      20s);
   auto types = kplegd_->types_for(id);
   if (ebpf()) {
     EXPECT_EQ(types, kDied) << "the kernel saw the start a relist cannot";

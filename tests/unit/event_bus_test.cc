@@ -84,6 +84,20 @@ TEST(EventBus, FromSeqZeroGetsOnlyNewEvents) {
   EXPECT_EQ(got[0]->pod_uid, "new");
 }
 
+TEST(EventBus, FromTheOldestRetainedGetsTheWholeHistoryThenLiveEvents) {
+  EventBusOptions o;
+  o.history_capacity = 4;
+  EventBus bus(o);
+  auto empty = bus.subscribe(kOldestRetained);
+  for (int i = 0; i < 6; ++i) bus.publish(started("p" + std::to_string(i)));
+  EXPECT_EQ(seqs(drain(empty)), range(1, 6)) << "an empty history: live events only";
+  auto sub = bus.subscribe(kOldestRetained);
+  EXPECT_EQ(sub.backlog(), 4u);
+  bus.publish(started("p"));
+  auto got = drain(sub);
+  EXPECT_EQ(seqs(got), range(3, 7)) << "no RESYNC: the history is all there is";
+}
+
 TEST(EventBus, ResumeFromSeqGetsExactlyTheEventsAfterIt) {
   EventBus bus;
   for (int i = 0; i < 10; ++i) bus.publish(started("p"));

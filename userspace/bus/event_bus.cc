@@ -244,7 +244,10 @@ Subscription EventBus::subscribe(uint64_t from_seq, EventFilter filter, size_t q
 
   const uint64_t last = core_->last_seq;
   const uint64_t oldest = core_->history.empty() ? last + 1 : core_->history.front()->seq;
-  if (from_seq != 0) {
+  if (from_seq == kOldestRetained) {
+    for (const auto& ev : core_->history)
+      if (s->filter.matches(*ev)) s->backlog.push_back(ev);
+  } else if (from_seq != 0) {
     if (from_seq > last) {
       // Not a position in this stream: another daemon instance, or a made-up number.
       s->backlog.push_back(make_resync(

@@ -39,6 +39,9 @@ struct EventFilter {
 // A from_seq that is not a position in this stream (e.g. one from another daemon instance):
 // the subscription starts with RESYNC, then live events.
 inline constexpr uint64_t kUnknownPosition = UINT64_MAX;
+// Every retained event (from the oldest in the history, without RESYNC), then live events: for
+// an in-process consumer that starts after the daemon's start-up sync and wants it too.
+inline constexpr uint64_t kOldestRetained = UINT64_MAX - 1;
 
 inline constexpr size_t kDefaultHistoryCapacity = 10'000;
 inline constexpr size_t kDefaultQueueCapacity = 1'000;
@@ -124,7 +127,8 @@ class EventBus final : public pleg::EventSink {
   // every matching subscriber. Never blocks on a subscriber.
   void publish(pleg::PodLifecycleEvent ev) override;
 
-  // Events with seq > from_seq (0: only events published from now on), filtered.
+  // Events with seq > from_seq (0: only events published from now on; kOldestRetained: the
+  // whole history), filtered.
   // queue_capacity 0 takes the bus's default. The initial backlog (RESYNC when from_seq is
   // older than the history or not in this stream, then the retained events after from_seq)
   // does not count against queue_capacity, so a consumer can always resume from anywhere in

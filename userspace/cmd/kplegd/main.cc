@@ -9,14 +9,14 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "common/duration.h"
-#include "common/logging.h"
 #include "api/api_server.h"
 #include "api/options.h"
+#include "common/duration.h"
+#include "common/logging.h"
 #include "daemon/daemon.h"
-#include "metrics/http_server.h"
 #include "kernel/kernel_source.h"
 #include "kernel/self_test.h"
+#include "metrics/http_server.h"
 
 namespace {
 
@@ -53,7 +53,9 @@ int trace_kernel(const kernel::KernelSourceOptions& opts, const sigset_t& sigs) 
   kernel::BpfKernelSource source(opts);
   kernel::KernelSink sink;
   sink.on_event = [](const kernel::KernelEvent& ev) { write_line(kernel::to_json_line(ev)); };
-  sink.on_loss = [](uint64_t n) { write_line(nlohmann::json{{"kind", "lost"}, {"count", n}}.dump()); };
+  sink.on_loss = [](uint64_t n) {
+    write_line(nlohmann::json{{"kind", "lost"}, {"count", n}}.dump());
+  };
   if (auto st = source.start(sink); !st) {
     spdlog::error("{}", st.error().message);
     return 1;
@@ -93,18 +95,20 @@ int run_daemon(const daemon::DaemonOptions& opts, const api::ApiServerOptions& a
   }
   std::unique_ptr<metrics::MetricsServer> metrics_server;
   if (!metrics_opts.address.empty()) {
-    metrics_server = std::make_unique<metrics::MetricsServer>(metrics_opts, daemon.registry(), daemon);
+    metrics_server =
+        std::make_unique<metrics::MetricsServer>(metrics_opts, daemon.registry(), daemon);
     if (auto st = metrics_server->start(); !st) {
       spdlog::error("metrics endpoint: {}", st.error().message);
       return 1;
     }
   }
-  spdlog::info("kplegd ready: {} mode", daemon::to_string(daemon.active_mode()));
   std::thread printer;
   std::atomic<bool> stop_printer{false};
   if (print_events) {
-    // Subscribed from the first sequence number: the initial sync's events are printed too.
-    auto sub = std::make_shared<bus::Subscription>(daemon.bus().subscribe(0, {}, 1 << 20));
+    // The whole history, so the start-up sync's events are printed too, and subscribed before
+    // "ready" is logged, so nothing published after it can be missed.
+    auto sub = std::make_shared<bus::Subscription>(
+        daemon.bus().subscribe(bus::kOldestRetained, {}, 1 << 20));
     printer = std::thread([sub, &stop_printer] {
       while (!stop_printer) {
         auto n = sub->next(std::chrono::milliseconds(200));
@@ -117,6 +121,7 @@ int run_daemon(const daemon::DaemonOptions& opts, const api::ApiServerOptions& a
       }
     });
   }
+  spdlog::info("kplegd ready: {} mode", daemon::to_string(daemon.active_mode()));
   int sig = wait_for_termination(sigs);
   spdlog::info("received {}, shutting down", strsignal(sig));
   stop_printer = true;
@@ -164,10 +169,12 @@ int main(int argc, char** argv) {
   app.add_option("--cri-timeout", cri_timeout, "Deadline of every CRI call")->capture_default_str();
   app.add_option("--print-events", print_events, "Print every event on stdout (json)")
       ->check(CLI::IsMember({"json"}));
-  app.add_flag("--trace-kernel", trace,
-               "Print each decoded kernel event as a JSON line until SIGINT/SIGTERM, then the counters");
-  app.add_flag("--self-test", run_self_test,
-               "Load the BPF programs, exercise a private tracked cgroup, verify the kernel events");
+  app.add_flag(
+      "--trace-kernel", trace,
+      "Print each decoded kernel event as a JSON line until SIGINT/SIGTERM, then the counters");
+  app.add_flag(
+      "--self-test", run_self_test,
+      "Load the BPF programs, exercise a private tracked cgroup, verify the kernel events");
   app.add_option("--cgroup-root", roots,
                  "Name of a tracked cgroup root (repeatable; default: kubepods, kubepods.slice)");
   app.add_option("--ringbuf-kib", ringbuf_kib, "Ring buffer size in KiB (power of two)")
@@ -175,9 +182,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--kernel-btf", opts.kernel.bpf.btf_path,
                  "BTF file of the running kernel (default: /sys/kernel/btf/vmlinux)");
-  app.add_option("--cgroup-fs", opts.kernel.cgroup_base, "Where the host's cgroup filesystem is mounted")
+  app.add_option("--cgroup-fs", opts.kernel.cgroup_base,
+                 "Where the host's cgroup filesystem is mounted")
       ->capture_default_str();
-  app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off")->capture_default_str();
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off")
+      ->capture_default_str();
   app.add_option("--log-format", log_format, "text|json")
       ->check(CLI::IsMember({"text", "json"}))
       ->capture_default_str();
@@ -187,7 +196,8 @@ int main(int argc, char** argv) {
 
   CLI11_PARSE(app, argc, argv);
 
-  if (auto st = setup_logging(log_level, log_format == "json" ? LogFormat::kJson : LogFormat::kText);
+  if (auto st =
+          setup_logging(log_level, log_format == "json" ? LogFormat::kJson : LogFormat::kText);
       !st) {
     std::cerr << "kplegd: " << st.error().message << std::endl;
     return 2;
@@ -207,7 +217,7 @@ int main(int argc, char** argv) {
     }
     d.out = *v;
   }
-  opts.mode = mode == "ebpf" ? daemon::Mode::kEbpf
+  opts.mode = mode == "ebpf"     ? daemon::Mode::kEbpf
               : mode == "relist" ? daemon::Mode::kRelist
                                  : daemon::Mode::kAuto;
   if (!roots.empty()) opts.kernel.bpf.root_names = roots;
