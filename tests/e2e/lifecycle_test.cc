@@ -164,7 +164,7 @@ TEST_P(LifecycleTest, ExecsInsideTheContainerAreNoStarts) {
   ASSERT_TRUE(wait_types(*kplegd_, pod.container_ids[0], kStarted));
   // A later transition of another container is a barrier: events of the probe container that
   // were going to come would have come by then.
-  auto barrier = launch("barrier", 1, "sh -c 'sleep 1; exit 0'");
+  auto barrier = launch("barrier", 1, "sh -c 'sleep 3; exit 0'");  // relist sees it run
   ASSERT_TRUE(wait_types(*kplegd_, barrier.container_ids[0], kDied));
   EXPECT_EQ(kplegd_->types_for(pod.container_ids[0]), kStarted);
 }

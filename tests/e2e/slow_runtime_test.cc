@@ -214,7 +214,9 @@ TEST_P(SlowRuntimeTest, OnePodsHungStatusCallsDoNotHoldUpOtherPods) {
   kill_container(stalled.container_ids[0]);
   const uint64_t kill_steady_ns = realtime_ns();
   kill_container(steady.container_ids[0]);
-  auto quick = launch("quick", 1, "sh -c 'sleep 1; exit 0'");  // a pod born during the stall
+  // A pod born during the stall; it lives longer than a stalled relist takes (2 s call
+  // timeout + 1 s period), so relist mode sees it running too.
+  auto quick = launch("quick", 1, "sh -c 'sleep 5; exit 0'");
   ASSERT_FALSE(HasFailure());
 
   EXPECT_TRUE(wait_types(*kplegd_, steady.container_ids[0], kDied, 20s));
@@ -314,7 +316,7 @@ TEST_P(SlowRuntimeTest, OnePodsHungStatusCallsDoNotHoldUpOtherPods) {
   }
   // Let one more full pass over the runtime happen (a periodic reconcile / a few relists), then
   // nothing may have been emitted twice.
-  auto barrier = launch("barrier", 1, "sh -c 'sleep 1; exit 0'");
+  auto barrier = launch("barrier", 1, "sh -c 'sleep 3; exit 0'");  // relist sees it run
   EXPECT_TRUE(wait_types(*kplegd_, barrier.container_ids[0], kDied, 20s));
   if (ebpf()) {
     const size_t before = log_count("reconcile (period)");

@@ -255,7 +255,11 @@ void Tracker::confirm(const std::string& id, Want want, std::chrono::millisecond
     }
     // Short steps: the runtime usually catches up within tens of milliseconds, and a long
     // step would add its overshoot to the detection latency.
-    auto next = std::min(delay * 2, std::chrono::milliseconds(20));
+    // A start the runtime does not know at all yet (a sandbox still being set up, or another
+    // runtime's container) is waited for less eagerly.
+    const bool unknown =
+        want == Want::kRunning && obs.ok() && obs->state == ContainerState::kNonExistent;
+    auto next = std::min(delay * 2, std::chrono::milliseconds(unknown ? 200 : 20));
     std::string pod;
     {
       std::lock_guard lk(mu_);

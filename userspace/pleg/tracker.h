@@ -54,7 +54,9 @@ struct TrackerOptions {
   // someone else (another runtime under the same kubepods root): its kernel signals are
   // ignored from then on, without a reconcile. A reconcile that lists it after all reports it
   // as a correction.
-  std::chrono::milliseconds foreign_after{1000};
+  // (3 s: on a busy node containerd can take over a second between a sandbox's pause exec and
+  // listing the sandbox. While the runtime answers NOT_FOUND, looks back off to 200 ms.)
+  std::chrono::milliseconds foreign_after{3000};
   // How long a removed container's record stays, so that a runtime list taken just before the
   // removal cannot bring it back. Swept on every reconcile.
   std::chrono::milliseconds removed_retention{60'000};
