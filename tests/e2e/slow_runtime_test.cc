@@ -267,8 +267,8 @@ TEST_P(SlowRuntimeTest, OnePodsHungStatusCallsDoNotHoldUpOtherPods) {
   }
   if (ebpf()) {
     EXPECT_GE(kernel_events, 5) << "quick: sandbox+start+death, steady: death, exits: death";
-    EXPECT_LT(worst_started_ns, 1'000'000'000u) << "a Started took " << ms(worst_started_ns) << " ms";
-    EXPECT_LT(worst_ns, 1'000'000'000u) << "an event took " << ms(worst_ns) << " ms";
+    EXPECT_LT(worst_started_ns, 1'500'000'000u) << "a Started took " << ms(worst_started_ns) << " ms";
+    EXPECT_LT(worst_ns, 1'500'000'000u) << "an event took " << ms(worst_ns) << " ms";
     // The premise: this container died while the stall was on.
     if (auto d = event_of(events, exits.container_ids[0], "ContainerDied"))
       EXPECT_GT((*d)["kernel_ts_ns"].get<uint64_t>(), stall_ns);
@@ -277,7 +277,7 @@ TEST_P(SlowRuntimeTest, OnePodsHungStatusCallsDoNotHoldUpOtherPods) {
     const uint64_t lat = (*d)["emit_ts_ns"].get<uint64_t>() - kill_steady_ns;
     report << "\n  steady/c0 StopContainer (kpleg-load) -> ContainerDied emitted: " << ms(lat) << " ms";
     // Relist mode: every relist now spends the 2 s deadline on the stalled pod, 1 s apart.
-    EXPECT_LT(lat, ebpf() ? 2'000'000'000u : 10'000'000'000u);
+    EXPECT_LT(lat, ebpf() ? 3'000'000'000u : 10'000'000'000u);
   }
 
   if (!ebpf()) {
@@ -420,7 +420,7 @@ TEST_F(CriProxyContainerdTest, StalledPodWaitsOtherPodsDoNot) {
   EXPECT_EQ(deadline_exceeded.load(), 16);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
   auto worst = *std::max_element(other_ms.begin(), other_ms.end());
-  EXPECT_LT(worst, 500.0);
+  EXPECT_LT(worst, 1000.0) << "held calls are 2 s; the other pod's must not queue behind them";
   std::cout << "other pod's ContainerStatus through the proxy while 16 calls were held: worst "
             << worst << " ms" << std::endl;
   // Held threads are released when their callers give up.
@@ -439,7 +439,7 @@ TEST_F(CriProxyContainerdTest, StalledPodWaitsOtherPodsDoNot) {
   proxy_->clear_stall();
   t0 = std::chrono::steady_clock::now();
   EXPECT_TRUE(patient->container_status(a->container_ids[0]).ok());
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, 500ms);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1000ms) << "not delayed 1.5 s any more";
 }
 
 }  // namespace

@@ -251,10 +251,10 @@ TEST_F(CgroupTree, SeedRacingWithEventsConvergesToTheTree) {
     churn_done = true;
   });
   unsigned seeds = 0;
-  while (!churn_done.load()) {
+  do {  // at least once, even when the churn is over before this thread looks
     ASSERT_TRUE(index.seed(root_).ok());
     ++seeds;
-  }
+  } while (!churn_done.load());
   churn.join();
   EXPECT_GT(seeds, 0u);
 
@@ -278,7 +278,9 @@ TEST_F(CgroupTree, ConcurrentReadersSeeWholeEntries) {
     done = true;
   });
   std::size_t seen = 0;
-  while (!done.load()) {
+  bool last_pass = false;
+  do {  // one pass after the writer is done too: the final state has entries
+    last_pass = done.load();
     for (std::uint64_t id = 0; id < 64; ++id) {
       if (auto entry = index.lookup(id)) {
         ASSERT_EQ(entry->path, "/k8s.io/" + entry->identity.container_id);
@@ -290,7 +292,7 @@ TEST_F(CgroupTree, ConcurrentReadersSeeWholeEntries) {
         ++seen;
       }
     }
-  }
+  } while (!last_pass);
   writer.join();
   EXPECT_GT(seen, 0u);
 }

@@ -417,7 +417,9 @@ TEST_F(CriProxyTest, HeldCallsDoNotHoldUpOtherPods) {
 
 TEST_F(CriProxyTest, ACancelledCallIsReleased) {
   proxy_->set_stalled_pod({a_.uid, StallMode::kHang, {}});
-  grpc::ClientContext c;  // no deadline: only cancellation ends it
+  grpc::ClientContext c;
+  // Only cancellation ends it; the far deadline only keeps a failed wait_held from hanging.
+  c.set_deadline(std::chrono::system_clock::now() + 60s);
   v1::ContainerStatusRequest req;
   req.set_container_id(a_.container_ids[0]);
   auto f = std::async(std::launch::async, [&] {
@@ -437,7 +439,7 @@ TEST_F(CriProxyTest, MovingTheStallReleasesTheOldPodAndHoldsTheNew) {
   ASSERT_TRUE(wait_held(1));
   proxy_->set_stalled_pod({b_.uid, StallMode::kHang, {}});
   EXPECT_TRUE(held_a.get().ok());
-  EXPECT_EQ(container_status(b_.container_ids[0], 200ms).error_code(),
+  EXPECT_EQ(container_status(b_.container_ids[0], 1s).error_code(),
             grpc::StatusCode::DEADLINE_EXCEEDED);
   EXPECT_TRUE(container_status(a_.container_ids[0], 2s).ok());
   ASSERT_TRUE(proxy_->stall().has_value());

@@ -460,6 +460,8 @@ TEST_F(TrackerTest, LongExitedContainersAreWatchedByOneListCallNotACallEach) {
   }
   for (const auto& id : ids) ASSERT_TRUE(wait_types(id, {"ContainerStarted", "ContainerDied"}));
   ASSERT_TRUE(eventually([&] { return tracker_->stats().removal_sweeps >= 2; }));
+  // Every container's targeted checks are done (two each, then it joined the sweep).
+  ASSERT_TRUE(eventually([&] { return tracker_->stats().removal_checks >= 2u * kExited; }));
 
   // While they stay exited: the sweep's list calls, no call per container.
   const auto status_calls = cri_.calls(cri::CriMethod::kContainerStatus);
