@@ -22,16 +22,16 @@ TEST_F(FaultsTest, ContainerdKilledAndRestartedNothingMissed) {
   ASSERT_TRUE(d.ok()) << d.error().message;
   auto& kplegd = **d;
 
-  auto before = launch_pod(endpoint_, namespace_, "before", 1, "sleep 1000000");
-  auto dies_while_down = launch_pod(endpoint_, namespace_, "whiledown", 1, "sh -c 'sleep 3; exit 4'");
-  ASSERT_TRUE(before.ok() && dies_while_down.ok());
-  ASSERT_TRUE(wait_types(kplegd, dies_while_down->container_ids[0], {"ContainerStarted"}));
-
+  // Looked up first: the kill must come within the container's lifetime.
   auto pid = TestBed::instance().containerd_pid();
   ASSERT_TRUE(pid.ok()) << pid.error().message;
+  auto before = launch_pod(endpoint_, namespace_, "before", 1, "sleep 1000000");
+  auto dies_while_down = launch_pod(endpoint_, namespace_, "whiledown", 1, "sh -c 'sleep 5; exit 4'");
+  ASSERT_TRUE(before.ok() && dies_while_down.ok());
+  ASSERT_TRUE(wait_types(kplegd, dies_while_down->container_ids[0], {"ContainerStarted"}));
   ASSERT_EQ(kill(*pid, SIGKILL), 0);
   EXPECT_TRUE(kplegd.wait_for_log("connection lost", 10s)) << kplegd.log();
-  // The container exits (3 s after its start) while the runtime is down: wait until its cgroup
+  // The container exits (5 s after its start) while the runtime is down: wait until its cgroup
   // has no process left.
   const std::string procs = "/sys/fs/cgroup/unified/kubepods/besteffort/pod" + dies_while_down->uid +
                             "/" + dies_while_down->container_ids[0] + "/cgroup.procs";
