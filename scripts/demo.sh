@@ -41,7 +41,18 @@ daemon_pid="" watch_pid="" workload_pid=""
 cleanup() {
   trap - INT TERM EXIT
   say "stopping and cleaning up"
+  # The workload's running kpleg-load too (killing the subshell alone leaves it making a pod
+  # after the clean-up below); its children first looked up, then the loop stopped, then them.
+  local kids="" k
+  [ -z "$workload_pid" ] || kids=$(pgrep -P "$workload_pid" || true)
   for p in $workload_pid $watch_pid; do kill "$p" 2>/dev/null || true; done
+  for k in $kids; do kill "$k" 2>/dev/null || true; done
+  for _ in $(seq 50); do
+    alive=0
+    for k in $kids; do kill -0 "$k" 2>/dev/null && alive=1; done
+    [ "$alive" = 0 ] && break
+    sleep 0.1
+  done
   "$build/bin/kpleg-load" --runtime-endpoint "$endpoint" clean --namespace "$ns" >/dev/null 2>&1 || true
   if [ -n "$daemon_pid" ]; then
     kill "$daemon_pid" 2>/dev/null || true
