@@ -75,6 +75,9 @@ TEST(GrpcCriClientHungRuntime, CallsBeyondMaxInFlightStillHonourTheirDeadline) {
   GrpcCriClientOptions o;
   o.call_timeout = 1s;
   o.max_in_flight = 1;
+  // The hung runtime never completes a connection: only the deadlines may end these calls,
+  // not a failed connection attempt (1 s by default).
+  o.min_connect_timeout = 10s;
   auto client = make_client(runtime.endpoint(), o);
   ASSERT_NE(client, nullptr);
 
