@@ -109,6 +109,24 @@ class TrackerTest : public ::testing::Test {
     tracker_->on_kernel_event(ev);
   }
 
+  // A container of the pod that starts through the kernel path; returns once it was reported.
+  std::string started(const std::string& name) {
+    auto id = create(name);
+    EXPECT_TRUE(cri_.start_container(id).ok());
+    kernel_exec(id);
+    EXPECT_TRUE(wait_types(id, {"ContainerStarted"}));
+    return id;
+  }
+  // A container of the pod that starts and exits with `code`, both through the kernel path;
+  // returns once the tracker reported both.
+  std::string started_and_exited(const std::string& name, uint32_t code = 0) {
+    auto id = started(name);
+    EXPECT_TRUE(cri_.exit_container(id, code).ok());
+    kernel_exit(id, code);
+    EXPECT_TRUE(wait_types(id, {"ContainerStarted", "ContainerDied"}));
+    return id;
+  }
+
   bool wait_types(const std::string& id, const std::vector<std::string>& want) {
     auto deadline = std::chrono::steady_clock::now() + 5s;
     while (std::chrono::steady_clock::now() < deadline) {
@@ -258,10 +276,8 @@ TEST_F(TrackerTest, InitialSyncThenCorrectionsAreCounted) {
 }
 
 TEST_F(TrackerTest, RunningContainerThatVanishesGivesDiedThenRemoved) {
-  auto id = create("gone");
-  ASSERT_TRUE(cri_.start_container(id).ok());
-  kernel_exec(id);
-  ASSERT_TRUE(wait_types(id, {"ContainerStarted"}));
+  auto id = started("gone");
+  ASSERT_FALSE(HasFailure());
   ASSERT_TRUE(cri_.stop_container(id, 0).ok());
   ASSERT_TRUE(cri_.remove_container(id).ok());
   kernel_exit(id, 0);  // by the time the exit is confirmed, the container is gone
@@ -356,20 +372,10 @@ TEST_F(TrackerTest, AnUnknownContainerThatAlreadyDiedEndsItsStartConfirmationQui
 }
 
 TEST_F(TrackerTest, RemovedContainersAreForgottenAfterTheRetentionButAStaleListCannotRevive) {
-  auto lifecycle = [&](const std::string& name) {
-    auto id = create(name);
-    EXPECT_TRUE(cri_.start_container(id).ok());
-    kernel_exec(id);
-    EXPECT_TRUE(wait_types(id, {"ContainerStarted"}));
-    EXPECT_TRUE(cri_.exit_container(id, 0).ok());
-    kernel_exit(id, 0);
-    EXPECT_TRUE(wait_types(id, {"ContainerStarted", "ContainerDied"}));
-    return id;
-  };
   auto initial = list_runtime(cri_);
   ASSERT_TRUE(initial.ok());
   tracker_->reconcile(*initial, /*initial=*/true);  // the sandbox
-  auto id = lifecycle("app");
+  auto id = started_and_exited("app");
   auto stale = list_runtime(cri_);  // taken while the container still exists
   ASSERT_TRUE(stale.ok());
   ASSERT_TRUE(cri_.remove_container(id).ok());
@@ -386,7 +392,7 @@ TEST_F(TrackerTest, RemovedContainersAreForgottenAfterTheRetentionButAStaleListC
   TrackerOptions o;
   o.removed_retention = 0ms;
   restart_with_fast_removal(o);
-  auto id2 = lifecycle("app2");
+  auto id2 = started_and_exited("app2");
   ASSERT_TRUE(cri_.remove_container(id2).ok());
   ASSERT_TRUE(wait_types(id2, {"ContainerStarted", "ContainerDied", "ContainerRemoved"}));
   EXPECT_EQ(tracker_->stats().records, 2u) << "the sandbox and the removed container";
@@ -407,13 +413,8 @@ TEST_F(TrackerTest, AReconcileThatSeesAnExitedContainerGoneIsNoCorrection) {
   auto initial = list_runtime(cri_);
   ASSERT_TRUE(initial.ok());
   tracker_->reconcile(*initial, /*initial=*/true);  // the sandbox
-  auto id = create("job");
-  ASSERT_TRUE(cri_.start_container(id).ok());
-  kernel_exec(id);
-  ASSERT_TRUE(wait_types(id, {"ContainerStarted"}));
-  ASSERT_TRUE(cri_.exit_container(id, 0).ok());
-  kernel_exit(id, 0);
-  ASSERT_TRUE(wait_types(id, {"ContainerStarted", "ContainerDied"}));
+  auto id = started_and_exited("job");
+  ASSERT_FALSE(HasFailure());
   ASSERT_TRUE(cri_.remove_container(id).ok());
   const auto status_calls = cri_.calls(cri::CriMethod::kContainerStatus);
 
@@ -429,10 +430,8 @@ TEST_F(TrackerTest, AReconcileThatSeesAnExitedContainerGoneIsNoCorrection) {
   EXPECT_EQ(inconsistencies_.load(), 0);
 
   // A running container that vanished is still a correction (the kernel path owed its death).
-  auto lost = create("lost");
-  ASSERT_TRUE(cri_.start_container(lost).ok());
-  kernel_exec(lost);
-  ASSERT_TRUE(wait_types(lost, {"ContainerStarted"}));
+  auto lost = started("lost");
+  ASSERT_FALSE(HasFailure());
   ASSERT_TRUE(cri_.stop_container(lost, 0).ok());
   ASSERT_TRUE(cri_.remove_container(lost).ok());
   view = list_runtime(cri_);
