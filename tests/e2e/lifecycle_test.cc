@@ -2,6 +2,10 @@
 // kernel: each asserts the exact per-container event sequence in both modes.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+#include <set>
+
 #include "e2e/e2e_support.h"
 
 namespace kpleg::testing {
@@ -69,6 +73,25 @@ TEST_P(LifecycleTest, ContainersRunningBeforeTheDaemonAreInItsPrintedStartUpSync
     EXPECT_EQ(e["correction"], false) << "the start-up sync is no correction: " << e.dump();
   }
   EXPECT_EQ((*late)->stop(), 0);
+}
+
+TEST_P(LifecycleTest, ThreadsCarryNamesForTopAndPerf) {
+  std::set<std::string> names;
+  const std::string tasks = "/proc/" + std::to_string(kplegd_->pid()) + "/task";
+  for (const auto& t : std::filesystem::directory_iterator(tasks)) {
+    std::ifstream in(t.path() / "comm");
+    std::string name;
+    std::getline(in, name);
+    names.insert(name);
+  }
+  std::vector<std::string> want = {"kpleg-cri-watch", "kpleg-http", "kpleg-health", "kpleg-print"};
+  if (ebpf()) {
+    for (const char* n : {"kpleg-ringbuf", "kpleg-work", "kpleg-reconcile"}) want.push_back(n);
+  } else {
+    want.push_back("kpleg-relist");
+  }
+  for (const auto& n : want)
+    EXPECT_TRUE(names.count(n)) << n << " in " << ::testing::PrintToString(names);
 }
 
 TEST_P(LifecycleTest, ExitZeroAndExitThree) {

@@ -3,6 +3,8 @@
 // worker that was waiting for it is busy with another pod's task.
 #include "pleg/pod_work_queue.h"
 
+#include "common/thread_name.h"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -106,16 +108,32 @@ TEST(PodWorkQueue, AHungPodHoldsOneWorkerAndOtherPodsGoOn) {
   q.stop();
 }
 
+TEST(PodWorkQueue, WorkersAreNamed) {
+  PodWorkQueue q(1);
+  Latch ran;
+  std::string name;
+  q.post("pod-a", [&] {
+    name = thread_name();
+    ran.open();
+  });
+  ASSERT_TRUE(ran.wait());
+  EXPECT_EQ(name, "kpleg-work");
+  q.stop();
+}
+
 TEST(PodWorkQueue, DelayedTasksRunNotBeforeTheirTimeAndDoNotHoldBackReadyOnes) {
   PodWorkQueue q(2);
   Latch delayed_ran, ready_ran;
   const auto not_before = Clock::now() + 2s;
   Clock::time_point ran_at{};
   std::atomic<bool> delayed_first{false};
-  q.post("pod-a", [&] {
-    ran_at = Clock::now();
-    delayed_ran.open();
-  }, not_before);
+  q.post(
+      "pod-a",
+      [&] {
+        ran_at = Clock::now();
+        delayed_ran.open();
+      },
+      not_before);
   // Judged when the ready task runs, not when the test thread gets to look.
   q.post("pod-a", [&] {
     delayed_first = delayed_ran.is_open();
@@ -138,15 +156,20 @@ TEST(PodWorkQueue, ADelayedTaskRunsWhileTheWorkerThatWaitedForItIsBusy) {
   Latch second_ran;
   std::atomic<bool> first_saw_second{false};
   const auto t0 = Clock::now();
-  q.post("pod-1", [&] { first_saw_second = second_ran.wait(5s); }, t0 + 50ms);
-  q.post("pod-2", [&] { second_ran.open(); }, t0 + 150ms);
+  q.post(
+      "pod-1", [&] { first_saw_second = second_ran.wait(5s); }, t0 + 50ms);
+  q.post(
+      "pod-2", [&] { second_ran.open(); }, t0 + 150ms);
   // Many more delayed tasks of other pods, due one after another.
   std::atomic<int> more{0};
   Latch all_more;
   for (int i = 0; i < 20; ++i) {
-    q.post("more-" + std::to_string(i), [&] {
-      if (++more == 20) all_more.open();
-    }, t0 + 200ms + i * 10ms);
+    q.post(
+        "more-" + std::to_string(i),
+        [&] {
+          if (++more == 20) all_more.open();
+        },
+        t0 + 200ms + i * 10ms);
   }
   EXPECT_TRUE(second_ran.wait(5s)) << "the second delayed task waited for a busy worker";
   EXPECT_TRUE(all_more.wait(5s)) << more.load() << " of 20 later delayed tasks ran";
@@ -158,7 +181,8 @@ TEST(PodWorkQueue, ADelayedTaskRunsWhileTheWorkerThatWaitedForItIsBusy) {
 TEST(PodWorkQueue, StopDropsPendingTasksAndReturns) {
   PodWorkQueue q(2);
   std::atomic<int> ran{0};
-  q.post("pod-a", [&] { ++ran; }, Clock::now() + 10s);
+  q.post(
+      "pod-a", [&] { ++ran; }, Clock::now() + 10s);
   q.stop();
   EXPECT_EQ(ran.load(), 0);
   EXPECT_EQ(q.pending(), 0u);

@@ -1,4 +1,5 @@
 #include "api/api_server.h"
+#include "common/thread_name.h"
 
 #include <grp.h>
 #include <sys/socket.h>
@@ -315,7 +316,10 @@ Status ApiServer::start() {
     std::lock_guard l(health_mu_);
     stopping_ = false;
   }
-  health_thread_ = std::thread([this] { health_loop(); });
+  health_thread_ = std::thread([this] {
+    set_thread_name("kpleg-health");
+    health_loop();
+  });
 
   if (!options_.socket_path.empty())
     spdlog::info("api: serving kpleg.v1.PodLifecycle on unix:{} ({})", options_.socket_path,

@@ -1,4 +1,5 @@
 #include "cri/grpc_cri_client.h"
+#include "common/thread_name.h"
 
 #include <grpcpp/grpcpp.h>
 #include <spdlog/spdlog.h>
@@ -94,7 +95,10 @@ GrpcCriClient::GrpcCriClient(std::string target, GrpcCriClientOptions options)
   args.SetInt(GRPC_ARG_CLIENT_IDLE_TIMEOUT_MS, INT_MAX);
   channel_ = grpc::CreateCustomChannel(target_, grpc::InsecureChannelCredentials(), args);
   stub_ = runtime::v1::RuntimeService::NewStub(channel_);
-  watcher_ = std::thread([this] { watch_connectivity(); });
+  watcher_ = std::thread([this] {
+    set_thread_name("kpleg-cri-watch");
+    watch_connectivity();
+  });
 }
 
 GrpcCriClient::~GrpcCriClient() {
@@ -132,9 +136,10 @@ void GrpcCriClient::watch_connectivity() {
     }
     if (call_saw_loss && ever_ready && !lost) {
       lost = true;
-      spdlog::warn("CRI runtime at {}: connection lost (a call failed with UNAVAILABLE), "
-                   "reconnecting",
-                   target_);
+      spdlog::warn(
+          "CRI runtime at {}: connection lost (a call failed with UNAVAILABLE), "
+          "reconnecting",
+          target_);
     }
     if (s != last || (s == GRPC_CHANNEL_READY && lost)) {
       if (s == GRPC_CHANNEL_READY) {

@@ -1,4 +1,5 @@
 #include "kernel/kernel_source.h"
+#include "common/thread_name.h"
 
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
@@ -6,8 +7,8 @@
 #include <spdlog/spdlog.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
-#include <sys/syscall.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -25,7 +26,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr const char* kFallback = "; the kernel event source cannot start, relist mode (--mode=relist) is the fallback";
+constexpr const char* kFallback =
+    "; the kernel event source cannot start, relist mode (--mode=relist) is the fallback";
 
 bool has_cap(const __user_cap_data_struct data[2], int cap) {
   return (data[cap / 32].effective & (1u << (cap % 32))) != 0;
@@ -75,10 +77,12 @@ Status preflight(const KernelSourceOptions& opts) {
   bool admin = has_cap(data, CAP_SYS_ADMIN);
   if (!admin && !(has_cap(data, CAP_BPF) && has_cap(data, CAP_PERFMON))) {
     return Error{EPERM, std::string("missing CAP_BPF and CAP_PERFMON (or CAP_SYS_ADMIN) to load "
-                                    "BPF programs") + kFallback};
+                                    "BPF programs") +
+                            kFallback};
   }
   auto mount = cgroup::find_cgroup2_mount(opts.cgroup_base);
-  if (!mount) return Error{mount.error().code, "no cgroup2 hierarchy: " + mount.error().message + kFallback};
+  if (!mount)
+    return Error{mount.error().code, "no cgroup2 hierarchy: " + mount.error().message + kFallback};
   if (auto st = validate(opts.bpf); !st) return st;
   return {};
 }
@@ -102,14 +106,18 @@ Status BpfKernelSource::start(KernelSink sink) {
 
   // Attach first, then seed top-down: a cgroup made after its parent was seeded is caught by the
   // mkdir hook, one made before is in the directory listing.
-  if (auto st = program_->attach(); !st) return Error{st.error().code, st.error().message + kFallback};
+  if (auto st = program_->attach(); !st)
+    return Error{st.error().code, st.error().message + kFallback};
   if (auto st = seed(cgroup2_mount_); !st) return st;
 
   stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (stop_fd_ < 0) return Error::from_errno(errno, "eventfd");
   if (auto d = program_->ringbuf_drops()) drops_seen_ = *d;
   consuming_ = true;
-  thread_ = std::thread([this] { consume_loop(); });
+  thread_ = std::thread([this] {
+    set_thread_name("kpleg-ringbuf");
+    consume_loop();
+  });
   spdlog::info("kernel source attached: cgroup2 at {}, {} cgroups tracked, ring buffer {} KiB",
                cgroup2_mount_, seeded_, opts_.bpf.ringbuf_bytes / 1024);
   return {};
@@ -148,7 +156,8 @@ Status BpfKernelSource::seed(const std::string& root) {
     std::error_code ec;
     for (const auto& entry : fs::directory_iterator(dir, ec)) {
       std::error_code ec2;
-      if (entry.is_directory(ec2) && !entry.is_symlink(ec2)) stack.emplace_back(entry.path(), tracked);
+      if (entry.is_directory(ec2) && !entry.is_symlink(ec2))
+        stack.emplace_back(entry.path(), tracked);
     }
   }
   return {};

@@ -1,4 +1,5 @@
 #include "metrics/http_server.h"
+#include "common/thread_name.h"
 
 #include <cerrno>
 #include <charconv>
@@ -107,7 +108,10 @@ Status MetricsServer::start() {
     port_ = hp->second;
   }
   server_ = std::move(server);
-  thread_ = std::thread([s = server_.get()] { s->listen_after_bind(); });
+  thread_ = std::thread([s = server_.get()] {
+    set_thread_name("kpleg-http");
+    s->listen_after_bind();
+  });
   // httplib's stop() is a no-op until the listen loop has started: wait for it, or a quick
   // start-stop would leave stop() joining a thread that never ends.
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);

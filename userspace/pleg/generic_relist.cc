@@ -1,4 +1,5 @@
 #include "pleg/generic_relist.h"
+#include "common/thread_name.h"
 
 #include <grpcpp/support/status_code_enum.h>
 #include <spdlog/spdlog.h>
@@ -285,7 +286,10 @@ void GenericRelist::start() {
   if (running_) return;
   stop_requested_ = false;
   running_ = true;
-  loop_ = std::thread([this] { run_loop(); });
+  loop_ = std::thread([this] {
+    set_thread_name("kpleg-relist");
+    run_loop();
+  });
 }
 
 void GenericRelist::stop() {

@@ -1,9 +1,14 @@
 #include "pleg/pod_work_queue.h"
+#include "common/thread_name.h"
 
 namespace kpleg::pleg {
 
 PodWorkQueue::PodWorkQueue(size_t workers) {
-  for (size_t i = 0; i < workers; ++i) threads_.emplace_back([this] { run(); });
+  for (size_t i = 0; i < workers; ++i)
+    threads_.emplace_back([this] {
+      set_thread_name("kpleg-work");
+      run();
+    });
 }
 
 PodWorkQueue::~PodWorkQueue() { stop(); }

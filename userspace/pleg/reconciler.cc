@@ -1,4 +1,5 @@
 #include "pleg/reconciler.h"
+#include "common/thread_name.h"
 
 #include <spdlog/spdlog.h>
 
@@ -11,7 +12,10 @@ Reconciler::~Reconciler() { stop(); }
 
 Status Reconciler::start() {
   auto st = run_once("start", true);
-  thread_ = std::thread([this] { loop(); });
+  thread_ = std::thread([this] {
+    set_thread_name("kpleg-reconcile");
+    loop();
+  });
   return st;
 }
 
@@ -68,9 +72,9 @@ void Reconciler::loop() {
   auto next = std::chrono::steady_clock::now() + period_;
   while (!stopping_) {
     // After a failure, try again sooner than the period (the runtime may be back any moment).
-    auto due = stats_.last_error.empty() ? next
-                                         : std::min(next, std::chrono::steady_clock::now() +
-                                                              std::chrono::seconds(1));
+    auto due = stats_.last_error.empty()
+                   ? next
+                   : std::min(next, std::chrono::steady_clock::now() + std::chrono::seconds(1));
     cv_.wait_until(lk, due, [&] { return stopping_ || requested_.has_value(); });
     if (stopping_) break;
     std::string reason = requested_ ? *requested_ : "period";

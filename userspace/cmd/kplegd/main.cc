@@ -13,6 +13,7 @@
 #include "api/options.h"
 #include "common/duration.h"
 #include "common/logging.h"
+#include "common/thread_name.h"
 #include "daemon/daemon.h"
 #include "kernel/kernel_source.h"
 #include "kernel/self_test.h"
@@ -110,6 +111,7 @@ int run_daemon(const daemon::DaemonOptions& opts, const api::ApiServerOptions& a
     auto sub = std::make_shared<bus::Subscription>(
         daemon.bus().subscribe(bus::kOldestRetained, {}, 1 << 20));
     printer = std::thread([sub, &stop_printer] {
+      set_thread_name("kpleg-print");
       while (!stop_printer) {
         auto n = sub->next(std::chrono::milliseconds(200));
         if (n.status == bus::Subscription::Status::kEvent) {
