@@ -228,10 +228,10 @@ void Tracker::confirm(const std::string& id, Want want, std::chrono::millisecond
 
   // A start the runtime does not know yet (RunPodSandbox/StartContainer still in progress, the
   // id not in its store) is not a removal: wait for it like for any other lag.
-  bool settled = obs.ok() && rank(obs->state) >= want_rank &&
-                 !(want == Want::kRunning && obs->state == ContainerState::kNonExistent);
-  if (want == Want::kRunning && obs.ok() && obs->state == ContainerState::kNonExistent &&
-      Clock::now() - signal_at >= opts_.foreign_after) {
+  const bool unknown_start =
+      want == Want::kRunning && obs.ok() && obs->state == ContainerState::kNonExistent;
+  const bool settled = obs.ok() && rank(obs->state) >= want_rank && !unknown_start;
+  if (unknown_start && Clock::now() - signal_at >= opts_.foreign_after) {
     std::lock_guard lk(mu_);
     auto& rec = records_[id];
     if (rank(rec.reported) == 0 && rec.identity.pod_name.empty()) {
@@ -254,12 +254,10 @@ void Tracker::confirm(const std::string& id, Want want, std::chrono::millisecond
       ++stats_.confirm_retries;
     }
     // Short steps: the runtime usually catches up within tens of milliseconds, and a long
-    // step would add its overshoot to the detection latency.
-    // A start the runtime does not know at all yet (a sandbox still being set up, or another
-    // runtime's container) is waited for less eagerly.
-    const bool unknown =
-        want == Want::kRunning && obs.ok() && obs->state == ContainerState::kNonExistent;
-    auto next = std::min(delay * 2, std::chrono::milliseconds(unknown ? 200 : 20));
+    // step would add its overshoot to the detection latency. A start the runtime does not know
+    // at all yet (a sandbox still being set up, or another runtime's container) is waited for
+    // less eagerly.
+    auto next = std::min(delay * 2, std::chrono::milliseconds(unknown_start ? 200 : 20));
     std::string pod;
     {
       std::lock_guard lk(mu_);
@@ -482,70 +480,52 @@ void Tracker::reconcile(const std::vector<RuntimeContainer>& view, bool initial)
   std::map<std::string, const RuntimeContainer*> seen;
   for (const auto& rc : view) seen[rc.id] = &rc;
 
-  std::vector<std::string> recheck, removed;
-  {
-    std::lock_guard lk(mu_);
-    for (const auto& rc : view) {
-      auto& rec = records_[rc.id];
-      bool fresh = rec.identity.id.empty();
-      if (fresh || rec.identity.pod_name.empty()) {
-        auto reported = rec.identity.id.empty() ? ContainerState::kUnknown : rec.reported;
-        rec.identity = rc;
-        rec.reported = reported;
-      }
-      rec.sandbox_known = true;
-      rec.identity.sandbox = rc.sandbox;
-      if (rank(rc.state) <= rank(rec.reported)) continue;
-      if (initial) {
-        ContainerSnapshot snap;
-        snap.state = rc.state;
-        advance(rec, rc.state, snap, EventSource::kReconcile, false);
-      } else if (rec.pending == 0) {
-        recheck.push_back(rc.id);
-      }
-    }
-    // Tracked containers the runtime no longer lists.
-    for (auto& [id, rec] : records_) {
-      if (seen.count(id) || rec.reported == ContainerState::kNonExistent) continue;
-      if (rec.identity.pod_name.empty() && rank(rec.reported) == 0) continue;  // never known
-      if (initial) {
-        advance(rec, ContainerState::kNonExistent, {ContainerState::kNonExistent},
-                EventSource::kReconcile, false);
-      } else if (rec.reported == ContainerState::kExited) {
-        // Removals of exited containers have no kernel signal: the removal checks and sweep
-        // find them, within removal_check_max. A relist that comes first is not a correction;
-        // it only tells the removal path to look now.
-        removed.push_back(id);
-      } else if (rec.pending == 0) {
-        recheck.push_back(id);
-      }
-    }
-  }
-  for (const auto& id : removed) {
-    std::string pod;
-    {
-      std::lock_guard lk(mu_);
-      pod = records_[id].identity.pod_uid;
-    }
+  std::lock_guard lk(mu_);
+  // A difference may be a kernel event still on its way: look again after a grace period with
+  // a targeted call before calling it a correction.
+  auto recheck = [&](const std::string& id, const Record& rec) {
     queue_.post(
-        queue_key(pod, id), [this, id] { check_removed(id, false); }, Clock::now());
-  }
-  {
-    std::lock_guard lk(mu_);
-    sweep_removed();
-  }
-  // A difference may be a kernel event still on its way: look again after a grace period
-  // with a targeted call before calling it a correction.
-  for (const auto& id : recheck) {
-    std::string pod;
-    {
-      std::lock_guard lk(mu_);
-      pod = records_[id].identity.pod_uid;
-    }
-    queue_.post(
-        queue_key(pod, id), [this, id] { recheck_correction(id, std::chrono::milliseconds(1000)); },
+        queue_key(rec.identity.pod_uid, id),
+        [this, id] { recheck_correction(id, std::chrono::milliseconds(1000)); },
         Clock::now() + opts_.correction_grace);
+  };
+  for (const auto& rc : view) {
+    auto& rec = records_[rc.id];
+    bool fresh = rec.identity.id.empty();
+    if (fresh || rec.identity.pod_name.empty()) {
+      auto reported = rec.identity.id.empty() ? ContainerState::kUnknown : rec.reported;
+      rec.identity = rc;
+      rec.reported = reported;
+    }
+    rec.sandbox_known = true;
+    rec.identity.sandbox = rc.sandbox;
+    if (rank(rc.state) <= rank(rec.reported)) continue;
+    if (initial) {
+      ContainerSnapshot snap;
+      snap.state = rc.state;
+      advance(rec, rc.state, snap, EventSource::kReconcile, false);
+    } else if (rec.pending == 0) {
+      recheck(rc.id, rec);
+    }
   }
+  // Tracked containers the runtime no longer lists.
+  for (auto& [id, rec] : records_) {
+    if (seen.count(id) || rec.reported == ContainerState::kNonExistent) continue;
+    if (rec.identity.pod_name.empty() && rank(rec.reported) == 0) continue;  // never known
+    if (initial) {
+      advance(rec, ContainerState::kNonExistent, {ContainerState::kNonExistent},
+              EventSource::kReconcile, false);
+    } else if (rec.reported == ContainerState::kExited) {
+      // Removals of exited containers have no kernel signal: the removal checks and sweep
+      // find them, within removal_check_max. A relist that comes first is not a correction;
+      // it only tells the removal path to look now (a list taken before the container was
+      // created would not show it either, hence the look).
+      queue_.post(queue_key(rec.identity.pod_uid, id), [this, id] { check_removed(id, false); });
+    } else if (rec.pending == 0) {
+      recheck(id, rec);
+    }
+  }
+  sweep_removed();
 }
 
 void Tracker::sweep_removed() {
