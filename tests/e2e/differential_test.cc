@@ -52,13 +52,23 @@ TEST_F(DifferentialTest, EbpfContainsRelistAndNeedsNoCorrection) {
   add(*exit7);
   add(*fast);
 
+  // Both daemons must have seen the long-running pods run before they are stopped: a relist
+  // (1 s apart) never sees a container that lived between two of its looks, and the whole
+  // launch can take less than that.
+  for (int i = 0; i < 3; ++i) {
+    for (const auto& id :
+         {pods[i].sandbox_id, pods[i].container_ids[0], pods[i].container_ids[1]}) {
+      ASSERT_TRUE(wait_types(**ebpf, id, kStarted)) << id;
+      ASSERT_TRUE(wait_types(**relist, id, kStarted)) << id;
+    }
+  }
   ASSERT_TRUE(load_op(endpoint_, "stop-container", pods[0].container_ids[0]).ok());
   ASSERT_TRUE(load_op(endpoint_, "remove-container", pods[0].container_ids[0]).ok());
   ASSERT_TRUE(load_op(endpoint_, "stop-container", pods[1].container_ids[1]).ok());
   ASSERT_TRUE(load_op(endpoint_, "remove-pod", pods[2].sandbox_id).ok());
   // Wait for exit7's exit, in both daemons (a relist can be seconds late on a busy machine),
   // before removing it.
-  ASSERT_TRUE(wait_types(**ebpf, exit7->container_ids[0], {"ContainerStarted", "ContainerDied"}));
+  ASSERT_TRUE(wait_types(**ebpf, exit7->container_ids[0], kDied));
   ASSERT_TRUE((*relist)->wait_for(
       [&](const auto& evs) {
         auto t = types_of(evs, exit7->container_ids[0]);
@@ -72,7 +82,8 @@ TEST_F(DifferentialTest, EbpfContainsRelistAndNeedsNoCorrection) {
   auto final_type = [&](const std::string& id) -> std::string {
     if (id == pods[0].container_ids[0]) return "ContainerRemoved";
     if (id == pods[1].container_ids[1]) return "ContainerDied";
-    if (id == pods[2].sandbox_id || id == pods[2].container_ids[0] || id == pods[2].container_ids[1])
+    if (id == pods[2].sandbox_id || id == pods[2].container_ids[0] ||
+        id == pods[2].container_ids[1])
       return "ContainerRemoved";
     if (id == exit7->sandbox_id || id == exit7->container_ids[0]) return "ContainerRemoved";
     if (id == exit0->container_ids[0] || id == exit0->container_ids[1]) return "ContainerDied";

@@ -88,9 +88,9 @@ TEST_F(FaultsTest, AnotherRuntimesContainerIsIgnoredWithoutARelist) {
   kill(*pid, SIGKILL);
   auto status = kernel::wait_child(*pid);
   ASSERT_TRUE(status.ok()) << status.error().message;
-  EXPECT_TRUE(given_up) << kplegd.log();
+  EXPECT_TRUE(given_up);
   EXPECT_EQ(kplegd.log().find("reconcile (tracker"), std::string::npos)
-      << "a foreign container cost a full relist:\n" << kplegd.log();
+      << "a foreign container cost a full relist";
   for (const auto& e : kplegd.events()) EXPECT_NE(e["container_id"], id) << e.dump();
 
   // kplegd's own pods keep working.

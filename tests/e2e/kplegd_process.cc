@@ -85,9 +85,16 @@ bool KplegdProcess::wait_for(const std::function<bool(const std::vector<nlohmann
   return cv_.wait_for(lk, timeout, [&] { return pred(events_); });
 }
 
-bool KplegdProcess::wait_for_log(const std::string& text, std::chrono::milliseconds timeout) {
+bool KplegdProcess::wait_for_log(const std::string& text, std::chrono::milliseconds timeout,
+                                 size_t times) {
   std::unique_lock lk(mu_);
-  return cv_.wait_for(lk, timeout, [&] { return log_.find(text) != std::string::npos; });
+  return cv_.wait_for(lk, timeout, [&] {
+    size_t n = 0;
+    for (auto at = log_.find(text); at != std::string::npos && n < times;
+         at = log_.find(text, at + 1))
+      ++n;
+    return n >= times;
+  });
 }
 
 std::vector<nlohmann::json> KplegdProcess::events() const {

@@ -25,8 +25,8 @@ class KplegdProcess {
   // Waits until `pred` holds over the events received so far.
   bool wait_for(const std::function<bool(const std::vector<nlohmann::json>&)>& pred,
                 std::chrono::milliseconds timeout);
-  // Waits until stderr contains `text`.
-  bool wait_for_log(const std::string& text, std::chrono::milliseconds timeout);
+  // Waits until stderr contains `text` (at least `times` times).
+  bool wait_for_log(const std::string& text, std::chrono::milliseconds timeout, size_t times = 1);
   std::vector<nlohmann::json> events() const;
   // Event types for one container id, in order.
   std::vector<std::string> types_for(const std::string& container_id) const;

@@ -104,7 +104,6 @@ class SlowRuntimeTest : public ProxiedTestBedTest,
     if (proxy_) proxy_->clear_stall();  // releases held calls: kplegd stops at once
     if (kplegd_) {
       EXPECT_EQ(kplegd_->stop(), 0) << "kplegd did not shut down cleanly";
-      if (HasFailure()) std::cerr << "kplegd log:\n" << kplegd_->log();
     }
     ProxiedTestBedTest::TearDown();
   }

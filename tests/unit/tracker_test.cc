@@ -344,15 +344,15 @@ TEST_F(TrackerTest, AContainerTheRuntimeDoesNotKnowIsForeignNotAnInconsistency) 
   rmdir.body = kernel::CgroupRmdir{cgroup_of(foreign)};
   tracker_->on_kernel_event(rmdir);
   EXPECT_EQ(tracker_->stats().foreign_signals, 2u);
-  EXPECT_EQ(cri_.calls(cri::CriMethod::kContainerStatus), calls);
-  EXPECT_TRUE(sink_.events().empty());
+  // A confirmation would be queued, not made at once: give it the time it would take.
+  EXPECT_FALSE(eventually(
+      [&] { return cri_.calls(cri::CriMethod::kContainerStatus) != calls; }, 300ms))
+      << "a foreign container's signal cost a status call";
   EXPECT_TRUE(tracker_->containers().empty());
 
   // This pod's own containers are unaffected.
-  auto id = create("app");
-  ASSERT_TRUE(cri_.start_container(id).ok());
-  kernel_exec(id);
-  ASSERT_TRUE(wait_types(id, {"ContainerStarted"}));
+  started("app");
+  EXPECT_FALSE(HasFailure());
   EXPECT_EQ(inconsistencies_.load(), 0);
 }
 
