@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every kpleg test on this machine: installs the build and test dependencies (Debian
-# packages), builds, runs the CTest suite (unit, bpf, cri, e2e, api, vmtest labels), fuzzes the
+# packages), builds, runs the CTest suite (unit, bpf, cri, e2e, deploy, bench, vmtest labels), fuzzes the
 # cgroup path parser for a bounded time, and takes the local test bed down afterwards.
 #
 # Tests that need root, BPF or containerd skip with a reason when run unprivileged; with
@@ -35,9 +35,9 @@ bash scripts/testbed.sh down || true
 
 # A failed test's output (assertions, then kplegd's log) scrolls far up a long run: repeat its
 # assertion messages last.
-if [ "$status" != 0 ] && grep -q ': Failure$' "$ctest_log"; then
+if [ "$status" != 0 ] && grep -Eq ': Failure$|^FAIL: ' "$ctest_log"; then
   echo
   echo "==== failed assertions (the whole output: $ctest_log) ===="
-  awk '/: Failure$/ {n = 10} n > 0 {print; n--; if (++shown >= 120) exit}' "$ctest_log"
+  awk '/: Failure$|^FAIL: / {n = 10} n > 0 {print; n--; if (++shown >= 120) exit}' "$ctest_log"
 fi
 exit $status

@@ -35,28 +35,28 @@ provided=$(apt-cache depends --recurse --no-recommends --no-suggests --no-confli
   --no-replaces --no-enhances $image_pkgs $base_pkgs 2>/dev/null | grep -v '^ ' | sed 's/:.*//' |
   sort -u)
 for p in $image_pkgs; do
-  grep -qx "$p" <<<"$provided" || { echo "FAIL: $dockerfile installs $p, which apt does not know (apt-get update not run?)"; exit 1; }
+  grep -Fqx "$p" <<<"$provided" || { echo "FAIL: $dockerfile installs $p, which apt does not know (apt-get update not run?)"; exit 1; }
 done
 
+for b in kplegd kplegctl; do [ -x "$bin/$b" ] || { echo "FAIL: $bin/$b not built"; exit 1; }; done
+# Every shared library either binary loads, once.
+libs=$(ldd "$bin/kplegd" "$bin/kplegctl" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | sort -u)
 status=0
 checked=0
-for b in kplegd kplegctl; do
-  [ -x "$bin/$b" ] || { echo "FAIL: $bin/$b not built"; exit 1; }
-  while read -r lib path; do
-    owner=$(dpkg -S "$path" 2>/dev/null || dpkg -S "$(readlink -f "$path")" 2>/dev/null || true)
-    owner=${owner%%:*}
-    if [ -z "$owner" ]; then
-      echo "FAIL: $b loads $lib ($path), which no Debian package provides"
-      status=1
-      continue
-    fi
-    checked=$((checked + 1))
-    if ! grep -qx "$owner" <<<"$provided"; then
-      echo "FAIL: $b loads $lib from $owner, which deploy/Dockerfile does not install"
-      status=1
-    fi
-  done < <(ldd "$bin/$b" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}')
-done
+while read -r lib path; do
+  owner=$(dpkg -S "$path" 2>/dev/null || dpkg -S "$(readlink -f "$path")" 2>/dev/null || true)
+  owner=${owner%%:*}
+  if [ -z "$owner" ]; then
+    echo "FAIL: $lib ($path) is provided by no Debian package"
+    status=1
+    continue
+  fi
+  checked=$((checked + 1))
+  if ! grep -Fqx "$owner" <<<"$provided"; then
+    echo "FAIL: $lib comes from $owner, which deploy/Dockerfile does not install"
+    status=1
+  fi
+done <<<"$libs"
 [ "$checked" -gt 0 ] || { echo "FAIL: ldd found no shared libraries"; exit 1; }
 [ "$status" = 0 ] && echo "PASS: the image's packages provide all $checked shared libraries of kplegd and kplegctl"
 exit $status

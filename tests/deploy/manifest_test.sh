@@ -51,13 +51,14 @@ PY
 
 mapfile -t args < <(sed -n 's/^arg //p' <<<"$facts")
 [ "${#args[@]}" -gt 0 ] || fail "the kplegd container has no args"
-value_of() {  # --flag=value or --flag value
-  local i
-  for ((i = 0; i < ${#args[@]}; i++)); do
-    case ${args[i]} in
-      "$1="*) echo "${args[i]#*=}"; return ;;
-      "$1") echo "${args[i + 1]:-}"; return ;;
-    esac
+for a in "${args[@]}"; do
+  # Only --flag=value: the run below rewrites the node-specific values in that form.
+  case $a in --*=*) ;; *) fail "argument '$a' is not in --flag=value form" ;; esac
+done
+value_of() {
+  local a
+  for a in "${args[@]}"; do
+    case $a in "$1="*) echo "${a#*=}"; return ;; esac
   done
 }
 under_mount() {
@@ -111,10 +112,14 @@ until grep -q 'kplegd ready' "$tmp/err"; do
   [ "$SECONDS" -lt "$deadline" ] || { cat "$tmp/err"; fail "kplegd not ready within 30 s"; }
   sleep 0.1
 done
+if [ "${KPLEG_REQUIRE_PRIVILEGED:-0}" = 1 ] && ! grep -q 'kplegd ready: ebpf mode' "$tmp/err"; then
+  cat "$tmp/err"
+  fail "--mode=auto fell back to relist mode where the kernel path must work"
+fi
 port=$(grep -o 'on 127\.0\.0\.1:[0-9]*' "$tmp/err" | head -1 | sed 's/.*://')
 [ -n "$port" ] || { cat "$tmp/err"; fail "kplegd did not say where it serves its probes"; }
 while read -r _ probe path _; do
-  code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port$path")
+  code=$(curl -s --max-time 10 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port$path")
   [ "$code" = 200 ] || { cat "$tmp/err"; fail "$probe $path answered $code, not 200"; }
   echo "ok: $probe $path answers 200"
 done < <(grep '^probe ' <<<"$facts")
@@ -123,6 +128,7 @@ done < <(grep '^probe ' <<<"$facts")
 echo "ok: API socket serves (kplegctl health)"
 kill -TERM "$pid"
 status=0
+timeout 15 tail --pid="$pid" -f /dev/null || fail "kplegd did not stop within 15 s of SIGTERM"
 wait "$pid" || status=$?
 pid=
 [ "$status" = 0 ] || { cat "$tmp/err"; fail "kplegd exited $status on SIGTERM"; }
