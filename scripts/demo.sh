@@ -41,12 +41,18 @@ daemon_pid="" watch_pid="" workload_pid=""
 cleanup() {
   trap - INT TERM EXIT
   say "stopping and cleaning up"
-  # The workload's running kpleg-load too (killing the subshell alone leaves it making a pod
-  # after the clean-up below); its children first looked up, then the loop stopped, then them.
+  # The workload's running kpleg-load too (a child, or a grandchild through $(...)): killing the
+  # loop alone would leave it making a pod after the clean-up below. The loop is frozen first
+  # so that it starts nothing new while its descendants are collected.
   local kids="" k
-  [ -z "$workload_pid" ] || kids=$(pgrep -P "$workload_pid" || true)
-  for p in $workload_pid $watch_pid; do kill "$p" 2>/dev/null || true; done
-  for k in $kids; do kill "$k" 2>/dev/null || true; done
+  descendants() { local c; for c in $(pgrep -P "$1" || true); do echo "$c"; descendants "$c"; done; }
+  if [ -n "$workload_pid" ]; then
+    kill -STOP "$workload_pid" 2>/dev/null || true
+    kids=$(descendants "$workload_pid")
+  fi
+  for p in $workload_pid $watch_pid $kids; do kill "$p" 2>/dev/null || true; done
+  [ -z "$workload_pid" ] || kill -CONT "$workload_pid" 2>/dev/null || true
+  # Not children of this shell, so no wait(1): poll, for 5 s at most.
   for _ in $(seq 50); do
     alive=0
     for k in $kids; do kill -0 "$k" 2>/dev/null && alive=1; done
