@@ -206,6 +206,17 @@ static __always_inline bool exec__is_runtime_reexec(struct linux_binprm *bprm)
 	       p[10] == '/';
 }
 
+/*
+ * OCI createContainer/startContainer hooks (NVIDIA's CDI hook is a common one) run inside the
+ * container's cgroup before the entrypoint, as children of the runtime's init process there. The
+ * entrypoint is exec'd by that init itself, whose parent (the runtime, or the shim it was
+ * reparented to) lives outside the container's cgroup; so does runc's, crun's and youki's.
+ */
+static __always_inline bool exec__parent_in_same_cgroup(struct task_struct *task, __u64 cgid)
+{
+	return BPF_CORE_READ(task, real_parent, cgroups, dfl_cgrp, kn, id) == cgid;
+}
+
 SEC("tp_btf/sched_process_exec")
 int BPF_PROG(sched_process_exec, struct task_struct *task, pid_t old_pid,
 	     struct linux_binprm *bprm)
@@ -219,6 +230,10 @@ int BPF_PROG(sched_process_exec, struct task_struct *task, pid_t old_pid,
 	}
 	if (!t->exec_seen && exec__is_runtime_reexec(bprm)) {
 		counter__inc(KPLEG_CNT_EXEC_REEXEC);
+		return 0;
+	}
+	if (!t->exec_seen && exec__parent_in_same_cgroup(task, cgid)) {
+		counter__inc(KPLEG_CNT_EXEC_HOOK);
 		return 0;
 	}
 	/* Claim the first exec once, even when two CPUs exec in the same cgroup at once. */

@@ -11,7 +11,7 @@
 #ifndef KPLEG_EVENTS_H
 #define KPLEG_EVENTS_H
 
-#define KPLEG_ABI_VERSION 2
+#define KPLEG_ABI_VERSION 3
 
 #define KPLEG_CGROUP_PATH_MAX 512 /* systemd paths of nested nodes exceed 256 */
 #define KPLEG_COMM_MAX 16
@@ -49,7 +49,9 @@ enum kpleg_counter {
 	KPLEG_CNT_DROPS_EXIT = 10,
 	KPLEG_CNT_DROPS_OOM = 11,
 	KPLEG_CNT_EXEC_REEXEC = 12,    /* a runtime re-executing itself (runc's memfd), not claimed */
-	KPLEG_CNT_MAX = 13,
+	KPLEG_CNT_EXEC_HOOK = 13,      /* an exec by a child of a process in the same cgroup before
+					* the entrypoint (an OCI hook), not claimed */
+	KPLEG_CNT_MAX = 14,
 };
 
 /* Kind of a tracked cgroup, the value type of the `tracked_cgroups` map. */

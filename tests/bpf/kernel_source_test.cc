@@ -3,6 +3,7 @@
 // the events of the cgroups it made, so a runtime on the same machine does not disturb it.
 #include <gtest/gtest.h>
 #include <fcntl.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -154,6 +155,90 @@ TEST_F(KernelSourceTest, RuntimeReexecThroughAnFdIsNotTheStart) {
   EXPECT_EQ(std::get<ProcessExec>(evs[1].body).filename, "/bin/sh");
   EXPECT_EQ(std::get<ProcessExit>(evs[2].body).exit_code, 6u);
   EXPECT_GE(source_->stats().bpf.exec_reexec, 1u);
+}
+
+// Forks a process into `cgroup_dir` that first runs `hook` as its own child (like an OCI
+// createContainer/startContainer hook run by the runtime's init), or, with `comm`, names itself
+// like a runtime's init and waits until `go_fd` is readable; then execs `entry`.
+// Only async-signal-safe calls in the child.
+pid_t fork_init_in_cgroup(const std::string& cgroup_dir, const char* hook, const char* comm,
+                          int go_fd, const char* entry) {
+  std::string procs = cgroup_dir + "/cgroup.procs";
+  int fd = open(procs.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  pid_t pid = fork();
+  if (pid == 0) {
+    if (write(fd, "0", 1) != 1) _exit(126);
+    if (comm) prctl(PR_SET_NAME, comm, 0, 0, 0);
+    if (go_fd >= 0) {
+      char c;
+      if (read(go_fd, &c, 1) != 1) _exit(125);
+    }
+    if (hook) {
+      pid_t h = fork();
+      if (h == 0) {
+        execl(hook, hook, static_cast<char*>(nullptr));
+        _exit(127);
+      }
+      int st;
+      waitpid(h, &st, 0);
+    }
+    execl("/bin/sh", "sh", "-c", entry, static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(fd);
+  return pid;
+}
+
+TEST_F(KernelSourceTest, AnOciHookRunBeforeTheEntrypointIsNotTheStart) {
+  start();
+  auto ctr = make_tree(container_path('4'));
+  ASSERT_TRUE(ctr.ok());
+  pid_t init = fork_init_in_cgroup(ctr->path(), "/bin/true", nullptr, -1, "exit 5");
+  ASSERT_GT(init, 0);
+  auto status = wait_child(init);
+  ASSERT_TRUE(status.ok());
+  ASSERT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 5);
+  ASSERT_TRUE(ctr->remove().ok());
+  ASSERT_TRUE(wait_kinds(ctr->id(), {"cgroup_mkdir", "exec", "exit", "cgroup_rmdir"}));
+  auto evs = collector_.for_cgroups({ctr->id()});
+  ASSERT_EQ(kinds_of(evs), (std::vector<std::string>{"cgroup_mkdir", "exec", "exit", "cgroup_rmdir"}));
+  const auto& ex = std::get<ProcessExec>(evs[1].body);
+  EXPECT_EQ(ex.pid, uint32_t(init)) << "the hook's exec was taken as the start";
+  EXPECT_EQ(ex.filename, "/bin/sh");
+  EXPECT_EQ(std::get<ProcessExit>(evs[2].body).exit_code, 5u) << "the hook's exit was taken as the death";
+  EXPECT_GE(source_->stats().bpf.exec_hook, 1u);
+}
+
+TEST_F(KernelSourceTest, AContainerCreatedBeforeTheLoaderStartsOnItsEntrypointsExec) {
+  // A created container: the runtime's init sits in the cgroup, waiting for StartContainer.
+  auto ctr = make_tree(container_path('3'));
+  ASSERT_TRUE(ctr.ok());
+  int go[2];
+  ASSERT_EQ(pipe2(go, O_CLOEXEC), 0);
+  pid_t init = fork_init_in_cgroup(ctr->path(), nullptr, "runc:[2:INIT]", go[0], "exit 6");
+  close(go[0]);
+  ASSERT_GT(init, 0);
+  auto deadline = std::chrono::steady_clock::now() + kDeadline;
+  while (true) {  // named and in its cgroup before the walk
+    std::ifstream comm("/proc/" + std::to_string(init) + "/comm");
+    std::string name;
+    std::getline(comm, name);
+    if (name == "runc:[2:INIT]") break;
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the init never named itself";
+    std::this_thread::yield();
+  }
+  start();
+  ASSERT_EQ(write(go[1], "g", 1), 1);  // StartContainer
+  close(go[1]);
+  auto status = wait_child(init);
+  ASSERT_TRUE(status.ok());
+  ASSERT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 6);
+  ASSERT_TRUE(wait_kinds(ctr->id(), {"exec", "exit"}));
+  auto evs = collector_.for_cgroups({ctr->id()});
+  ASSERT_EQ(kinds_of(evs), (std::vector<std::string>{"exec", "exit"}))
+      << "the entrypoint's exec must be the start, not a repeat of one before kpleg";
+  EXPECT_EQ(std::get<ProcessExec>(evs[0].body).pid, uint32_t(init));
 }
 
 TEST_F(KernelSourceTest, ExitBySignalReportsTheSignal) {

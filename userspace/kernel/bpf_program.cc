@@ -197,6 +197,7 @@ Result<BpfCounters> BpfProgram::counters() const {
   c.exit_ignored = sums[KPLEG_CNT_EXIT_IGNORED];
   c.track_full = sums[KPLEG_CNT_TRACK_FULL];
   c.exec_reexec = sums[KPLEG_CNT_EXEC_REEXEC];
+  c.exec_hook = sums[KPLEG_CNT_EXEC_HOOK];
   for (int t = 0; t < 5; ++t) c.drops_by_type[t] = sums[KPLEG_CNT_DROPS_MKDIR + t];
   return c;
 }

@@ -32,6 +32,7 @@ struct BpfCounters {
   uint64_t exit_ignored = 0;
   uint64_t track_full = 0;
   uint64_t exec_reexec = 0;  // runtime self re-execs in a container cgroup, not claimed
+  uint64_t exec_hook = 0;    // execs by a child of the cgroup's own process before its first (hooks)
   uint64_t drops_by_type[5] = {};  // mkdir, rmdir, exec, exit, oom
 };
 

@@ -52,6 +52,16 @@ uint32_t find_init(const std::vector<uint32_t>& pids) {
   return best;
 }
 
+// A runtime's init that has not exec'd the entrypoint yet: the container is created, not
+// started (runc's `runc:[2:INIT]`, or the runtime binary itself waiting for `start`). Its
+// entrypoint's exec is then the start still to come, not one that happened before kpleg.
+bool is_runtime_init(uint32_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/comm");
+  std::string comm;
+  if (!std::getline(in, comm)) return false;
+  return comm.rfind("runc:[", 0) == 0 || comm == "runc" || comm == "crun" || comm == "youki";
+}
+
 std::vector<uint32_t> read_procs(const fs::path& dir) {
   std::vector<uint32_t> pids;
   std::ifstream in(dir / "cgroup.procs");
@@ -139,7 +149,7 @@ Status BpfKernelSource::seed(const std::string& root) {
         kpleg_tracked_cgroup v{};
         v.kind = parent_tracked ? KPLEG_TRACKED_DESCENDANT : KPLEG_TRACKED_ROOT;
         auto pids = read_procs(dir);
-        if (!pids.empty()) {
+        if (!pids.empty() && !std::all_of(pids.begin(), pids.end(), is_runtime_init)) {
           // Already running: its start happened before kpleg; its init's exit is still news.
           v.exec_seen = 1;
           v.init_tgid = find_init(pids);

@@ -44,6 +44,7 @@ nlohmann::json counters_json(const kernel::KernelSourceStats& s) {
           {"exit_ignored", s.bpf.exit_ignored},
           {"track_full", s.bpf.track_full},
           {"exec_reexec", s.bpf.exec_reexec},
+          {"exec_hook", s.bpf.exec_hook},
           {"received", s.received},
           {"decode_errors", s.decode_errors},
           {"lost", s.lost_reported},
