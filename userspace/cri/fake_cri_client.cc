@@ -288,4 +288,14 @@ Status FakeCriClient::exit_container(const std::string& container_id, int32_t ex
   return {};
 }
 
+Status FakeCriClient::set_unknown(const std::string& container_id) {
+  std::lock_guard lock(mu_);
+  auto it = containers_.find(container_id);
+  if (it == containers_.end()) {
+    return Error{ESRCH, "fake runtime: no container " + container_id};
+  }
+  it->second.status.set_state(v1::CONTAINER_UNKNOWN);
+  return {};
+}
+
 }  // namespace kpleg::cri

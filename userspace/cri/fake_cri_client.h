@@ -44,6 +44,9 @@ class FakeCriClient final : public CriClient {
   // The container's process exits by itself (as on a crash or an OOM kill).
   Status exit_container(const std::string& container_id, int32_t exit_code,
                         const std::string& reason = "Error");
+  // The runtime can no longer read the container's status (containerd reloads such a container
+  // as CONTAINER_UNKNOWN after a restart): it stays listed, in that state.
+  Status set_unknown(const std::string& container_id);
   // The next call of `method` fails with `error` (queued: several calls fail in order).
   void fail_next(CriMethod method, Error error);
   // Every call of `method` fails with `error` until cleared with std::nullopt (a runtime that

@@ -91,6 +91,7 @@ void Tracker::inconsistent(const std::string& reason) {
 
 void Tracker::adopt_identity(Record& rec, const Observation& obs) {
   rec.sandbox_known = true;
+  if (obs.sandbox && !obs.pod_uid.empty()) sandbox_of_pod_[obs.pod_uid] = rec.identity.id;
   rec.identity.sandbox = obs.sandbox;
   if (!obs.pod_uid.empty()) rec.identity.pod_uid = obs.pod_uid;
   if (!obs.pod_name.empty()) rec.identity.pod_name = obs.pod_name;
@@ -149,8 +150,12 @@ void Tracker::on_kernel_event(const kernel::KernelEvent& ev) {
       rec.oom_killed = true;  // the exit that follows says OOMKilled
       return;
     } else {  // rmdir: runc removes the cgroup after the init died; confirms a death
-      if (rank(rec.reported) >= rank(ContainerState::kExited) || rec.kernel_exit_ts != 0) return;
-      rec.kernel_exit_ts = ts;
+      if (rank(rec.reported) >= rank(ContainerState::kExited)) return;
+      // A confirmation of the exit within its budget is on its way: it needs no help. One that
+      // is past its budget (backing off) or none at all (the exit was never seen, e.g. the
+      // init had moved to a child cgroup): look now.
+      if (rec.kernel_exit_ts != 0 && rec.pending > 0 && !rec.confirm_overdue) return;
+      if (rec.kernel_exit_ts == 0) rec.kernel_exit_ts = ts;
       want = Want::kExited;
     }
     ++rec.pending;
@@ -167,34 +172,26 @@ void Tracker::on_kernel_event(const kernel::KernelEvent& ev) {
       now + first_look);
 }
 
-Result<Tracker::Observation> Tracker::observe(const std::string& id, bool sandbox_known,
-                                              bool sandbox) {
-  Observation obs;
-  if (!sandbox_known || !sandbox) {
-    auto st = cri_.container_status(id);
-    if (st) {
-      obs.snapshot = from_status(*st);
-      obs.state = obs.snapshot.state;
-      obs.name = container_name(*st);
-      auto pod = pod_identity(*st, nullptr);
-      obs.pod_uid = pod.uid;
-      obs.pod_name = pod.name;
-      obs.pod_namespace = pod.namespace_;
-      return obs;
-    }
-    if (!is_not_found(st.error())) return st.error();
-    if (sandbox_known) {
-      obs.state = obs.snapshot.state = ContainerState::kNonExistent;
-      return obs;
-    }
-  }
-  auto ps = cri_.pod_sandbox_status(id);
-  if (!ps) {
-    if (!is_not_found(ps.error())) return ps.error();
-    obs.state = obs.snapshot.state = ContainerState::kNonExistent;
-    obs.sandbox = sandbox;
-    return obs;
-  }
+namespace {
+
+Result<Tracker::Observation> look_container(cri::CriClient& cri, const std::string& id) {
+  auto st = cri.container_status(id);
+  if (!st) return st.error();
+  Tracker::Observation obs;
+  obs.snapshot = from_status(*st);
+  obs.state = obs.snapshot.state;
+  obs.name = container_name(*st);
+  auto pod = pod_identity(*st, nullptr);
+  obs.pod_uid = pod.uid;
+  obs.pod_name = pod.name;
+  obs.pod_namespace = pod.namespace_;
+  return obs;
+}
+
+Result<Tracker::Observation> look_sandbox(cri::CriClient& cri, const std::string& id) {
+  auto ps = cri.pod_sandbox_status(id);
+  if (!ps) return ps.error();
+  Tracker::Observation obs;
   obs.sandbox = true;
   obs.snapshot = from_status(*ps);
   obs.state = obs.snapshot.state;
@@ -205,11 +202,28 @@ Result<Tracker::Observation> Tracker::observe(const std::string& id, bool sandbo
   return obs;
 }
 
+}  // namespace
+
+Result<Tracker::Observation> Tracker::observe(const std::string& id, bool sandbox_known,
+                                              bool sandbox) {
+  // An id of unknown kind is looked up with the likelier call first (`sandbox` is then the
+  // guess) and with the other one only when the runtime does not know it as that.
+  for (int attempt = 0; attempt < (sandbox_known ? 1 : 2); ++attempt) {
+    const bool as_sandbox = attempt == 0 ? sandbox : !sandbox;
+    auto obs = as_sandbox ? look_sandbox(cri_, id) : look_container(cri_, id);
+    if (obs || !is_not_found(obs.error())) return obs;
+  }
+  Observation gone;
+  gone.state = gone.snapshot.state = ContainerState::kNonExistent;
+  gone.sandbox = sandbox;
+  return gone;
+}
+
 void Tracker::confirm(const std::string& id, Want want, std::chrono::milliseconds delay,
                       Clock::time_point deadline, Clock::time_point signal_at,
                       Clock::duration last_miss) {
   const int want_rank = want == Want::kRunning ? 1 : 2;
-  bool sandbox_known, sandbox;
+  bool sandbox_known, sandbox, known;
   {
     std::lock_guard lk(mu_);
     auto& rec = records_[id];
@@ -220,18 +234,22 @@ void Tracker::confirm(const std::string& id, Want want, std::chrono::millisecond
       return;
     }
     sandbox_known = rec.sandbox_known;
-    sandbox = rec.identity.sandbox;
+    // Of unknown kind: the first id of a pod without a live sandbox is most likely its sandbox.
+    sandbox = sandbox_known ? rec.identity.sandbox : !pod_has_live_sandbox(rec.identity.pod_uid);
+    known = !rec.identity.pod_name.empty();  // the runtime reported it before
   }
   const auto look = Clock::now() - signal_at;
   auto obs = observe(id, sandbox_known, sandbox);
   note_call(id, obs.ok() ? nullptr : &obs.error());
 
   // A start the runtime does not know yet (RunPodSandbox/StartContainer still in progress, the
-  // id not in its store) is not a removal: wait for it like for any other lag.
-  const bool unknown_start =
-      want == Want::kRunning && obs.ok() && obs->state == ContainerState::kNonExistent;
+  // id not in its store) is not a removal: wait for it like for any other lag. One it knew and
+  // no longer has is settled: it is gone.
+  const bool unknown_start = want == Want::kRunning && obs.ok() &&
+                             obs->state == ContainerState::kNonExistent && !known;
   const bool settled = obs.ok() && rank(obs->state) >= want_rank && !unknown_start;
-  if (unknown_start && Clock::now() - signal_at >= opts_.foreign_after) {
+  const auto now = Clock::now();
+  if (unknown_start && now - signal_at >= opts_.foreign_after) {
     std::lock_guard lk(mu_);
     auto& rec = records_[id];
     if (rank(rec.reported) == 0 && rec.identity.pod_name.empty()) {
@@ -247,56 +265,64 @@ void Tracker::confirm(const std::string& id, Want want, std::chrono::millisecond
       return;
     }
   }
-  if (!settled && Clock::now() + delay < deadline) {
-    // The runtime has not caught up with the kernel yet (or did not answer): try again soon.
-    {
-      std::lock_guard lk(mu_);
-      ++stats_.confirm_retries;
-    }
-    // Short steps: the runtime usually catches up within tens of milliseconds, and a long
+  if (!settled) {
+    // The runtime has not caught up with the kernel yet (or did not answer): look again.
+    // Short steps first: the runtime usually catches up within tens of milliseconds, and a long
     // step would add its overshoot to the detection latency. A start the runtime does not know
     // at all yet (a sandbox still being set up, or another runtime's container) is waited for
-    // less eagerly.
-    auto next = std::min(delay * 2, std::chrono::milliseconds(unknown_start ? 200 : 20));
+    // less eagerly. Past the budget, the looks back off but never stop: a confirmation that is
+    // dropped is an event missed until the next reconcile.
+    std::chrono::milliseconds next;
     std::string pod;
     {
       std::lock_guard lk(mu_);
-      pod = records_[id].identity.pod_uid;
+      auto& rec = records_[id];
+      ++stats_.confirm_retries;
+      if (now + delay < deadline) {
+        next = std::min(delay * 2, std::chrono::milliseconds(unknown_start ? 200 : 20));
+      } else {
+        if (!rec.confirm_overdue) {
+          rec.confirm_overdue = true;
+          ++stats_.confirm_failures;
+          spdlog::warn("tracker: the runtime still reports {} for {} {} ms after a kernel {}; "
+                       "looking again, less often",
+                       obs.ok() ? to_string(obs->state) : obs.error().message, id.substr(0, 12),
+                       std::chrono::duration_cast<std::chrono::milliseconds>(now - signal_at)
+                           .count(),
+                       want == Want::kRunning ? "start" : "exit");
+        }
+        next = std::clamp(delay * 2, std::chrono::milliseconds(500), opts_.confirm_backoff_max);
+      }
+      pod = rec.identity.pod_uid;
     }
     queue_.post(
         queue_key(pod, id),
         [this, id, want, next, deadline, signal_at, look] {
           confirm(id, want, next, deadline, signal_at, look);
         },
-        Clock::now() + delay);
+        now + delay);
     return;
   }
 
-  std::unique_lock lk(mu_);
+  std::lock_guard lk(mu_);
   auto& rec = records_[id];
   --rec.pending;
-  if (!obs.ok()) {
-    ++stats_.confirm_failures;
-    lk.unlock();
-    inconsistent("could not confirm " + id.substr(0, 12) + ": " + obs.error().message);
-    return;
-  }
+  if (rec.pending == 0) rec.confirm_overdue = false;
   adopt_identity(rec, *obs);
-  if (!settled) {
-    // The runtime still reports the old state after the whole budget: let a relist decide.
-    ++stats_.confirm_failures;
-    lk.unlock();
-    inconsistent("runtime still reports " + std::string(to_string(obs->state)) + " for " +
-                 id.substr(0, 12) + " after a kernel " +
-                 (want == Want::kRunning ? "start" : "exit"));
-    return;
-  }
   std::optional<std::chrono::milliseconds> miss;
   if (last_miss >= Clock::duration::zero())
     miss = std::chrono::duration_cast<std::chrono::milliseconds>(last_miss);
   (want == Want::kRunning ? start_lag_ : exit_lag_).settled(miss);
   if (advance(rec, obs->state, obs->snapshot, EventSource::kKernel, false) > 0)
     ++stats_.confirmations;
+}
+
+bool Tracker::pod_has_live_sandbox(const std::string& pod_uid) const {
+  if (pod_uid.empty()) return false;
+  auto it = sandbox_of_pod_.find(pod_uid);
+  if (it == sandbox_of_pod_.end()) return false;
+  auto rec = records_.find(it->second);
+  return rec != records_.end() && rank(rec->second.reported) < rank(ContainerState::kExited);
 }
 
 int Tracker::advance(Record& rec, ContainerState target, const ContainerSnapshot& snap,
@@ -360,22 +386,12 @@ int Tracker::advance(Record& rec, ContainerState target, const ContainerSnapshot
     if (correction) ++stats_.corrections[to_string(t)];
     sink_.publish(std::move(ev));
   }
-  if (target == ContainerState::kExited) schedule_removal_check(rec);
-  if (target == ContainerState::kNonExistent) rec.removal_scheduled = rec.removal_swept = false;
+  if (target == ContainerState::kExited) join_removal_sweep(rec);
+  if (target == ContainerState::kNonExistent) rec.removal_swept = false;
   return int(types.size());
 }
 
-void Tracker::schedule_removal_check(Record& rec) {
-  if (rec.removal_scheduled) return;
-  rec.removal_scheduled = true;
-  rec.removal_backoff = opts_.removal_check_first;
-  const std::string id = rec.identity.id;
-  queue_.post(
-      queue_key(rec.identity.pod_uid, id), [this, id] { check_removed(id); },
-      Clock::now() + rec.removal_backoff);
-}
-
-void Tracker::check_removed(const std::string& id, bool follow_up) {
+void Tracker::check_removed(const std::string& id) {
   bool sandbox;
   {
     std::lock_guard lk(mu_);
@@ -386,44 +402,39 @@ void Tracker::check_removed(const std::string& id, bool follow_up) {
   }
   auto obs = observe(id, true, sandbox);
   note_call(id, obs.ok() ? nullptr : &obs.error());
+  if (!obs.ok() || obs->state != ContainerState::kNonExistent) return;  // the sweep goes on
   std::lock_guard lk(mu_);
-  auto& rec = records_[id];
-  if (obs.ok() && obs->state == ContainerState::kNonExistent) {
-    advance(rec, ContainerState::kNonExistent, obs->snapshot, EventSource::kKernel, false);
-    return;
-  }
-  if (!follow_up) return;
-  // Still there (or the runtime did not answer): look again later, less often, and after the
-  // check at the longest interval, together with every other long-exited container.
-  if (rec.removal_backoff >= opts_.removal_check_max) {
-    join_removal_sweep(rec);
-    return;
-  }
-  rec.removal_backoff = std::min(rec.removal_backoff * 2, opts_.removal_check_max);
-  queue_.post(
-      queue_key(rec.identity.pod_uid, id), [this, id] { check_removed(id); },
-      Clock::now() + rec.removal_backoff);
+  advance(records_[id], ContainerState::kNonExistent, obs->snapshot, EventSource::kKernel, false);
 }
 
 void Tracker::join_removal_sweep(Record& rec) {
   rec.removal_swept = true;
-  if (removal_sweep_scheduled_) return;
-  removal_sweep_scheduled_ = true;
-  queue_.post(
-      kRemovalSweepKey, [this] { removal_sweep(); }, Clock::now() + opts_.removal_sweep_period);
+  sweep_interval_ = opts_.removal_sweep_first;
+  schedule_removal_sweep(Clock::now() + opts_.removal_sweep_first);
 }
 
-void Tracker::removal_sweep() {
+void Tracker::schedule_removal_sweep(Clock::time_point at) {
+  if (sweep_due_ && *sweep_due_ <= at) return;
+  // A sweep posted for later becomes a no-op when it finds sweep_due_ changed.
+  sweep_due_ = at;
+  queue_.post(kRemovalSweepKey, [this, at] { removal_sweep(at); }, at);
+}
+
+void Tracker::removal_sweep(Clock::time_point due) {
   bool containers = false, sandboxes = false;
   {
     std::lock_guard lk(mu_);
+    if (sweep_due_ != due) return;  // superseded by an earlier sweep
+    sweep_due_.reset();
     for (const auto& [id, rec] : records_) {
       if (!rec.removal_swept) continue;
       (rec.identity.sandbox ? sandboxes : containers) = true;
     }
   }
-  // Exited is final in the CRI: an exited container that is no longer listed as exited has
-  // been removed.
+  // Full lists, not ones filtered by state: a container the runtime reloaded as UNKNOWN (after
+  // a restart that could not read its status) is not listed as exited but still exists. What a
+  // full list leaves out, the runtime no longer has: that is the evidence the kubelet's relist
+  // takes for ContainerRemoved too.
   std::set<std::string> still_there;
   auto collect = [&](const auto& listed_ids) {
     if (!listed_ids) {
@@ -434,16 +445,8 @@ void Tracker::removal_sweep() {
     return true;
   };
   bool listed = true;
-  if (containers) {
-    v1::ContainerFilter f;
-    f.mutable_state()->set_state(v1::CONTAINER_EXITED);
-    listed = collect(cri_.list_containers(f));
-  }
-  if (sandboxes && listed) {
-    v1::PodSandboxFilter f;
-    f.mutable_state()->set_state(v1::SANDBOX_NOTREADY);
-    listed = collect(cri_.list_pod_sandboxes(f));
-  }
+  if (containers) listed = collect(cri_.list_containers({}));
+  if (sandboxes && listed) listed = collect(cri_.list_pod_sandboxes({}));
   std::lock_guard lk(mu_);
   stats_.removal_sweeps += uint64_t(containers) + uint64_t(sandboxes);
   size_t watched = 0, removed = 0;
@@ -466,28 +469,49 @@ void Tracker::removal_sweep() {
       remaining = true;
     }
   }
-  spdlog::debug("tracker: removal sweep: {} long-exited watched, {} removed{}", watched, removed,
+  spdlog::debug("tracker: removal sweep: {} exited watched, {} removed{}", watched, removed,
                 listed ? "" : " (the list failed: next sweep)");
-  if (!remaining) {
-    removal_sweep_scheduled_ = false;
-    return;
+  if (!remaining) return;
+  // Removals come in bursts (a pod's containers, a job's cleanup): look again soon after one,
+  // less and less often while nothing changes.
+  sweep_interval_ = removed > 0 ? opts_.removal_sweep_first
+                                : std::min(sweep_interval_ * 2, opts_.removal_sweep_max);
+  schedule_removal_sweep(Clock::now() + sweep_interval_);
+}
+
+std::map<std::string, Tracker::Observation> Tracker::inspect(
+    const std::vector<RuntimeContainer>& view) {
+  std::map<std::string, Observation> out;
+  for (const auto& rc : view) {
+    if (rank(rc.state) == 0) continue;  // nothing to emit for created/unknown
+    {
+      std::lock_guard lk(mu_);
+      auto it = records_.find(rc.id);
+      if (it != records_.end() && rank(it->second.reported) >= rank(rc.state)) continue;
+    }
+    auto obs = observe(rc.id, true, rc.sandbox);
+    note_call(rc.id, obs.ok() ? nullptr : &obs.error());
+    if (obs) out.emplace(rc.id, std::move(*obs));
   }
-  queue_.post(
-      kRemovalSweepKey, [this] { removal_sweep(); }, Clock::now() + opts_.removal_sweep_period);
+  return out;
 }
 
 void Tracker::reconcile(const std::vector<RuntimeContainer>& view, bool initial) {
+  std::map<std::string, Observation> inspected;
+  if (initial) inspected = inspect(view);
   std::map<std::string, const RuntimeContainer*> seen;
   for (const auto& rc : view) seen[rc.id] = &rc;
 
   std::lock_guard lk(mu_);
   // A difference may be a kernel event still on its way: look again after a grace period with
-  // a targeted call before calling it a correction.
-  auto recheck = [&](const std::string& id, const Record& rec) {
+  // a targeted call before calling it a correction. At start-up, a container missing from the
+  // list may have been made after the list was taken: a look, never an event from the list.
+  auto look_again = [&](const std::string& id, const Record& rec) {
+    const bool correction = !initial;
     queue_.post(
         queue_key(rec.identity.pod_uid, id),
-        [this, id] { recheck_correction(id, std::chrono::milliseconds(1000)); },
-        Clock::now() + opts_.correction_grace);
+        [this, id, correction] { recheck(id, std::chrono::milliseconds(1000), correction); },
+        Clock::now() + (initial ? std::chrono::milliseconds(0) : opts_.correction_grace));
   };
   for (const auto& rc : view) {
     auto& rec = records_[rc.id];
@@ -499,30 +523,31 @@ void Tracker::reconcile(const std::vector<RuntimeContainer>& view, bool initial)
     }
     rec.sandbox_known = true;
     rec.identity.sandbox = rc.sandbox;
+    if (rc.sandbox) sandbox_of_pod_[rc.pod_uid] = rc.id;
     if (rank(rc.state) <= rank(rec.reported)) continue;
     if (initial) {
+      // With the runtime's status, as inspected above (the bare list state if that failed).
+      auto it = inspected.find(rc.id);
       ContainerSnapshot snap;
       snap.state = rc.state;
-      advance(rec, rc.state, snap, EventSource::kReconcile, false);
+      if (it != inspected.end()) snap = it->second.snapshot;
+      advance(rec, snap.state, snap, EventSource::kReconcile, false);
     } else if (rec.pending == 0) {
-      recheck(rc.id, rec);
+      look_again(rc.id, rec);
     }
   }
   // Tracked containers the runtime no longer lists.
   for (auto& [id, rec] : records_) {
     if (seen.count(id) || rec.reported == ContainerState::kNonExistent) continue;
     if (rec.identity.pod_name.empty() && rank(rec.reported) == 0) continue;  // never known
-    if (initial) {
-      advance(rec, ContainerState::kNonExistent, {ContainerState::kNonExistent},
-              EventSource::kReconcile, false);
-    } else if (rec.reported == ContainerState::kExited) {
-      // Removals of exited containers have no kernel signal: the removal checks and sweep
-      // find them, within removal_check_max. A relist that comes first is not a correction;
-      // it only tells the removal path to look now (a list taken before the container was
-      // created would not show it either, hence the look).
-      queue_.post(queue_key(rec.identity.pod_uid, id), [this, id] { check_removed(id, false); });
-    } else if (rec.pending == 0) {
-      recheck(id, rec);
+    if (rec.reported == ContainerState::kExited && !initial) {
+      // Removals of exited containers have no kernel signal: the removal sweep finds them. A
+      // relist that comes first is not a correction; it only makes the removal path look now
+      // (a list taken before the container was created would not show it either, hence the
+      // look).
+      queue_.post(queue_key(rec.identity.pod_uid, id), [this, id] { check_removed(id); });
+    } else if (rec.pending == 0 || initial) {
+      look_again(id, rec);
     }
   }
   sweep_removed();
@@ -534,11 +559,18 @@ void Tracker::sweep_removed() {
     const Record& rec = it->second;
     bool expired = rec.reported == ContainerState::kNonExistent && rec.pending == 0 &&
                    now - rec.removed_at >= opts_.removed_retention;
-    it = expired ? records_.erase(it) : std::next(it);
+    if (!expired) {
+      ++it;
+      continue;
+    }
+    if (auto s = sandbox_of_pod_.find(rec.identity.pod_uid);
+        s != sandbox_of_pod_.end() && s->second == it->first)
+      sandbox_of_pod_.erase(s);
+    it = records_.erase(it);
   }
 }
 
-void Tracker::recheck_correction(const std::string& id, std::chrono::milliseconds retry) {
+void Tracker::recheck(const std::string& id, std::chrono::milliseconds retry, bool correction) {
   bool sandbox;
   std::string pod;
   {
@@ -546,7 +578,7 @@ void Tracker::recheck_correction(const std::string& id, std::chrono::millisecond
     auto it = records_.find(id);
     if (it == records_.end()) return;  // removed and forgotten meanwhile
     auto& rec = it->second;
-    if (rec.pending > 0) return;  // the kernel path has it
+    if (rec.pending > 0 && correction) return;  // the kernel path has it
     sandbox = rec.identity.sandbox;
     pod = rec.identity.pod_uid;
   }
@@ -557,15 +589,16 @@ void Tracker::recheck_correction(const std::string& id, std::chrono::millisecond
     // often, rather than leaving a known difference to the next periodic reconcile.
     auto next = std::min(retry * 2, std::chrono::milliseconds(30'000));
     queue_.post(
-        queue_key(pod, id), [this, id, next] { recheck_correction(id, next); },
+        queue_key(pod, id), [this, id, next, correction] { recheck(id, next, correction); },
         Clock::now() + retry);
     return;
   }
   std::lock_guard lk(mu_);
   auto& rec = records_[id];
-  if (rec.pending > 0) return;
+  if (rec.pending > 0 && correction) return;
   adopt_identity(rec, *obs);
-  if (advance(rec, obs->state, obs->snapshot, EventSource::kReconcile, true) > 0) {
+  if (advance(rec, obs->state, obs->snapshot, EventSource::kReconcile, correction) > 0 &&
+      correction) {
     spdlog::warn("reconcile corrected {} {}/{} to {}",
                  rec.identity.sandbox ? "sandbox" : "container", rec.identity.pod_namespace,
                  rec.identity.pod_name, to_string(obs->state));

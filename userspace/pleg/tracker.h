@@ -20,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,17 +37,21 @@ struct TrackerOptions {
   size_t workers = 4;  // pods confirmed in parallel
   // Confirmation retries while the runtime has not caught up with the kernel yet.
   // The first look goes when the runtime has usually caught up (learned, see lag_learner.h);
-  // then retries double from this step up to 20 ms.
+  // then retries double from this step up to 20 ms. A confirmation still unsettled after the
+  // budget (a stalled shim, a PID 1 whose namespace dies slowly, a slow StartContainer) is
+  // logged and counted, and keeps looking, backing off up to confirm_backoff_max: it is never
+  // dropped. A cgroup rmdir (the init is gone for sure) makes it look at once.
   std::chrono::milliseconds confirm_retry_first{5};
   std::chrono::milliseconds confirm_budget{5000};
-  // Removal checks of exited containers: a targeted status call first after this, then
-  // doubling up to the max. A container still there after the check at the max interval (an
-  // init container, a finished job, the last dead instance the kubelet keeps for its logs)
-  // joins the removal sweep: one ListContainers (ListPodSandbox for sandboxes) of the exited
-  // ones every sweep period, whatever their number, instead of a call per container.
-  std::chrono::milliseconds removal_check_first{250};
-  std::chrono::milliseconds removal_check_max{2000};
-  std::chrono::milliseconds removal_sweep_period{2000};
+  std::chrono::milliseconds confirm_backoff_max{10'000};
+  // Removal, which no kernel event marks, is watched by one sweep for all exited containers:
+  // a full ListContainers (ListPodSandbox when sandboxes are watched), whatever their number,
+  // instead of a call per container. A death brings the next sweep to at most
+  // removal_sweep_first away; each sweep that finds no removal doubles the interval up to
+  // removal_sweep_max. Only a full list is evidence of a removal (a state-filtered one drops
+  // a container that the runtime reloaded as UNKNOWN after a restart).
+  std::chrono::milliseconds removal_sweep_first{250};
+  std::chrono::milliseconds removal_sweep_max{2000};
   // A difference found by a reconcile is re-checked after this grace period (a kernel event in
   // flight is not a missed one) before it becomes a correction.
   std::chrono::milliseconds correction_grace{300};
@@ -88,8 +93,8 @@ struct TrackerStats {
   uint64_t unresolved_signals = 0;  // kernel events for cgroups the index does not know
   uint64_t confirmations = 0;       // targeted CRI confirmations that changed state
   uint64_t confirm_retries = 0;
-  uint64_t confirm_failures = 0;    // budget exhausted; handed to the reconciler
-  uint64_t removal_checks = 0;      // targeted removal checks
+  uint64_t confirm_failures = 0;    // still unsettled after the budget (it keeps looking)
+  uint64_t removal_checks = 0;      // targeted removal checks (asked for by a reconcile)
   uint64_t removal_sweeps = 0;      // list calls of the removal sweep
   uint64_t foreign_containers = 0;  // started containers the runtime does not know
   uint64_t foreign_signals = 0;     // kernel signals of those, ignored
@@ -132,6 +137,14 @@ class Tracker {
   std::vector<PodTrouble> troubled_pods() const;
   void stop();
 
+  // What one targeted CRI call reported of a container or sandbox.
+  struct Observation {
+    ContainerState state = ContainerState::kUnknown;
+    ContainerSnapshot snapshot;
+    bool sandbox = false;
+    std::string pod_uid, pod_name, pod_namespace, name;
+  };
+
  private:
   struct Record {
     RuntimeContainer identity;
@@ -142,21 +155,14 @@ class Tracker {
     bool oom_killed = false;
     uint64_t kernel_start_ts = 0;  // realtime ns
     uint64_t kernel_exit_ts = 0;
-    int pending = 0;  // kernel confirmations queued or running
-    std::chrono::milliseconds removal_backoff{0};
-    bool removal_scheduled = false;
-    bool removal_swept = false;  // exited for long: the removal sweep watches it
+    int pending = 0;             // kernel confirmations queued or running
+    bool confirm_overdue = false;  // a pending confirmation is past its budget
+    bool removal_swept = false;    // exited: the removal sweep watches it
     bool foreign = false;        // the runtime does not know it (see foreign_after)
     std::chrono::steady_clock::time_point removed_at{};  // when it became kNonExistent
   };
   enum class Want { kRunning, kExited };
 
-  struct Observation {
-    ContainerState state = ContainerState::kUnknown;
-    ContainerSnapshot snapshot;
-    bool sandbox = false;
-    std::string pod_uid, pod_name, pod_namespace, name;
-  };
 
   Result<Observation> observe(const std::string& id, bool sandbox_known, bool sandbox);
   // One look at the runtime for a kernel signal received at `signal_at`; `last_miss` is when
@@ -165,24 +171,33 @@ class Tracker {
                std::chrono::steady_clock::time_point deadline,
                std::chrono::steady_clock::time_point signal_at,
                std::chrono::steady_clock::duration last_miss);
-  // A targeted look for the removal of exited `id`. `follow_up`: if it is still there, keep
-  // looking (backing off, then through the removal sweep); otherwise this is a single look.
-  void check_removed(const std::string& id, bool follow_up = true);
+  // One targeted look for the removal of exited `id` (a reconcile no longer lists it).
+  void check_removed(const std::string& id);
   // Forgets removed containers older than removed_retention. Caller holds mu_.
   void sweep_removed();
-  // Hands a long-exited container to the removal sweep. Caller holds mu_.
+  // Hands an exited container to the removal sweep, due within removal_sweep_first. Caller
+  // holds mu_.
   void join_removal_sweep(Record& rec);
-  void removal_sweep();
-  void recheck_correction(const std::string& id, std::chrono::milliseconds retry);
+  // Schedules the sweep at `at` unless one is due earlier. Caller holds mu_.
+  void schedule_removal_sweep(std::chrono::steady_clock::time_point at);
+  void removal_sweep(std::chrono::steady_clock::time_point due);
+  // Looks at `id` with a targeted call and moves it to what the runtime reports; a change is a
+  // correction when `correction` (a reconcile's difference), an ordinary event otherwise (the
+  // start-up sync's). Retries, backing off, while the runtime does not answer.
+  void recheck(const std::string& id, std::chrono::milliseconds retry, bool correction);
+  // Inspects what a start-up list reports as running or exited, so its events carry the
+  // runtime's status (exit code, reason, timestamps), as the kubelet's first relist does.
+  std::map<std::string, Observation> inspect(const std::vector<RuntimeContainer>& view);
   // Records the outcome of a targeted call for the pod of `id` (troubled_pods()).
   void note_call(const std::string& id, const Error* error);
   // Moves a container forward to `target` and publishes the events the transition implies.
   // Caller holds mu_. Returns the number of events published.
   int advance(Record& rec, ContainerState target, const ContainerSnapshot& snap, EventSource source,
               bool correction);
-  void schedule_removal_check(Record& rec);
   void inconsistent(const std::string& reason);
-  static void adopt_identity(Record& rec, const Observation& obs);
+  void adopt_identity(Record& rec, const Observation& obs);
+  // Whether the pod's sandbox is known and not exited. Caller holds mu_.
+  bool pod_has_live_sandbox(const std::string& pod_uid) const;
 
   cri::CriClient& cri_;
   cgroup::CgroupIndex& index_;
@@ -198,9 +213,11 @@ class Tracker {
     std::string last_error;
   };
   std::map<std::string, Trouble> troubles_;  // by pod uid
+  std::map<std::string, std::string> sandbox_of_pod_;  // pod uid -> its latest sandbox id
   TrackerStats stats_;
   std::function<void(const std::string&)> on_inconsistency_;
-  bool removal_sweep_scheduled_ = false;
+  std::optional<std::chrono::steady_clock::time_point> sweep_due_;  // the next removal sweep
+  std::chrono::milliseconds sweep_interval_{0};                     // after that one
   LagLearner start_lag_, exit_lag_;  // when the runtime reports a start / an exit
 };
 
