@@ -72,9 +72,11 @@ TEST_F(CgroupTree, SeedRecordsEveryDirectoryWhosePathParses) {
   const auto container_id = mkdir(burstable_pod + "/" + kId);
   const auto conmon_id = mkdir(burstable_pod + "/crio-conmon-" + kId3);
   const auto guaranteed_container = mkdir(guaranteed_pod + "/" + kId2);
-  // Not indexed: unrelated trees, a cgroup a container made for itself, a bogus pod dir.
-  const auto unrelated = mkdir("/system.slice/containerd.service");
+  // Nested in the container: cgroups a container made for itself, however deep.
   const auto inside_container = mkdir(burstable_pod + "/" + kId + "/sub");
+  const auto deeper = mkdir(burstable_pod + "/" + kId + "/sub/kubepods/pod" + kUid2);
+  // Not indexed: unrelated trees, a bogus pod dir.
+  const auto unrelated = mkdir("/system.slice/containerd.service");
   mkdir("/kubepods/burstable/podnotauid");
   ASSERT_TRUE(fs::exists(root_ + "/kubepods/burstable/podnotauid"));
 
@@ -82,8 +84,8 @@ TEST_F(CgroupTree, SeedRecordsEveryDirectoryWhosePathParses) {
   auto status = index.seed(root_);
   ASSERT_TRUE(status.ok()) << status.error().message;
 
-  // kubepods, burstable, besteffort, 2 pods, 2 containers, conmon.
-  EXPECT_EQ(index.size(), 8u);
+  // kubepods, burstable, besteffort, 2 pods, 2 containers, conmon, 3 nested.
+  EXPECT_EQ(index.size(), 11u);
 
   auto root = index.lookup(root_id);
   ASSERT_TRUE(root.has_value());
@@ -117,7 +119,13 @@ TEST_F(CgroupTree, SeedRecordsEveryDirectoryWhosePathParses) {
   EXPECT_EQ(conmon->identity.kind, Kind::kIgnored);
 
   EXPECT_FALSE(index.lookup(unrelated).has_value());
-  EXPECT_FALSE(index.lookup(inside_container).has_value());
+  for (auto id : {inside_container, deeper}) {
+    auto nested = index.lookup(id);
+    ASSERT_TRUE(nested.has_value());
+    EXPECT_EQ(nested->identity.kind, Kind::kNested);
+    EXPECT_EQ(nested->identity.container_id, kId) << "nested in the outer container, always";
+    EXPECT_EQ(nested->identity.pod_uid, kUid);
+  }
 
   EXPECT_EQ(index.find_container(kId), container_id);
   EXPECT_EQ(index.find_container(kId2), guaranteed_container);
@@ -180,6 +188,27 @@ TEST_F(CgroupTree, MkdirOfAPathThatDoesNotParseIsNotIndexedAndDropsAStaleEntry) 
   EXPECT_FALSE(index.on_mkdir(7, "/k8s.io/" + kId + "/nested"));
   EXPECT_FALSE(index.lookup(7).has_value());
   EXPECT_FALSE(index.find_container(kId).has_value());
+}
+
+TEST_F(CgroupTree, MkdirBelowAContainersCgroupIsNestedInThatContainer) {
+  CgroupIndex index;
+  const std::string ctr = "/kubepods/pod" + kUid + "/" + kId;
+  ASSERT_TRUE(index.on_mkdir(1, ctr, 100));
+  ASSERT_TRUE(index.on_mkdir(2, ctr + "/init.scope", 1));
+  // A kubepods tree inside a container (a node in a pod) belongs to the outer container too.
+  ASSERT_TRUE(index.on_mkdir(3, ctr + "/init.scope/kubepods/pod" + kUid2 + "/" + kId2, 2));
+  for (std::uint64_t id : {2u, 3u}) {
+    auto e = index.lookup(id);
+    ASSERT_TRUE(e.has_value());
+    EXPECT_EQ(e->identity.kind, Kind::kNested);
+    EXPECT_EQ(e->identity.container_id, kId);
+    EXPECT_EQ(e->identity.pod_uid, kUid);
+  }
+  EXPECT_EQ(index.find_container(kId), 1u) << "a nested cgroup is not the container's own";
+  EXPECT_FALSE(index.find_container(kId2).has_value());
+  index.on_rmdir(3);
+  index.on_rmdir(2);
+  EXPECT_EQ(index.size(), 1u);
 }
 
 TEST_F(CgroupTree, ReverseLookupFollowsTheNewestCgroupOfAContainer) {

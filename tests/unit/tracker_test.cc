@@ -609,5 +609,56 @@ TEST_F(TrackerTest, ASandboxStartCostsOneCall) {
   EXPECT_EQ(cri_.calls(cri::CriMethod::kPodSandboxStatus), 1u);
 }
 
+// Hole: a cgroup nested in a container's (docker-in-docker, systemd in a container) made every
+// first exec or exit in it a full reconcile. It belongs to its container and costs nothing; the
+// container's own death is still seen when its init moved into the child (the rmdir).
+TEST_F(TrackerTest, NestedCgroupsCostNothingAndTheContainersDeathIsStillSeen) {
+  restart_tracker({});
+  auto id = started("dind");
+  ASSERT_FALSE(HasFailure());
+  auto total_calls = [&] {
+    uint64_t n = 0;
+    for (size_t m = 0; m < cri::kCriMethodCount; ++m)
+      n += cri_.call_stats().total(static_cast<cri::CriMethod>(m));
+    return n;
+  };
+  const auto calls = total_calls();
+  std::vector<uint64_t> nested;
+  for (int i = 0; i < 100; ++i) {
+    const uint64_t child = 7'000'000 + i;
+    kernel::KernelEvent mk;
+    mk.body = kernel::CgroupMkdir{child, i == 0 ? cgroup_of(id) : nested.back(), 0,
+                                  path_of(id) + "/sub" + std::to_string(i)};
+    tracker_->on_kernel_event(mk);
+    nested.push_back(child);
+    kernel::KernelEvent ex;
+    ex.body = kernel::ProcessExec{child, 200, 200, 100, "sh", "/bin/sh"};
+    tracker_->on_kernel_event(ex);
+    kernel::KernelEvent xt;
+    xt.body = kernel::ProcessExit{child, 200, 0, 0, false};
+    tracker_->on_kernel_event(xt);
+  }
+  EXPECT_EQ(inconsistencies_.load(), 0) << "a nested cgroup asked for a full reconcile";
+  EXPECT_EQ(tracker_->stats().unresolved_signals, 0u);
+  EXPECT_FALSE(eventually([&] { return total_calls() != calls; }, 300ms))
+      << "a nested cgroup's exec or exit cost a runtime call";
+  EXPECT_EQ(sink_.types_for(id), std::vector<std::string>{"ContainerStarted"});
+
+  // The init had moved into a child: its exit is not the container cgroup's. The container's
+  // rmdir, after its children's, confirms the death.
+  ASSERT_TRUE(cri_.exit_container(id, 1).ok());
+  for (auto it = nested.rbegin(); it != nested.rend(); ++it) {
+    kernel::KernelEvent rm;
+    rm.body = kernel::CgroupRmdir{*it};
+    tracker_->on_kernel_event(rm);
+  }
+  kernel::KernelEvent rm;
+  rm.body = kernel::CgroupRmdir{cgroup_of(id)};
+  tracker_->on_kernel_event(rm);
+  ASSERT_TRUE(wait_types(id, {"ContainerStarted", "ContainerDied"}));
+  EXPECT_EQ(sink_.events().back().exit_code, 1);
+  EXPECT_EQ(inconsistencies_.load(), 0);
+}
+
 }  // namespace
 }  // namespace kpleg::pleg

@@ -47,11 +47,28 @@ struct WalkProblems {
   }
 };
 
+// A directory still to scan, with the container it is in (for nested cgroups), if any.
+struct ToVisit {
+  std::string path;
+  std::optional<CgroupIdentity> container;
+};
+
+// What a cgroup below `parent`'s is: nested in the same container, when `parent` is a
+// container's (or already nested in one).
+std::optional<CgroupIdentity> nested_in(const CgroupIdentity& parent) {
+  if (parent.kind != Kind::kContainerOrSandbox && parent.kind != Kind::kNested) return {};
+  CgroupIdentity nested = parent;
+  nested.kind = Kind::kNested;
+  return nested;
+}
+
 // Lists the directory `path` (relative to the mount, open as `dir_fd`), records the children
-// that parse and queues the ones below which something could still parse.
+// that parse (or are nested in `container`) and queues the ones below which something could
+// still be recorded.
 void scan_directory(int dir_fd, dev_t mount_dev, const std::string& path,
+                    const std::optional<CgroupIdentity>& container,
                     std::vector<std::pair<std::uint64_t, CgroupIndex::Entry>>* found,
-                    std::vector<std::string>* to_visit, WalkProblems* problems) {
+                    std::vector<ToVisit>* to_visit, WalkProblems* problems) {
   UniqueFd owned(dir_fd);
   DIR* dir = ::fdopendir(owned.get());
   if (dir == nullptr) {
@@ -73,9 +90,8 @@ void scan_directory(int dir_fd, dev_t mount_dev, const std::string& path,
     if (de->d_type != DT_DIR && de->d_type != DT_UNKNOWN) continue;
 
     const std::string child = child_path(path, name);
-    auto identity = parse_cgroup_path(child);
-    const bool descend = identity ? (identity->kind == Kind::kRoot ||
-                                     identity->kind == Kind::kQos || identity->kind == Kind::kPod)
+    auto identity = container ? nested_in(*container) : parse_cgroup_path(child);
+    const bool descend = identity ? identity->kind != Kind::kIgnored
                                   : may_contain_pod_cgroups(child);
     if (!identity && !descend) continue;
 
@@ -87,10 +103,12 @@ void scan_directory(int dir_fd, dev_t mount_dev, const std::string& path,
     // Another filesystem mounted inside the tree has its own inode numbers: they are not
     // cgroup ids of this hierarchy.
     if (!S_ISDIR(st.st_mode) || st.st_dev != mount_dev) continue;
+    std::optional<CgroupIdentity> inside;
     if (identity) {
+      inside = nested_in(*identity);
       found->emplace_back(st.st_ino, CgroupIndex::Entry{child, std::move(*identity)});
     }
-    if (descend) to_visit->push_back(child);
+    if (descend) to_visit->push_back({child, std::move(inside)});
   }
   ::closedir(dir);
 }
@@ -136,19 +154,21 @@ Status CgroupIndex::seed(const std::string& cgroup2_mount) {
 
   std::vector<std::pair<std::uint64_t, Entry>> found;
   WalkProblems problems;
-  std::vector<std::string> to_visit;
+  std::vector<ToVisit> to_visit;
   // The mount itself ("/") never parses; its children are scanned from the already open fd.
-  scan_directory(::dup(root.get()), root_st.st_dev, "/", &found, &to_visit, &problems);
+  scan_directory(::dup(root.get()), root_st.st_dev, "/", std::nullopt, &found, &to_visit,
+                 &problems);
   while (!to_visit.empty()) {
-    const std::string path = std::move(to_visit.back());
+    ToVisit next = std::move(to_visit.back());
     to_visit.pop_back();
+    const std::string& path = next.path;
     const int fd =
         ::openat(root.get(), path.c_str() + 1, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) {
       if (errno != ENOENT) problems.add(errno, "open " + cgroup2_mount + path);
       continue;
     }
-    scan_directory(fd, root_st.st_dev, path, &found, &to_visit, &problems);
+    scan_directory(fd, root_st.st_dev, path, next.container, &found, &to_visit, &problems);
   }
 
   Tables fresh;
@@ -188,8 +208,14 @@ void CgroupIndex::apply(std::uint64_t id, std::optional<Entry> entry) {
   }
 }
 
-bool CgroupIndex::on_mkdir(std::uint64_t id, std::string_view path) {
-  auto identity = parse_cgroup_path(path);
+bool CgroupIndex::on_mkdir(std::uint64_t id, std::string_view path, std::uint64_t parent_id) {
+  std::optional<CgroupIdentity> identity;
+  if (parent_id != 0) {
+    std::shared_lock lock(mu_);
+    auto parent = tables_.by_id.find(parent_id);
+    if (parent != tables_.by_id.end()) identity = nested_in(parent->second.identity);
+  }
+  if (!identity) identity = parse_cgroup_path(path);
   if (!identity) {
     apply(id, std::nullopt);
     return false;

@@ -5,7 +5,8 @@
 // index is seeded once from the tree and then kept current from those kernel events, so the
 // kernel source can attribute an exec/exit to a container without touching the filesystem.
 // Only directories whose path parses (cgroup_path.h) are recorded: roots, QoS levels, pods,
-// containers/sandboxes and CRI-O's conmon cgroups (marked Kind::kIgnored).
+// containers/sandboxes and CRI-O's conmon cgroups (marked Kind::kIgnored); and every cgroup
+// below a container's, as nested in that container (Kind::kNested).
 //
 // Thread-safe: events, lookups and a (re)seed may run concurrently.
 #pragma once
@@ -48,8 +49,9 @@ class CgroupIndex {
   Status seed(const std::string& cgroup2_mount);
 
   // From the cgroup_mkdir event (cgroup2 hierarchy only). Returns whether the cgroup is now
-  // indexed, i.e. whether its path parsed; a non-parsing path drops any stale entry for `id`.
-  bool on_mkdir(std::uint64_t id, std::string_view path);
+  // indexed: its parent `parent_id` is a container's (or nested in one), which makes it
+  // Kind::kNested, or its path parsed. Otherwise any stale entry for `id` is dropped.
+  bool on_mkdir(std::uint64_t id, std::string_view path, std::uint64_t parent_id = 0);
   // From the cgroup_rmdir (or cgroup_release) event.
   void on_rmdir(std::uint64_t id);
 

@@ -398,6 +398,8 @@ std::string_view to_string(Kind kind) {
       return "container-or-sandbox";
     case Kind::kIgnored:
       return "ignored";
+    case Kind::kNested:
+      return "nested";
   }
   return "invalid";
 }

@@ -74,6 +74,11 @@ enum class Kind : std::uint8_t {
   // Recognised but not a container: CRI-O's conmon monitor (crio-conmon-<id>). container_id
   // names the container it monitors; nothing running in it is that container's process.
   kIgnored = 4,
+  // A cgroup below a container's own (docker-in-docker, systemd in a container, any privileged
+  // pod that makes child cgroups). pod_uid and container_id are that container's: what runs
+  // there belongs to it, but its execs and exits are not the container's lifecycle. Never
+  // returned by parse_cgroup_path(); the index derives it from the parent.
+  kNested = 5,
 };
 
 struct CgroupIdentity {

@@ -101,7 +101,7 @@ void Tracker::adopt_identity(Record& rec, const Observation& obs) {
 
 void Tracker::on_kernel_event(const kernel::KernelEvent& ev) {
   if (auto* mk = std::get_if<kernel::CgroupMkdir>(&ev.body)) {
-    index_.on_mkdir(mk->cgroup_id, mk->path);
+    index_.on_mkdir(mk->cgroup_id, mk->path, mk->parent_cgroup_id);
     return;
   }
   auto entry = index_.lookup(ev.cgroup_id());
