@@ -628,6 +628,8 @@ def window(cfg, daemons, runtime, rate, seconds, out_dir, label, base_uids):
                         "summary": next((l for l in churn["lines"] if l.get("op") == "churn"), None)}
     events = {d.mode: d.log.events_between(s0["t_ns"], t_end) for d in daemons}
     ev = evaluate(events, churn, base_uids)
+    lifecycles = len({cid for cid, _ in expected_transitions(churn)[0]}) if churn else 0
+    res["lifecycles"] = lifecycles
     for d in daemons:
         a, b = s0["daemons"][d.tag], s1["daemons"][d.tag]
         dres = {"cpu_s_per_min": per_minute(b["cpu_s"] - a["cpu_s"], elapsed),
@@ -642,7 +644,13 @@ def window(cfg, daemons, runtime, rate, seconds, out_dir, label, base_uids):
         if st0 and st1:
             dres["stats"] = {k: st1.get(k) for k in ("mode", "healthy", "health_reasons", "corrections",
                                                      "relists", "kernel_events", "lost_kernel_events",
-                                                     "pods", "containers")}
+                                                     "pods", "containers", "cri_calls")}
+            # From the window's start to the end of its settling: the calls the window's
+            # lifecycles (start, death, removal) cost, per container or sandbox that the churn
+            # made.
+            dres["cri_calls_delta"] = (st1.get("cri_calls") or 0) - (st0.get("cri_calls") or 0)
+            if lifecycles:
+                dres["cri_calls_per_lifecycle"] = dres["cri_calls_delta"] / lifecycles
             dres["corrections_delta"] = (st1.get("corrections") or 0) - (st0.get("corrections") or 0)
             dr = (st1.get("relists") or 0) - (st0.get("relists") or 0)
             span = (st1["ts_ns"] - st0["ts_ns"]) / 1e9
@@ -659,7 +667,7 @@ def window(cfg, daemons, runtime, rate, seconds, out_dir, label, base_uids):
 CSV_FIELDS = ["n", "rate", "mode", "window_s", "daemon_cpu_s_per_min", "bpf_s_per_min",
               "runtime_total_s_per_min", "containerd_s_per_min", "shims_s_per_min", "rss_mib",
               "expected", "missed", "duplicated", "died_before_started", "unexpected", "corrections",
-              "relists", "mean_relist_interval_s",
+              "relists", "mean_relist_interval_s", "cri_calls", "cri_calls_per_lifecycle",
               "lat_kernel_p50_ms", "lat_kernel_p99_ms", "lat_kernel_max_ms",
               "started_call_end_p50_ms", "started_call_end_p99_ms",
               "died_call_end_p50_ms", "died_call_end_p99_ms",
@@ -679,6 +687,7 @@ def csv_row(n, w, mode):
             "died_before_started": d.get("died_before_started"), "unexpected": d.get("unexpected"),
             "corrections": d.get("corrections_delta", d.get("corrections_in_events")),
             "relists": d.get("relists_delta"), "mean_relist_interval_s": d.get("mean_relist_interval_s"),
+            "cri_calls": d.get("cri_calls_delta"), "cri_calls_per_lifecycle": d.get("cri_calls_per_lifecycle"),
             "lat_kernel_p50_ms": g("started_died_from_kernel", "p50"),
             "lat_kernel_p99_ms": g("started_died_from_kernel", "p99"),
             "lat_kernel_max_ms": g("started_died_from_kernel", "max"),
@@ -783,6 +792,24 @@ def write_summary(cfg, results):
                      f"{fmt(r['expected'])} | {fmt(r['missed'])} | {fmt(r['duplicated'])} | {fmt(r['unexpected'])} | "
                      f"{fmt(r['corrections'])} | {fmt(r['lat_kernel_p50_ms'], 1)} | {fmt(r['lat_kernel_p99_ms'], 1)} | "
                      f"{fmt(r['lat_kernel_max_ms'], 1)} | {fmt(r['removed_call_end_p50_ms'], 0)}/{fmt(r['removed_call_end_p99_ms'], 0)} |")
+    L.append("\n### CRI calls per container lifecycle (churn windows)\n")
+    L.append("Every CRI call a daemon made from the window's start until its events settled, over the "
+             "containers and sandboxes the churn made (each one a lifecycle: start, death, removal); "
+             "daemon CPU per transition = daemon CPU in the window over its transitions.\n")
+    L.append("| N | rate/s | mode | lifecycles | CRI calls | calls/lifecycle | daemon CPU ms/transition |")
+    L.append("|---|---|---|---|---|---|---|")
+    for c in results["cells"]:
+        if c["rate"] == 0:
+            continue
+        for mode in MODES:
+            d = c["daemons"].get(mode)
+            if not d:
+                continue
+            per_tr = (d["cpu_s_per_min"] * c["window_s"] / 60.0 * 1000.0 / d["expected"]
+                      if d.get("expected") and d.get("cpu_s_per_min") is not None else None)
+            L.append(f"| {c['n']} | {c['rate']} | {mode} | {fmt(c.get('lifecycles'))} | "
+                     f"{fmt(d.get('cri_calls_delta'))} | {fmt(d.get('cri_calls_per_lifecycle'), 2)} | "
+                     f"{fmt(per_tr, 2)} |")
     L.append("\n### Where the latency goes (churn windows)\n")
     L.append("ms, p50/p99. *from kernel*: kernel timestamp of the transition to the consumer. *after call*: "
              "from the return of the CRI call that made the transition (StartContainer returns once containerd "

@@ -92,6 +92,7 @@ class PodLifecycleService final : public v1::PodLifecycle::Service {
     resp->set_kernel_events(d.kernel_events);
     resp->set_lost_kernel_events(d.lost_kernel_events);
     resp->set_corrections(d.corrections);
+    resp->set_cri_calls(d.cri_calls);
     resp->set_relists(d.relists);
     resp->set_last_reconcile_ns(d.last_reconcile_ns);
     return grpc::Status::OK;

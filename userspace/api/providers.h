@@ -68,6 +68,7 @@ struct DaemonStats {
   uint64_t corrections = 0;
   uint64_t relists = 0;
   uint64_t last_reconcile_ns = 0;  // CLOCK_REALTIME ns, 0 = never
+  uint64_t cri_calls = 0;          // CRI calls made since start, all methods
 };
 
 class StatsProvider {

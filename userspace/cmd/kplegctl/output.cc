@@ -220,6 +220,7 @@ std::string stats_json(const v1::StatsResponse& r) {
   j["corrections"] = r.corrections();
   j["relists"] = r.relists();
   j["last_reconcile_ns"] = r.last_reconcile_ns();
+  j["cri_calls"] = r.cri_calls();
   return dump(j);
 }
 
@@ -243,6 +244,7 @@ std::string stats_text(const v1::StatsResponse& r) {
   line("corrections:", std::to_string(r.corrections()));
   line("relists:", std::to_string(r.relists()));
   line("last reconcile:", clock_time(r.last_reconcile_ns()));
+  line("CRI calls:", std::to_string(r.cri_calls()));
   return out;
 }
 

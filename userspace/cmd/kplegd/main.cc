@@ -105,16 +105,17 @@ int run_daemon(const daemon::DaemonOptions& opts, const api::ApiServerOptions& a
     }
   }
   std::thread printer;
-  std::atomic<bool> stop_printer{false};
+  std::shared_ptr<bus::Subscription> print_sub;
   if (print_events) {
     // The whole history, so the start-up sync's events are printed too, and subscribed before
-    // "ready" is logged, so nothing published after it can be missed.
-    auto sub = std::make_shared<bus::Subscription>(
+    // "ready" is logged, so nothing published after it can be missed. The printer sleeps until
+    // an event comes or the subscription is cancelled at shutdown: no periodic wakeup.
+    print_sub = std::make_shared<bus::Subscription>(
         daemon.bus().subscribe(bus::kOldestRetained, {}, 1 << 20));
-    printer = std::thread([sub, &stop_printer] {
+    printer = std::thread([sub = print_sub] {
       set_thread_name("kpleg-print");
-      while (!stop_printer) {
-        auto n = sub->next(std::chrono::milliseconds(200));
+      while (true) {
+        auto n = sub->next(std::chrono::hours(24));
         if (n.status == bus::Subscription::Status::kEvent) {
           write_line(pleg::to_json_line(*n.event));
         } else if (n.status == bus::Subscription::Status::kClosed) {
@@ -127,7 +128,7 @@ int run_daemon(const daemon::DaemonOptions& opts, const api::ApiServerOptions& a
   spdlog::info("kplegd ready: {} mode", daemon::to_string(daemon.active_mode()));
   int sig = wait_for_termination(sigs);
   spdlog::info("received {}, shutting down", strsignal(sig));
-  stop_printer = true;
+  if (print_sub) print_sub->cancel();
   if (printer.joinable()) printer.join();
   if (api_server) api_server->stop();
   if (metrics_server) metrics_server->stop();
