@@ -204,6 +204,7 @@ TEST_F(ApiServerTest, StatsCombineTheDaemonTheBusAndHealth) {
   EXPECT_EQ(st.history_capacity(), bus::kDefaultHistoryCapacity);
   EXPECT_EQ(st.subscribers(), 1u);
   EXPECT_EQ(st.kernel_events(), 123u);
+  EXPECT_EQ(st.cri_calls(), 77u);
   EXPECT_FALSE(st.healthy());
   ASSERT_EQ(st.health_reasons_size(), 1);
   EXPECT_EQ(st.health_reasons(0), "runtime unreachable");

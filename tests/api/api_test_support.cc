@@ -76,6 +76,7 @@ api::DaemonStats TestStats::stats() {
   s.kernel_events = 123;
   s.corrections = 0;
   s.relists = 4;
+  s.cri_calls = 77;
   return s;
 }
 

@@ -58,7 +58,8 @@ class TrackerTest : public ::testing::Test {
   void SetUp() override {
     TrackerOptions o;
     o.removal_sweep_first = 20ms;
-    o.removal_sweep_max = 40ms;
+    o.removal_sweep_period = 40ms;
+    o.removal_sweep_idle_max = 40ms;
     o.correction_grace = 20ms;
     tracker_ = std::make_unique<Tracker>(cri_, index_, sink_, o);
     v1::PodSandboxConfig cfg;
@@ -145,7 +146,8 @@ class TrackerTest : public ::testing::Test {
   // restart_tracker() with removal checks in milliseconds, then the start-up sync (the sandbox).
   void restart_with_fast_removal(TrackerOptions o) {
     o.removal_sweep_first = 10ms;
-    o.removal_sweep_max = 20ms;
+    o.removal_sweep_period = 20ms;
+    o.removal_sweep_idle_max = 20ms;
     restart_tracker(o);
     auto view = list_runtime(cri_);
     ASSERT_TRUE(view.ok());
@@ -407,7 +409,7 @@ TEST_F(TrackerTest, AReconcileThatSeesAnExitedContainerGoneIsNoCorrection) {
   // Removal sweeps far off: only the reconcile can bring the removal to light in this test.
   TrackerOptions o;
   o.removal_sweep_first = 1h;
-  o.removal_sweep_max = 1h;
+  o.removal_sweep_period = 1h;
   o.correction_grace = 10ms;
   restart_tracker(o);
   auto initial = list_runtime(cri_);
@@ -445,7 +447,8 @@ TEST_F(TrackerTest, AReconcileThatSeesAnExitedContainerGoneIsNoCorrection) {
 TEST_F(TrackerTest, LongExitedContainersAreWatchedByOneListCallNotACallEach) {
   TrackerOptions o;
   o.removal_sweep_first = 10ms;
-  o.removal_sweep_max = 30ms;
+  o.removal_sweep_period = 20ms;
+  o.removal_sweep_idle_max = 30ms;
   restart_tracker(o);
   auto initial = list_runtime(cri_);
   ASSERT_TRUE(initial.ok());
@@ -658,6 +661,30 @@ TEST_F(TrackerTest, NestedCgroupsCostNothingAndTheContainersDeathIsStillSeen) {
   ASSERT_TRUE(wait_types(id, {"ContainerStarted", "ContainerDied"}));
   EXPECT_EQ(sink_.events().back().exit_code, 1);
   EXPECT_EQ(inconsistencies_.load(), 0);
+}
+
+// Long-exited containers only (nothing dies, nothing goes): the sweep backs off to its idle
+// maximum instead of listing every period forever; a new death brings it back.
+TEST_F(TrackerTest, QuietRemovalSweepsBackOffAndADeathBringsThemBack) {
+  TrackerOptions o;
+  o.removal_sweep_first = 10ms;
+  o.removal_sweep_period = 10ms;
+  o.removal_sweep_idle_max = 400ms;
+  restart_tracker(o);
+  started_and_exited("init");
+  ASSERT_FALSE(HasFailure());
+  // 10, 20, 40, ... 320, 400 ms: the seventh quiet sweep is about 1.3 s in.
+  ASSERT_TRUE(eventually([&] { return tracker_->stats().removal_sweeps >= 7; }));
+  const auto quiet = tracker_->stats().removal_sweeps;
+  EXPECT_FALSE(eventually([&] { return tracker_->stats().removal_sweeps > quiet + 3; }, 1s))
+      << "a quiet sweep kept its period (100 a second) instead of backing off";
+  // A death: the next sweep within the period, and it sees the removal.
+  auto job = started_and_exited("job");
+  ASSERT_FALSE(HasFailure());
+  ASSERT_TRUE(cri_.remove_container(job).ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(wait_types(job, {"ContainerStarted", "ContainerDied", "ContainerRemoved"}));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 300ms);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <set>
+#include <utility>
 
 namespace kpleg::pleg {
 
@@ -160,7 +161,9 @@ void Tracker::on_kernel_event(const kernel::KernelEvent& ev) {
     }
     ++rec.pending;
     ++stats_.kernel_signals;
-    first_look = want == Want::kRunning ? start_lag_.first_look() : exit_lag_.first_look();
+    const bool sandbox = rec.sandbox_known ? rec.identity.sandbox
+                                           : !pod_has_live_sandbox(rec.identity.pod_uid);
+    first_look = (want == Want::kRunning ? start_lag_ : exit_lag_)[sandbox].first_look();
   }
   const auto now = Clock::now();
   const auto deadline = now + opts_.confirm_budget;
@@ -312,7 +315,7 @@ void Tracker::confirm(const std::string& id, Want want, std::chrono::millisecond
   std::optional<std::chrono::milliseconds> miss;
   if (last_miss >= Clock::duration::zero())
     miss = std::chrono::duration_cast<std::chrono::milliseconds>(last_miss);
-  (want == Want::kRunning ? start_lag_ : exit_lag_).settled(miss);
+  (want == Want::kRunning ? start_lag_ : exit_lag_)[obs->sandbox].settled(miss);
   if (advance(rec, obs->state, obs->snapshot, EventSource::kKernel, false) > 0)
     ++stats_.confirmations;
 }
@@ -409,8 +412,14 @@ void Tracker::check_removed(const std::string& id) {
 
 void Tracker::join_removal_sweep(Record& rec) {
   rec.removal_swept = true;
-  sweep_interval_ = opts_.removal_sweep_first;
-  schedule_removal_sweep(Clock::now() + opts_.removal_sweep_first);
+  sweep_joined_ = true;
+  const auto now = Clock::now();
+  if (!sweep_due_) {
+    sweep_interval_ = opts_.removal_sweep_period;
+    schedule_removal_sweep(now + opts_.removal_sweep_first);
+  } else {
+    schedule_removal_sweep(now + opts_.removal_sweep_period);  // no later than that
+  }
 }
 
 void Tracker::schedule_removal_sweep(Clock::time_point at) {
@@ -421,11 +430,12 @@ void Tracker::schedule_removal_sweep(Clock::time_point at) {
 }
 
 void Tracker::removal_sweep(Clock::time_point due) {
-  bool containers = false, sandboxes = false;
+  bool containers = false, sandboxes = false, joined = false;
   {
     std::lock_guard lk(mu_);
     if (sweep_due_ != due) return;  // superseded by an earlier sweep
     sweep_due_.reset();
+    joined = std::exchange(sweep_joined_, false);
     for (const auto& [id, rec] : records_) {
       if (!rec.removal_swept) continue;
       (rec.identity.sandbox ? sandboxes : containers) = true;
@@ -472,10 +482,12 @@ void Tracker::removal_sweep(Clock::time_point due) {
   spdlog::debug("tracker: removal sweep: {} exited watched, {} removed{}", watched, removed,
                 listed ? "" : " (the list failed: next sweep)");
   if (!remaining) return;
-  // Removals come in bursts (a pod's containers, a job's cleanup): look again soon after one,
-  // less and less often while nothing changes.
-  sweep_interval_ = removed > 0 ? opts_.removal_sweep_first
-                                : std::min(sweep_interval_ * 2, opts_.removal_sweep_max);
+  // While containers die and go, one sweep a period answers for all of them; while nothing
+  // changes (long-exited containers only: init containers, finished jobs, the dead instance
+  // the kubelet keeps for its logs), less and less often.
+  sweep_interval_ = removed > 0 || joined
+                        ? opts_.removal_sweep_period
+                        : std::min(sweep_interval_ * 2, opts_.removal_sweep_idle_max);
   schedule_removal_sweep(Clock::now() + sweep_interval_);
 }
 

@@ -46,12 +46,15 @@ struct TrackerOptions {
   std::chrono::milliseconds confirm_backoff_max{10'000};
   // Removal, which no kernel event marks, is watched by one sweep for all exited containers:
   // a full ListContainers (ListPodSandbox when sandboxes are watched), whatever their number,
-  // instead of a call per container. A death brings the next sweep to at most
-  // removal_sweep_first away; each sweep that finds no removal doubles the interval up to
-  // removal_sweep_max. Only a full list is evidence of a removal (a state-filtered one drops
-  // a container that the runtime reloaded as UNKNOWN after a restart).
-  std::chrono::milliseconds removal_sweep_first{250};
-  std::chrono::milliseconds removal_sweep_max{2000};
+  // instead of a call per container. Only a full list is evidence of a removal (a
+  // state-filtered one drops a container that the runtime reloaded as UNKNOWN after a
+  // restart). The first sweep goes removal_sweep_first after a death when none is planned; then
+  // every removal_sweep_period while something changes (a removal, a new death), and, while
+  // nothing does, twice as long each time up to removal_sweep_idle_max. A death pulls a sweep
+  // planned further off back to removal_sweep_period.
+  std::chrono::milliseconds removal_sweep_first{500};
+  std::chrono::milliseconds removal_sweep_period{1000};
+  std::chrono::milliseconds removal_sweep_idle_max{10'000};
   // A difference found by a reconcile is re-checked after this grace period (a kernel event in
   // flight is not a missed one) before it becomes a correction.
   std::chrono::milliseconds correction_grace{300};
@@ -218,7 +221,10 @@ class Tracker {
   std::function<void(const std::string&)> on_inconsistency_;
   std::optional<std::chrono::steady_clock::time_point> sweep_due_;  // the next removal sweep
   std::chrono::milliseconds sweep_interval_{0};                     // after that one
-  LagLearner start_lag_, exit_lag_;  // when the runtime reports a start / an exit
+  bool sweep_joined_ = false;  // a container joined the sweep since its last run
+  // When the runtime reports a start / an exit, for containers [0] and sandboxes [1] apart
+  // (containerd lists a sandbox tens of milliseconds after its pause started).
+  LagLearner start_lag_[2], exit_lag_[2];
 };
 
 }  // namespace kpleg::pleg
