@@ -118,6 +118,11 @@ TEST_F(ApiE2eTest, PromtoolAcceptsLiveMetricsAndCountersMove) {
   EXPECT_GT(value(after, "kpleg_detection_latency_seconds_count"),
             value(before, "kpleg_detection_latency_seconds_count"));
   EXPECT_EQ(value(after, "kpleg_mode{mode=\"ebpf\"}"), 1);
+  // The kernel path is live at every scrape, not only at the start-up reconcile (the pod above
+  // took more than a second).
+  EXPECT_GE(value(after, "kubelet_pleg_last_seen_seconds") -
+                value(before, "kubelet_pleg_last_seen_seconds"),
+            1.0);
 
   char path[] = "/tmp/kpleg-metrics-XXXXXX";
   int fd = mkstemp(path);

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <future>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -203,6 +204,39 @@ TEST_F(GenericRelistTest, NewPodGivesSandboxAndContainerStartedOnceWithTheInspec
 
   for (int i = 0; i < 3; ++i) relist(r);
   EXPECT_TRUE(sink_.take().empty()) << "no event twice across relists";
+}
+
+// List's snapshot (records + sequence number) must never be ahead of the events published:
+// a Watch from its sequence number would then replay an event the snapshot already shows.
+TEST_F(GenericRelistTest, ASnapshotTakenWhileEventsArePublishedMatchesItsSequenceNumber) {
+  struct SnapshottingSink final : public EventSink {
+    GenericRelist* relist = nullptr;
+    std::atomic<uint64_t> seq{0};
+    std::vector<std::future<std::pair<uint64_t, size_t>>> snapshots;  // (seq, containers)
+    void publish(PodLifecycleEvent) override {
+      // Another thread takes List's snapshot while this event is being published; it gets up
+      // to 100 ms before the publication completes (it may have to wait for it instead).
+      snapshots.push_back(std::async(std::launch::async, [this] {
+        auto [s, pods] = relist->pods_at([&] { return seq.load(); });
+        size_t n = 0;
+        for (const auto& p : pods) n += p.containers.size() + p.sandboxes.size();
+        return std::pair<uint64_t, size_t>{s, n};
+      }));
+      snapshots.back().wait_for(100ms);
+      ++seq;
+    }
+  } sink;
+  Pod pod = run_pod("web");
+  start(pod, "app");
+  GenericRelist r(fake_, sink, options());
+  sink.relist = &r;
+  relist(r);
+  ASSERT_EQ(sink.snapshots.size(), 2u);  // the sandbox's and the app's ContainerStarted
+  for (auto& f : sink.snapshots) {
+    auto [s, n] = f.get();
+    // The pod's record (2 containers) comes with both of its events, never before them.
+    EXPECT_TRUE((s == 2 && n == 2) || (s == 0 && n == 0)) << "seq " << s << " with " << n;
+  }
 }
 
 TEST_F(GenericRelistTest, DiedCarriesExitCodeAndReasonFromContainerStatus) {

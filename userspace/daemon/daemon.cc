@@ -94,9 +94,14 @@ Status Daemon::start_ebpf() {
   tracker_->set_inconsistency_handler(
       [this](const std::string& why) { reconciler_->request("tracker: " + why); });
   metrics_.on_scrape([this] {
+    if (active_ != Mode::kEbpf) return;  // auto fell back to relist mode: none of this exists
     pleg::TrackerStats ts = tracker_->stats();
     metrics_.foreign_containers.set(static_cast<double>(ts.foreign_containers));
     metrics_.tracked_records.set(static_cast<double>(ts.records));
+    // The kernel path is the pipeline in ebpf mode: while it is attached and consumed, the
+    // pipeline is live now, not only at the last reconcile (every 300 s), which would trip the
+    // kubelet's 3-minute staleness alerts.
+    if (kernel_->live()) metrics_.last_seen.set_to_current_time();
   });
 
   kernel_ = std::make_unique<kernel::BpfKernelSource>(opts_.kernel);
@@ -164,10 +169,11 @@ api::StateSnapshot Daemon::snapshot() {
       pod.containers.push_back(std::move(cr));
     }
   } else if (relist_) {
-    // Relist mode: the records are those of the last relist; the sequence number is read first,
-    // so replaying from it can only repeat events the snapshot already reflects.
-    snap.seq = bus_->last_seq();
-    for (const auto& pr : relist_->pods()) {
+    // Relist mode: the records of the last relist, with the sequence number of the last event
+    // published for them.
+    auto [seq, pods_now] = relist_->pods_at([this] { return bus_->last_seq(); });
+    snap.seq = seq;
+    for (const auto& pr : pods_now) {
       auto& pod = pods[pr.uid];
       pod.uid = pr.uid;
       pod.name = pr.name;

@@ -50,6 +50,8 @@ class KernelSource {
   virtual Status start(KernelSink sink) = 0;
   virtual void stop() = 0;
   virtual KernelSourceStats stats() const = 0;
+  // Attached and consumed: `attached && consuming` of stats(), without reading any counter.
+  virtual bool live() const = 0;
 };
 
 // Checks what the BPF source needs before anything is loaded, and returns one line that names
@@ -64,6 +66,7 @@ class BpfKernelSource final : public KernelSource {
   Status start(KernelSink sink) override;
   void stop() override;
   KernelSourceStats stats() const override;
+  bool live() const override { return program_ != nullptr && consuming_.load(); }
 
   // The loaded program, for tests and benchmarks (program stats, tracked map).
   BpfProgram* program() { return program_.get(); }

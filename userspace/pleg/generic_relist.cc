@@ -230,20 +230,22 @@ Status GenericRelist::relist_once() {
       record.current.reset();
     }
     {
+      // The record and its events under one lock: pods_at() reads the records with the
+      // sequence number of the last event published, so List's snapshot is exactly the state
+      // after the events up to its sequence number, and a Watch from there replays none.
       std::lock_guard lock(state_mu_);
       if (confirmed) {
         confirmed_[uid] = confirmed;
       } else {
         confirmed_.erase(uid);
       }
+      for (auto& ev : events) {
+        if (!is_sent(ev.type)) continue;
+        sink_.publish(std::move(ev));
+        ++published;
+      }
     }
     it = confirmed ? std::next(it) : records_.erase(it);
-
-    for (auto& ev : events) {
-      if (!is_sent(ev.type)) continue;
-      sink_.publish(std::move(ev));
-      ++published;
-    }
   }
 
   {
@@ -351,11 +353,16 @@ RelistHealth GenericRelist::health(int64_t now_mono_ns) const {
 }
 
 std::vector<PodRecord> GenericRelist::pods() const {
+  return pods_at([] { return uint64_t(0); }).second;
+}
+
+std::pair<uint64_t, std::vector<PodRecord>> GenericRelist::pods_at(
+    const std::function<uint64_t()>& seq_now) const {
   std::lock_guard lock(state_mu_);
   std::vector<PodRecord> out;
   out.reserve(confirmed_.size());
   for (const auto& [uid, pod] : confirmed_) out.push_back(*pod);
-  return out;
+  return {seq_now(), std::move(out)};
 }
 
 }  // namespace kpleg::pleg

@@ -30,6 +30,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <optional>
 #include <string>
 #include <thread>
@@ -128,6 +129,9 @@ class GenericRelist {
   // The pods as of their last successful inspection (the confirmed view, for List), ordered by
   // pod uid. A pod whose first inspection has not yet succeeded is not in it.
   std::vector<PodRecord> pods() const;
+  // The records together with `seq_now()` read under the lock that every publication holds:
+  // the snapshot is exactly the state after the events up to that sequence number.
+  std::pair<uint64_t, std::vector<PodRecord>> pods_at(const std::function<uint64_t()>& seq_now) const;
 
  private:
   struct Record {
