@@ -225,8 +225,8 @@ TEST_P(SlowRuntimeTest, OnePodsHungStatusCallsDoNotHoldUpOtherPods) {
 
   // kplegd noticed the stuck pod: the stalled calls really were made, and timed out.
   if (ebpf()) {
-    EXPECT_TRUE(kplegd_->wait_for_log("could not confirm " + stalled.container_ids[0].substr(0, 12),
-                                      20s));
+    EXPECT_TRUE(kplegd_->wait_for_log(
+        "no answer from the runtime for " + stalled.container_ids[0].substr(0, 12), 20s));
   } else {
     EXPECT_TRUE(kplegd_->wait_for_log(
         "relist: ignoring events of pod " + namespace_ + "/" + stalled.name, 20s));

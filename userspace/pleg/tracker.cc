@@ -287,12 +287,18 @@ void Tracker::confirm(const std::string& id, Want want, std::chrono::millisecond
         if (!rec.confirm_overdue) {
           rec.confirm_overdue = true;
           ++stats_.confirm_failures;
-          spdlog::warn("tracker: the runtime still reports {} for {} {} ms after a kernel {}; "
-                       "looking again, less often",
-                       obs.ok() ? to_string(obs->state) : obs.error().message, id.substr(0, 12),
-                       std::chrono::duration_cast<std::chrono::milliseconds>(now - signal_at)
-                           .count(),
-                       want == Want::kRunning ? "start" : "exit");
+          const auto after =
+              std::chrono::duration_cast<std::chrono::milliseconds>(now - signal_at).count();
+          const char* what = want == Want::kRunning ? "start" : "exit";
+          if (obs.ok()) {
+            spdlog::warn("tracker: the runtime still reports {} for {} {} ms after a kernel {}; "
+                         "looking again, less often",
+                         to_string(obs->state), id.substr(0, 12), after, what);
+          } else {
+            spdlog::warn("tracker: no answer from the runtime for {} {} ms after a kernel {} "
+                         "({}); looking again, less often",
+                         id.substr(0, 12), after, what, obs.error().message);
+          }
         }
         next = std::clamp(delay * 2, std::chrono::milliseconds(500), opts_.confirm_backoff_max);
       }

@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <pthread.h>
+
 #include <thread>
 
 #include "api/api_server.h"
@@ -113,7 +115,6 @@ int run_daemon(const daemon::DaemonOptions& opts, const api::ApiServerOptions& a
     print_sub = std::make_shared<bus::Subscription>(
         daemon.bus().subscribe(bus::kOldestRetained, {}, 1 << 20));
     printer = std::thread([sub = print_sub] {
-      set_thread_name("kpleg-print");
       while (true) {
         auto n = sub->next(std::chrono::hours(24));
         if (n.status == bus::Subscription::Status::kEvent) {
@@ -124,6 +125,8 @@ int run_daemon(const daemon::DaemonOptions& opts, const api::ApiServerOptions& a
         }
       }
     });
+    // Named from here, so that it carries its name once "ready" is logged.
+    pthread_setname_np(printer.native_handle(), "kpleg-print");
   }
   spdlog::info("kplegd ready: {} mode", daemon::to_string(daemon.active_mode()));
   int sig = wait_for_termination(sigs);
