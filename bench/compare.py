@@ -766,6 +766,17 @@ def write_outputs(cfg, results, write_json=True):
     write_summary(cfg, results)
 
 
+def churn_rows(results):
+    """(cell, mode, daemon result) of every churn window, in report order."""
+    for c in results["cells"]:
+        if c["rate"] == 0:
+            continue
+        for mode in MODES:
+            d = c["daemons"].get(mode)
+            if d:
+                yield c, mode, d
+
+
 def write_summary(cfg, results):
     L = []
     L.append(f"# kpleg benchmark results ({results['meta']['started']})\n")
@@ -798,18 +809,12 @@ def write_summary(cfg, results):
              "daemon CPU per transition = daemon CPU in the window over its transitions.\n")
     L.append("| N | rate/s | mode | lifecycles | CRI calls | calls/lifecycle | daemon CPU ms/transition |")
     L.append("|---|---|---|---|---|---|---|")
-    for c in results["cells"]:
-        if c["rate"] == 0:
-            continue
-        for mode in MODES:
-            d = c["daemons"].get(mode)
-            if not d:
-                continue
-            per_tr = (d["cpu_s_per_min"] * c["window_s"] / 60.0 * 1000.0 / d["expected"]
-                      if d.get("expected") and d.get("cpu_s_per_min") is not None else None)
-            L.append(f"| {c['n']} | {c['rate']} | {mode} | {fmt(c.get('lifecycles'))} | "
-                     f"{fmt(d.get('cri_calls_delta'))} | {fmt(d.get('cri_calls_per_lifecycle'), 2)} | "
-                     f"{fmt(per_tr, 2)} |")
+    for c, mode, d in churn_rows(results):
+        per_tr = (d["cpu_s_per_min"] * c["window_s"] / 60.0 * 1000.0 / d["expected"]
+                  if d.get("expected") and d.get("cpu_s_per_min") is not None else None)
+        L.append(f"| {c['n']} | {c['rate']} | {mode} | {fmt(c.get('lifecycles'))} | "
+                 f"{fmt(d.get('cri_calls_delta'))} | {fmt(d.get('cri_calls_per_lifecycle'), 2)} | "
+                 f"{fmt(per_tr, 2)} |")
     L.append("\n### Where the latency goes (churn windows)\n")
     L.append("ms, p50/p99. *from kernel*: kernel timestamp of the transition to the consumer. *after call*: "
              "from the return of the CRI call that made the transition (StartContainer returns once containerd "
@@ -819,21 +824,15 @@ def write_summary(cfg, results):
              "cgroup); *plausible* excludes them.\n")
     L.append("| N | rate/s | mode | Started from kernel | Started after call | Died from kernel | Died after call | Removed after call | kernel→emit | emit→consumer | bogus ts | Started+Died plausible p50/p99/max |")
     L.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for c in results["cells"]:
-        if c["rate"] == 0:
-            continue
-        for mode in MODES:
-            d = c["daemons"].get(mode)
-            if not d:
-                continue
-            lat = d.get("latency_ms", {})
-            pp = lambda k: f"{fmt((lat.get(k) or {}).get('p50'), 1)}/{fmt((lat.get(k) or {}).get('p99'), 1)}"
-            pl = lat.get("started_died_from_kernel_plausible_ts") or {}
-            L.append(f"| {c['n']} | {c['rate']} | {mode} | {pp('ContainerStarted_from_kernel')} | "
-                     f"{pp('ContainerStarted_from_call_end')} | {pp('ContainerDied_from_kernel')} | "
-                     f"{pp('ContainerDied_from_call_end')} | {pp('ContainerRemoved_from_call_end')} | "
-                     f"{pp('started_died_kernel_to_emit')} | {pp('all_emit_to_consumer')} | "
-                     f"{fmt(d.get('kernel_ts_before_call'))} | {fmt(pl.get('p50'), 1)}/{fmt(pl.get('p99'), 1)}/{fmt(pl.get('max'), 1)} |")
+    for c, mode, d in churn_rows(results):
+        lat = d.get("latency_ms", {})
+        pp = lambda k: f"{fmt((lat.get(k) or {}).get('p50'), 1)}/{fmt((lat.get(k) or {}).get('p99'), 1)}"
+        pl = lat.get("started_died_from_kernel_plausible_ts") or {}
+        L.append(f"| {c['n']} | {c['rate']} | {mode} | {pp('ContainerStarted_from_kernel')} | "
+                 f"{pp('ContainerStarted_from_call_end')} | {pp('ContainerDied_from_kernel')} | "
+                 f"{pp('ContainerDied_from_call_end')} | {pp('ContainerRemoved_from_call_end')} | "
+                 f"{pp('started_died_kernel_to_emit')} | {pp('all_emit_to_consumer')} | "
+                 f"{fmt(d.get('kernel_ts_before_call'))} | {fmt(pl.get('p50'), 1)}/{fmt(pl.get('p99'), 1)}/{fmt(pl.get('max'), 1)} |")
     a = results.get("alone")
     if a:
         L.append(f"\n## Idle, each mode alone (N={a['n']}, {a['window_s']:.0f} s windows)\n")

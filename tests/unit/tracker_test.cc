@@ -143,15 +143,19 @@ class TrackerTest : public ::testing::Test {
     tracker_ = std::make_unique<Tracker>(cri_, index_, sink_, o);
     tracker_->set_inconsistency_handler([this](const std::string&) { ++inconsistencies_; });
   }
-  // restart_tracker() with removal checks in milliseconds, then the start-up sync (the sandbox).
-  void restart_with_fast_removal(TrackerOptions o) {
-    o.removal_sweep_first = 10ms;
-    o.removal_sweep_period = 20ms;
-    o.removal_sweep_idle_max = 20ms;
+  // restart_tracker(), then the start-up sync (the sandbox).
+  void restart_and_sync(const TrackerOptions& o) {
     restart_tracker(o);
     auto view = list_runtime(cri_);
     ASSERT_TRUE(view.ok());
     tracker_->reconcile(*view, /*initial=*/true);
+  }
+  // restart_and_sync() with removal sweeps in milliseconds.
+  void restart_with_fast_removal(TrackerOptions o) {
+    o.removal_sweep_first = 10ms;
+    o.removal_sweep_period = 20ms;
+    o.removal_sweep_idle_max = 20ms;
+    restart_and_sync(o);
   }
   // A container-shaped cgroup of this pod that the runtime does not know.
   std::string unknown_container(char c) {
@@ -411,10 +415,7 @@ TEST_F(TrackerTest, AReconcileThatSeesAnExitedContainerGoneIsNoCorrection) {
   o.removal_sweep_first = 1h;
   o.removal_sweep_period = 1h;
   o.correction_grace = 10ms;
-  restart_tracker(o);
-  auto initial = list_runtime(cri_);
-  ASSERT_TRUE(initial.ok());
-  tracker_->reconcile(*initial, /*initial=*/true);  // the sandbox
+  restart_and_sync(o);
   auto id = started_and_exited("job");
   ASSERT_FALSE(HasFailure());
   ASSERT_TRUE(cri_.remove_container(id).ok());
@@ -449,10 +450,7 @@ TEST_F(TrackerTest, LongExitedContainersAreWatchedByOneListCallNotACallEach) {
   o.removal_sweep_first = 10ms;
   o.removal_sweep_period = 20ms;
   o.removal_sweep_idle_max = 30ms;
-  restart_tracker(o);
-  auto initial = list_runtime(cri_);
-  ASSERT_TRUE(initial.ok());
-  tracker_->reconcile(*initial, /*initial=*/true);  // the sandbox
+  restart_and_sync(o);
 
   constexpr int kExited = 20;
   std::vector<std::string> ids;
