@@ -104,6 +104,11 @@ class TrackerTest : public ::testing::Test {
     ev.body = kernel::ProcessExit{cgroup_of(id), 100, code, 0, false};
     tracker_->on_kernel_event(ev);
   }
+  void kernel_rmdir(uint64_t cgroup) {
+    kernel::KernelEvent ev;
+    ev.body = kernel::CgroupRmdir{cgroup};
+    tracker_->on_kernel_event(ev);
+  }
   void kernel_oom(const std::string& id) {
     kernel::KernelEvent ev;
     ev.body = kernel::OomKill{cgroup_of(id), 100};
@@ -346,9 +351,7 @@ TEST_F(TrackerTest, AContainerTheRuntimeDoesNotKnowIsForeignNotAnInconsistency) 
   // Its later signals cost no CRI call and give no event.
   const auto calls = cri_.calls(cri::CriMethod::kContainerStatus);
   kernel_exit(foreign, 0);
-  kernel::KernelEvent rmdir;
-  rmdir.body = kernel::CgroupRmdir{cgroup_of(foreign)};
-  tracker_->on_kernel_event(rmdir);
+  kernel_rmdir(cgroup_of(foreign));
   EXPECT_EQ(tracker_->stats().foreign_signals, 2u);
   // A confirmation would be queued, not made at once: give it the time it would take.
   EXPECT_FALSE(eventually(
@@ -589,9 +592,7 @@ TEST_F(TrackerTest, ACgroupRmdirConfirmsAnOverdueDeathAtOnce) {
   ASSERT_TRUE(eventually([&] { return tracker_->stats().confirm_retries >= retries + 3; }));
   ASSERT_TRUE(cri_.exit_container(id, 0).ok());
   const auto t0 = std::chrono::steady_clock::now();
-  kernel::KernelEvent rmdir;
-  rmdir.body = kernel::CgroupRmdir{cgroup_of(id)};
-  tracker_->on_kernel_event(rmdir);
+  kernel_rmdir(cgroup_of(id));
   ASSERT_TRUE(wait_types(id, {"ContainerStarted", "ContainerDied"}));
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s) << "the rmdir did not make it look now";
 }
@@ -649,13 +650,9 @@ TEST_F(TrackerTest, NestedCgroupsCostNothingAndTheContainersDeathIsStillSeen) {
   // rmdir, after its children's, confirms the death.
   ASSERT_TRUE(cri_.exit_container(id, 1).ok());
   for (auto it = nested.rbegin(); it != nested.rend(); ++it) {
-    kernel::KernelEvent rm;
-    rm.body = kernel::CgroupRmdir{*it};
-    tracker_->on_kernel_event(rm);
+    kernel_rmdir(*it);
   }
-  kernel::KernelEvent rm;
-  rm.body = kernel::CgroupRmdir{cgroup_of(id)};
-  tracker_->on_kernel_event(rm);
+  kernel_rmdir(cgroup_of(id));
   ASSERT_TRUE(wait_types(id, {"ContainerStarted", "ContainerDied"}));
   EXPECT_EQ(sink_.events().back().exit_code, 1);
   EXPECT_EQ(inconsistencies_.load(), 0);

@@ -7,9 +7,9 @@
 //
 // The first look aims at a high percentile of the lag: a confirmation whose first look was too
 // early (it missed) moves the estimate halfway up to where the answer was found; one whose
-// first look found the answer lowers it by a small step, in case it was later than needed. At
-// equilibrium about one confirmation in six needs a second look, and a first look is at most a
-// few milliseconds late. It never goes later than `cap`.
+// first look found the answer lowers it by a small step, in case it was later than needed, so
+// that most confirmations need one look and a first look is at most a few milliseconds late.
+// It never goes later than `cap`.
 #pragma once
 
 #include <algorithm>
