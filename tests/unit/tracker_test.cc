@@ -684,3 +684,60 @@ TEST_F(TrackerTest, QuietRemovalSweepsBackOffAndADeathBringsThemBack) {
 
 }  // namespace
 }  // namespace kpleg::pleg
+
+namespace kpleg::pleg {
+namespace {
+
+// A consumer that reads the tracker from inside publish() (an API server answering List as an
+// event goes out): the events are published after the state lock is released, so it neither
+// deadlocks nor sees a state behind the event it was handed.
+class ReadingSink : public EventSink {
+ public:
+  Tracker* tracker = nullptr;
+  void publish(PodLifecycleEvent ev) override {
+    ContainerState listed = ContainerState::kNonExistent;
+    for (const auto& c : tracker->containers())
+      if (c.identity.id == ev.container_id) listed = c.identity.state;
+    std::lock_guard lk(mu_);
+    seen_.emplace_back(to_string(ev.type), listed);
+    cv_.notify_all();
+  }
+  bool wait_count(size_t n) {
+    std::unique_lock lk(mu_);
+    return cv_.wait_for(lk, 5s, [&] { return seen_.size() >= n; });
+  }
+  std::vector<std::pair<std::string, ContainerState>> seen() {
+    std::lock_guard lk(mu_);
+    return seen_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::pair<std::string, ContainerState>> seen_;
+};
+
+TEST_F(TrackerTest, ASinkCanReadTheTrackerWhileAnEventIsPublished) {
+  ReadingSink reading;
+  Tracker tracker(cri_, index_, reading);
+  reading.tracker = &tracker;
+  auto id = create("app");
+  ASSERT_TRUE(cri_.start_container(id).ok());
+  kernel::KernelEvent exec;
+  exec.body = kernel::ProcessExec{cgroup_of(id), 100, 100, 1, "sh", "/bin/sh"};
+  tracker.on_kernel_event(exec);
+  ASSERT_TRUE(reading.wait_count(1));
+  ASSERT_TRUE(cri_.exit_container(id, 0).ok());
+  kernel::KernelEvent exit;
+  exit.body = kernel::ProcessExit{cgroup_of(id), 100, 0, 0, false};
+  tracker.on_kernel_event(exit);
+  ASSERT_TRUE(reading.wait_count(2));
+  tracker.stop();
+  auto seen = reading.seen();
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[0], std::make_pair(std::string("ContainerStarted"), ContainerState::kRunning));
+  EXPECT_EQ(seen[1], std::make_pair(std::string("ContainerDied"), ContainerState::kExited));
+}
+
+}  // namespace
+}  // namespace kpleg::pleg

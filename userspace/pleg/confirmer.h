@@ -1,0 +1,51 @@
+// Confirmer: turns a container's kernel signal into the runtime's word. For each signal (first
+// exec, init exit, the cgroup's rmdir) it makes one targeted look when the runtime has usually
+// caught up (learned per kind of transition, lag_learner.h), retries briefly while it has not,
+// and keeps looking, backing off, past its budget: a confirmation is never dropped. Only a
+// state the runtime reports is emitted. A started container the runtime never learns of is
+// someone else's (foreign): its later signals are ignored.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include "pleg/lag_learner.h"
+#include "pleg/tracker_core.h"
+
+namespace kpleg::pleg {
+
+class Confirmer {
+ public:
+  enum class Signal { kExec, kExit, kOom, kRmdir };
+
+  explicit Confirmer(TrackerCore& core) : core_(core) {}
+
+  // A kernel signal for container/sandbox `id` of pod `pod_uid` at `ts_ns` (realtime).
+  // Never blocks on the runtime.
+  void on_signal(const std::string& id, const std::string& pod_uid, Signal signal, uint64_t ts_ns);
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  enum class Want { kRunning, kExited };
+
+  // One look at the runtime for a kernel signal received at `signal_at`; `last_miss` is when
+  // (after the signal) the previous look still saw the old state, negative for none.
+  void confirm(const std::string& id, Want want, std::chrono::milliseconds delay,
+               Clock::time_point deadline, Clock::time_point signal_at,
+               Clock::duration last_miss);
+  // Not settled yet: the next look, backing off past the budget (logged once). Caller holds mu.
+  std::chrono::milliseconds next_delay(Record& rec, Want want, std::chrono::milliseconds delay,
+                                       Clock::time_point deadline, Clock::time_point signal_at,
+                                       bool unknown_start, const Result<Observation>& obs);
+  LagLearner& learner(Want want, bool sandbox) {
+    return (want == Want::kRunning ? start_lag_ : exit_lag_)[sandbox ? 1 : 0];
+  }
+
+  TrackerCore& core_;
+  // When the runtime reports a start / an exit, for containers [0] and sandboxes [1] apart
+  // (containerd lists a sandbox tens of milliseconds after its pause started). Under core_.mu.
+  LagLearner start_lag_[2], exit_lag_[2];
+};
+
+}  // namespace kpleg::pleg

@@ -1,0 +1,118 @@
+#include "pleg/removal_watcher.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <set>
+#include <utility>
+
+namespace kpleg::pleg {
+
+namespace {
+// The sweep's own queue key: it runs beside the pods' work, never behind a hung pod.
+const std::string kSweepKey = "\x01removal-sweep";
+}  // namespace
+
+void RemovalWatcher::join(Record& rec) {
+  rec.removal_swept = true;
+  joined_ = true;
+  const auto now = Clock::now();
+  if (!due_) {
+    interval_ = core_.opts.removal_sweep_period;
+    schedule(now + core_.opts.removal_sweep_first);
+  } else {
+    schedule(now + core_.opts.removal_sweep_period);  // no later than that
+  }
+}
+
+void RemovalWatcher::schedule(Clock::time_point at) {
+  if (due_ && *due_ <= at) return;
+  // A sweep posted for later becomes a no-op when it finds due_ changed.
+  due_ = at;
+  core_.queue.post(kSweepKey, [this, at] { sweep(at); }, at);
+}
+
+void RemovalWatcher::check(const std::string& id) {
+  bool sandbox;
+  {
+    std::lock_guard lk(core_.mu);
+    const Record* rec = core_.table.find(id);
+    if (rec == nullptr || rec->reported == ContainerState::kNonExistent) return;
+    sandbox = rec->identity.sandbox;
+    ++core_.stats.removal_checks;
+  }
+  auto obs = core_.look(id, true, sandbox);
+  if (!obs.ok() || obs->state != ContainerState::kNonExistent) return;  // the sweep goes on
+  TrackerCore::Lock lk(core_.mu);
+  Events out;
+  core_.advance(core_.table.at(id), ContainerState::kNonExistent, obs->snapshot,
+                EventSource::kKernel, false, out);
+  core_.publish(lk, out);
+}
+
+void RemovalWatcher::sweep(Clock::time_point due) {
+  bool containers = false, sandboxes = false, joined = false;
+  {
+    std::lock_guard lk(core_.mu);
+    if (due_ != due) return;  // superseded by an earlier sweep
+    due_.reset();
+    joined = std::exchange(joined_, false);
+    for (const auto& [id, rec] : core_.table.records()) {
+      if (!rec.removal_swept) continue;
+      (rec.identity.sandbox ? sandboxes : containers) = true;
+    }
+  }
+  // Full lists, not ones filtered by state: a container the runtime reloaded as UNKNOWN (after
+  // a restart that could not read its status) is not listed as exited but still exists. What a
+  // full list leaves out, the runtime no longer has: that is the evidence the kubelet's relist
+  // takes for ContainerRemoved too.
+  std::set<std::string> still_there;
+  auto collect = [&](const auto& listed_ids) {
+    if (!listed_ids) {
+      spdlog::debug("tracker: removal sweep: {}", listed_ids.error().message);
+      return false;
+    }
+    for (const auto& item : *listed_ids) still_there.insert(item.id());
+    return true;
+  };
+  bool listed = true;
+  if (containers) listed = collect(core_.cri.list_containers({}));
+  if (sandboxes && listed) listed = collect(core_.cri.list_pod_sandboxes({}));
+
+  TrackerCore::Lock lk(core_.mu);
+  core_.stats.removal_sweeps += uint64_t(containers) + uint64_t(sandboxes);
+  size_t watched = 0, removed = 0;
+  bool remaining = false;
+  Events out;
+  for (auto& [id, rec] : core_.table.records()) {
+    if (!rec.removal_swept) continue;
+    // Judge only the kinds listed above: a record may have joined since.
+    const bool kind_listed = rec.identity.sandbox ? sandboxes : containers;
+    if (listed && kind_listed && rec.reported == ContainerState::kExited &&
+        !still_there.count(id)) {
+      ContainerSnapshot gone;
+      gone.state = ContainerState::kNonExistent;
+      core_.advance(rec, ContainerState::kNonExistent, gone, EventSource::kKernel, false, out);
+      ++removed;
+    }
+    ++watched;
+    if (rec.reported == ContainerState::kNonExistent) {
+      rec.removal_swept = false;
+    } else {
+      remaining = true;
+    }
+  }
+  if (remaining) {
+    // While containers die and go, one sweep a period answers for all of them; while nothing
+    // changes (long-exited containers only: init containers, finished jobs, the dead instance
+    // the kubelet keeps for its logs), less and less often.
+    interval_ = removed > 0 || joined ? core_.opts.removal_sweep_period
+                                      : std::min(interval_ * 2, core_.opts.removal_sweep_idle_max);
+    schedule(Clock::now() + interval_);
+  }
+  core_.publish(lk, out);
+  spdlog::debug("tracker: removal sweep: {} exited watched, {} removed{}", watched, removed,
+                listed ? "" : " (the list failed: next sweep)");
+}
+
+}  // namespace kpleg::pleg

@@ -1,0 +1,73 @@
+#include "pleg/runtime_looks.h"
+
+#include <grpcpp/support/status_code_enum.h>
+
+#include "pleg/runtime_view.h"
+
+namespace kpleg::pleg {
+
+namespace {
+
+bool is_not_found(const Error& e) { return e.code == grpc::StatusCode::NOT_FOUND; }
+
+Result<Observation> look_container(cri::CriClient& cri, const std::string& id) {
+  auto st = cri.container_status(id);
+  if (!st) return st.error();
+  Observation obs;
+  obs.snapshot = from_status(*st);
+  obs.state = obs.snapshot.state;
+  obs.name = container_name(*st);
+  auto pod = pod_identity(*st, nullptr);
+  obs.pod_uid = pod.uid;
+  obs.pod_name = pod.name;
+  obs.pod_namespace = pod.namespace_;
+  return obs;
+}
+
+Result<Observation> look_sandbox(cri::CriClient& cri, const std::string& id) {
+  auto ps = cri.pod_sandbox_status(id);
+  if (!ps) return ps.error();
+  Observation obs;
+  obs.sandbox = true;
+  obs.snapshot = from_status(*ps);
+  obs.state = obs.snapshot.state;
+  auto pod = pod_identity(*ps);
+  obs.pod_uid = pod.uid;
+  obs.pod_name = pod.name;
+  obs.pod_namespace = pod.namespace_;
+  return obs;
+}
+
+}  // namespace
+
+Result<std::vector<RuntimeContainer>> list_runtime(cri::CriClient& cri) {
+  auto sandboxes = cri.list_pod_sandboxes({});
+  if (!sandboxes) return sandboxes.error();
+  auto containers = cri.list_containers({});
+  if (!containers) return containers.error();
+
+  std::vector<RuntimeContainer> out;
+  for (const auto& [uid, pod] : build_snapshot(*sandboxes, *containers).pods) {
+    for (const auto* list : {&pod.sandboxes, &pod.containers}) {
+      for (const auto& c : *list) {
+        out.push_back({c.id, pod.uid, pod.name, pod.namespace_, c.name, c.sandbox, c.state});
+      }
+    }
+  }
+  return out;
+}
+
+Result<Observation> look(cri::CriClient& cri, const std::string& id, bool kind_known,
+                         bool sandbox) {
+  for (int attempt = 0; attempt < (kind_known ? 1 : 2); ++attempt) {
+    const bool as_sandbox = attempt == 0 ? sandbox : !sandbox;
+    auto obs = as_sandbox ? look_sandbox(cri, id) : look_container(cri, id);
+    if (obs || !is_not_found(obs.error())) return obs;
+  }
+  Observation gone;
+  gone.state = gone.snapshot.state = ContainerState::kNonExistent;
+  gone.sandbox = sandbox;
+  return gone;
+}
+
+}  // namespace kpleg::pleg

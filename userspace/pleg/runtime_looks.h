@@ -1,0 +1,44 @@
+// The CRI calls of the kernel-driven path: one targeted look at a container or sandbox, and the
+// full list that the start-up sync and the reconcile take. No state: what they return is
+// judged by the tracker.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "common/result.h"
+#include "cri/cri_client.h"
+#include "pleg/event.h"
+
+namespace kpleg::pleg {
+
+// One container (or sandbox) as a full runtime list reports it.
+struct RuntimeContainer {
+  std::string id;
+  std::string pod_uid;
+  std::string pod_name;
+  std::string pod_namespace;
+  std::string name;  // empty for sandboxes
+  bool sandbox = false;
+  ContainerState state = ContainerState::kUnknown;
+};
+
+// ListPodSandbox + ListContainers, as the reconciler and the List API need them.
+Result<std::vector<RuntimeContainer>> list_runtime(cri::CriClient& cri);
+
+// What one targeted CRI call reported of a container or sandbox.
+struct Observation {
+  ContainerState state = ContainerState::kUnknown;
+  ContainerSnapshot snapshot;
+  bool sandbox = false;
+  std::string pod_uid, pod_name, pod_namespace, name;
+};
+
+// One look at `id`: ContainerStatus, or PodSandboxStatus when `sandbox`. When the kind is not
+// known (`kind_known` false, `sandbox` is then the guess), the other call follows only when the
+// runtime does not know the id as the guessed kind. An id the runtime knows as neither is
+// reported kNonExistent.
+Result<Observation> look(cri::CriClient& cri, const std::string& id, bool kind_known,
+                         bool sandbox);
+
+}  // namespace kpleg::pleg

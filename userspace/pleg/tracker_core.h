@@ -1,0 +1,149 @@
+// TrackerCore: what the kernel-driven path's parts share, and the rules for sharing it.
+//
+//   - one state lock (`mu`) over the ContainerTable, the counters and the pods' troubles;
+//   - CRI calls are made without it (look());
+//   - events are computed under it and published after it is released, in the order the state
+//     changed (publish(): the publish lock is taken before the state lock is let go, so the
+//     next emitter waits for these events to be out, and a snapshot read under both locks is
+//     exactly the state after the events published so far);
+//   - all timed work goes through the pod work queue (one pod's work in order, a hung pod
+//     holding at most one worker).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "cri/cri_client.h"
+#include "pleg/container_table.h"
+#include "pleg/event.h"
+#include "pleg/pod_work_queue.h"
+#include "pleg/runtime_looks.h"
+
+namespace kpleg::pleg {
+
+struct TrackerOptions {
+  size_t workers = 4;  // pods confirmed in parallel
+  // Confirmation retries while the runtime has not caught up with the kernel yet.
+  // The first look goes when the runtime has usually caught up (learned, see lag_learner.h);
+  // then retries double from this step up to 20 ms. A confirmation still unsettled after the
+  // budget (a stalled shim, a PID 1 whose namespace dies slowly, a slow StartContainer) is
+  // logged and counted, and keeps looking, backing off up to confirm_backoff_max: it is never
+  // dropped. A cgroup rmdir (the init is gone for sure) makes it look at once.
+  std::chrono::milliseconds confirm_retry_first{5};
+  std::chrono::milliseconds confirm_budget{5000};
+  std::chrono::milliseconds confirm_backoff_max{10'000};
+  // Removal, which no kernel event marks, is watched by one sweep for all exited containers:
+  // a full ListContainers (ListPodSandbox when sandboxes are watched), whatever their number,
+  // instead of a call per container. Only a full list is evidence of a removal (a
+  // state-filtered one drops a container that the runtime reloaded as UNKNOWN after a
+  // restart). The first sweep goes removal_sweep_first after a death when none is planned; then
+  // every removal_sweep_period while something changes (a removal, a new death), and, while
+  // nothing does, twice as long each time up to removal_sweep_idle_max. A death pulls a sweep
+  // planned further off back to removal_sweep_period.
+  std::chrono::milliseconds removal_sweep_first{500};
+  std::chrono::milliseconds removal_sweep_period{1000};
+  std::chrono::milliseconds removal_sweep_idle_max{10'000};
+  // A difference found by a reconcile is re-checked after this grace period (a kernel event in
+  // flight is not a missed one) before it becomes a correction.
+  std::chrono::milliseconds correction_grace{300};
+  // A started container that the runtime still does not know after this long belongs to
+  // someone else (another runtime under the same kubepods root): its kernel signals are
+  // ignored from then on, without a reconcile. A reconcile that lists it after all reports it
+  // as a correction.
+  // (3 s: on a busy node containerd can take over a second between a sandbox's pause exec and
+  // listing the sandbox. While the runtime answers NOT_FOUND, looks back off to 200 ms.)
+  std::chrono::milliseconds foreign_after{3000};
+  // How long a removed container's record stays, so that a runtime list taken just before the
+  // removal cannot bring it back. Swept on every reconcile.
+  std::chrono::milliseconds removed_retention{60'000};
+};
+
+struct TrackerStats {
+  uint64_t kernel_signals = 0;      // kernel events that mapped to a container
+  uint64_t unresolved_signals = 0;  // kernel events for cgroups the index does not know
+  uint64_t confirmations = 0;       // targeted CRI confirmations that changed state
+  uint64_t confirm_retries = 0;
+  uint64_t confirm_failures = 0;    // still unsettled after the budget (it keeps looking)
+  uint64_t removal_checks = 0;      // targeted removal checks (asked for by a reconcile)
+  uint64_t removal_sweeps = 0;      // list calls of the removal sweep
+  uint64_t foreign_containers = 0;  // started containers the runtime does not know
+  uint64_t foreign_signals = 0;     // kernel signals of those, ignored
+  size_t records = 0;               // containers and sandboxes held in memory (incl. removed)
+  std::map<std::string, uint64_t> corrections;  // by event type
+  uint64_t corrections_total() const;
+};
+
+// A pod whose targeted CRI calls have been failing (a hung or erroring runtime for that pod),
+// with how long and why; cleared by the pod's next successful call.
+struct PodTrouble {
+  std::string pod_uid;
+  uint64_t failures = 0;
+  std::chrono::steady_clock::duration failing_for{};
+  std::string last_error;
+};
+
+class TrackerCore {
+ public:
+  using Clock = std::chrono::steady_clock;
+  using Lock = std::unique_lock<std::mutex>;
+
+  TrackerCore(cri::CriClient& cri, EventSink& sink, TrackerOptions opts);
+
+  // One targeted look (runtime_looks.h), its outcome noted for the pod (troubled_pods()).
+  // Called without `mu`.
+  Result<Observation> look(const std::string& id, bool kind_known, bool sandbox);
+
+  // ContainerTable::advance, plus: corrections counted, an exit handed to `on_exited` (the
+  // removal watcher). Caller holds `mu`.
+  int advance(Record& rec, ContainerState target, const ContainerSnapshot& snap,
+              EventSource source, bool correction, Events& out);
+  // Releases `lk` (on `mu`) and publishes `out`, in order, before any later emitter's events.
+  void publish(Lock& lk, Events& out);
+  // Runs `f` with `mu` and the publish lock held: the state with exactly the events published
+  // so far.
+  template <typename F>
+  auto with_published_state(F&& f) const {
+    std::lock_guard lk(mu);
+    std::lock_guard pub(publish_mu_);
+    return f();
+  }
+
+  // Runs `task` in the pod's order (a container of no known pod is its own key).
+  void post(const std::string& pod_uid, const std::string& id, PodWorkQueue::Task task,
+            Clock::time_point at = Clock::now());
+
+  // Asks the daemon for a reconcile (logged).
+  void inconsistent(const std::string& reason);
+  void set_inconsistency_handler(std::function<void(const std::string&)> fn);
+
+  std::vector<PodTrouble> troubled_pods() const;
+
+  cri::CriClient& cri;
+  const TrackerOptions opts;
+  PodWorkQueue queue;
+
+  mutable std::mutex mu;  // the state lock: everything below
+  ContainerTable table;
+  TrackerStats stats;
+  std::function<void(Record&)> on_exited;  // called with `mu` held
+
+ private:
+  void note_call(const std::string& id, const Error* error);
+
+  EventSink& sink_;
+  mutable std::mutex publish_mu_;
+  struct Trouble {
+    Clock::time_point since;
+    uint64_t failures = 0;
+    std::string last_error;
+  };
+  std::map<std::string, Trouble> troubles_;  // by pod uid; under mu
+  std::function<void(const std::string&)> on_inconsistency_;  // under mu
+};
+
+}  // namespace kpleg::pleg
