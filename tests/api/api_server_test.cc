@@ -466,7 +466,7 @@ HealthCheckResponse::ServingStatus check(const std::shared_ptr<grpc::Channel>& c
 }
 
 TEST(ApiServerHealth, FollowsTheHealthProvider) {
-  ServerHarness h(api::ApiServerOptions{.health_refresh_interval = 50ms});
+  ServerHarness h;
   ASSERT_TRUE(h.start().ok());
   auto ch = h.channel();
   EXPECT_EQ(check(ch, ""), HealthCheckResponse::SERVING);
@@ -480,11 +480,34 @@ TEST(ApiServerHealth, FollowsTheHealthProvider) {
   EXPECT_TRUE(wait_until([&] { return check(ch, "") == HealthCheckResponse::SERVING; }, 5s));
 }
 
+TEST(ApiServerHealth, IsNotReReadWhileNothingChanges) {
+  ServerHarness h;
+  ASSERT_TRUE(h.start().ok());
+  EXPECT_EQ(check(h.channel(), ""), HealthCheckResponse::SERVING);
+  const int reads = h.health.reads();
+  // Checks are answered from the last status; nothing wakes the health thread meanwhile.
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(check(h.channel(), ""), HealthCheckResponse::SERVING);
+  h.health.set_quietly(api::HealthReport{false, {"unannounced"}});
+  EXPECT_FALSE(wait_until([&] { return check(h.channel(), "") != HealthCheckResponse::SERVING; },
+                          300ms));
+  EXPECT_EQ(h.health.reads(), reads);
+}
+
+TEST(ApiServerHealth, AReportWithADeadlineIsReReadWhenItPasses) {
+  ServerHarness h;
+  h.health.set_quietly(api::HealthReport{true, {}, 100ms});
+  ASSERT_TRUE(h.start().ok());
+  // The deadline passes with no announcement: the health thread re-reads on its own.
+  h.health.set_quietly(api::HealthReport{false, {"reconcile too old"}});
+  EXPECT_TRUE(wait_until([&] { return check(h.channel(), "") == HealthCheckResponse::NOT_SERVING; },
+                         5s));
+}
+
 TEST(ApiServerHealth, RefreshHealthAppliesAtOnce) {
   // A refresh interval far beyond the test: only refresh_health() can change the status.
   ServerHarness h(api::ApiServerOptions{.health_refresh_interval = std::chrono::hours(1)});
   ASSERT_TRUE(h.start().ok());
-  h.health.set(false, {"runtime unreachable"});
+  h.health.set_quietly(api::HealthReport{false, {"runtime unreachable"}});
   EXPECT_EQ(check(h.channel(), ""), HealthCheckResponse::SERVING);
   h.server->refresh_health();
   EXPECT_EQ(check(h.channel(), ""), HealthCheckResponse::NOT_SERVING);

@@ -59,12 +59,28 @@ void TestState::set_pods(std::vector<api::PodRecord> pods) {
 
 api::HealthReport TestHealth::health() {
   std::lock_guard l(mu_);
+  ++reads_;
   return report_;
 }
 
-void TestHealth::set(bool healthy, std::vector<std::string> reasons) {
+void TestHealth::set_health_listener(std::function<void()> fn) {
   std::lock_guard l(mu_);
-  report_ = api::HealthReport{healthy, std::move(reasons)};
+  listener_ = std::move(fn);
+}
+
+void TestHealth::set(bool healthy, std::vector<std::string> reasons) {
+  std::function<void()> listener;
+  {
+    std::lock_guard l(mu_);
+    report_ = api::HealthReport{healthy, std::move(reasons)};
+    listener = listener_;
+  }
+  if (listener) listener();
+}
+
+void TestHealth::set_quietly(api::HealthReport report) {
+  std::lock_guard l(mu_);
+  report_ = std::move(report);
 }
 
 api::DaemonStats TestStats::stats() {

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -58,11 +59,18 @@ class TestState : public api::StateProvider {
 class TestHealth : public api::HealthProvider {
  public:
   api::HealthReport health() override;
+  void set_health_listener(std::function<void()> fn) override;
+  // Changes the report and announces it to the listener, as the daemon does.
   void set(bool healthy, std::vector<std::string> reasons = {});
+  // Changes the report without announcing it: only a timed re-read can see it.
+  void set_quietly(api::HealthReport report);
+  int reads() const { return reads_.load(); }
 
  private:
   std::mutex mu_;
   api::HealthReport report_{true, {}};
+  std::function<void()> listener_;
+  std::atomic<int> reads_{0};
 };
 
 class TestStats : public api::StatsProvider {

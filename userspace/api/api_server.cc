@@ -312,11 +312,12 @@ Status ApiServer::start() {
     }
   }
 
-  refresh_health();
   {
     std::lock_guard l(health_mu_);
     stopping_ = false;
   }
+  health_.set_health_listener([this] { request_health_refresh(); });
+  refresh_health();
   health_thread_ = std::thread([this] {
     set_thread_name("kpleg-health");
     health_loop();
@@ -335,20 +336,49 @@ Status ApiServer::start() {
 }
 
 void ApiServer::refresh_health() {
-  std::lock_guard l(server_mu_);
-  if (!server_) return;
-  HealthReport h = health_.health();
-  auto* hs = server_->GetHealthCheckService();
-  if (hs == nullptr) return;
-  hs->SetServingStatus("", h.healthy);
-  hs->SetServingStatus(kHealthServiceName, h.healthy);
+  std::optional<std::chrono::milliseconds> recheck_in;
+  {
+    std::lock_guard l(server_mu_);
+    if (!server_) return;
+    HealthReport h = health_.health();
+    recheck_in = h.recheck_in;
+    auto* hs = server_->GetHealthCheckService();
+    if (hs == nullptr) return;
+    hs->SetServingStatus("", h.healthy);
+    hs->SetServingStatus(kHealthServiceName, h.healthy);
+  }
+  std::lock_guard l(health_mu_);
+  recheck_at_.reset();
+  if (recheck_in) recheck_at_ = std::chrono::steady_clock::now() + *recheck_in;
+  if (options_.health_refresh_interval.count() > 0) {
+    auto periodic = std::chrono::steady_clock::now() + options_.health_refresh_interval;
+    if (!recheck_at_ || periodic < *recheck_at_) recheck_at_ = periodic;
+  }
+  health_cv_.notify_all();  // the loop's next wake-up may have moved
+}
+
+void ApiServer::request_health_refresh() {
+  {
+    std::lock_guard l(health_mu_);
+    refresh_requested_ = true;
+  }
+  health_cv_.notify_all();
 }
 
 void ApiServer::health_loop() {
   std::unique_lock l(health_mu_);
   while (!stopping_) {
-    health_cv_.wait_for(l, options_.health_refresh_interval, [&] { return stopping_; });
+    // Sleeps until the provider announces a change or the last report's deadline passes: no
+    // wake-up while nothing changes.
+    auto woken = [&] { return stopping_ || refresh_requested_; };
+    if (recheck_at_) {
+      if (!health_cv_.wait_until(l, *recheck_at_, woken) && !woken()) recheck_at_.reset();
+    } else {
+      health_cv_.wait(l, [&] { return woken() || recheck_at_.has_value(); });
+      if (!woken()) continue;  // a new deadline: wait for it
+    }
     if (stopping_) break;
+    refresh_requested_ = false;
     l.unlock();
     refresh_health();
     l.lock();
@@ -356,6 +386,7 @@ void ApiServer::health_loop() {
 }
 
 void ApiServer::stop(std::chrono::milliseconds grace) {
+  health_.set_health_listener(nullptr);
   {
     std::lock_guard l(health_mu_);
     stopping_ = true;

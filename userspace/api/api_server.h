@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <optional>
 #include <thread>
 
 #include "api/options.h"
@@ -46,8 +47,8 @@ class ApiServer {
   // left), and removes the socket. Idempotent.
   void stop(std::chrono::milliseconds grace = std::chrono::seconds(2));
 
-  // Re-reads the HealthProvider now and updates grpc.health.v1 (it is also re-read every
-  // health_refresh_interval). Safe from any thread.
+  // Re-reads the HealthProvider now and updates grpc.health.v1 (it is also re-read when the
+  // provider announces a change and when its report's recheck_in passes). Safe from any thread.
   void refresh_health();
 
   // The bound TCP port (useful with --listen host:0); 0 without --listen.
@@ -58,6 +59,8 @@ class ApiServer {
   Status prepare_socket_path();
   Status secure_socket();
   void health_loop();
+  // What the health listener calls: the health thread re-reads the provider.
+  void request_health_refresh();
 
   ApiServerOptions options_;
   bus::EventBus& bus_;
@@ -72,6 +75,8 @@ class ApiServer {
   std::mutex health_mu_;
   std::condition_variable health_cv_;
   bool stopping_ = false;
+  bool refresh_requested_ = false;  // the provider announced a change
+  std::optional<std::chrono::steady_clock::time_point> recheck_at_;  // the next timed re-read
   std::thread health_thread_;
 };
 

@@ -34,9 +34,10 @@ struct ApiServerOptions {
 
   // Concurrent Watch streams; each holds one server thread.
   size_t max_watchers = 64;
-  // How often the grpc.health.v1 status is refreshed from the HealthProvider (the daemon can
-  // also push a change at once with ApiServer::refresh_health()).
-  std::chrono::milliseconds health_refresh_interval{1000};
+  // The grpc.health.v1 status is re-read from the HealthProvider when the provider announces a
+  // change, when its report's recheck_in passes, and on ApiServer::refresh_health(); a positive
+  // interval adds a periodic re-read (0: none, the health thread sleeps until then).
+  std::chrono::milliseconds health_refresh_interval{0};
 
   // Refuses contradictory or unsafe settings (plain TCP without --insecure-tcp, half a TLS
   // key pair, nothing to listen on) with a message naming the flags.

@@ -4,7 +4,10 @@
 // (they are called from gRPC and HTTP threads) and quick (no CRI call in a snapshot).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,6 +47,10 @@ class StateProvider {
 struct HealthReport {
   bool healthy = false;
   std::vector<std::string> reasons;
+  // When this report can change with no input changing (a deadline passing, e.g. the last
+  // reconcile growing too old); none when only an input can change it, which the provider
+  // announces through its health listener.
+  std::optional<std::chrono::milliseconds> recheck_in;
 };
 
 class HealthProvider {
@@ -54,6 +61,10 @@ class HealthProvider {
   virtual HealthReport health() = 0;
   // Readiness (e.g. the first reconcile has completed): feeds GET /readyz.
   virtual HealthReport readiness() { return health(); }
+  // `fn` is called (from any thread, holding no lock that health() takes) whenever an input of
+  // health() changed, so that a consumer re-reads it then instead of polling. Providers that
+  // never announce changes must set recheck_in.
+  virtual void set_health_listener(std::function<void()> fn) { (void)fn; }
 };
 
 // The daemon's key numbers for the Stats RPC; the event stream's own numbers (seq, history,

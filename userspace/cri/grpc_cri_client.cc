@@ -15,16 +15,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// While the channel is not READY, the watcher follows it with WaitForStateChange and looks up
-// this often to see whether the client is being destroyed (the destructor waits at most this
-// long).
-constexpr auto kWatchPoll = std::chrono::milliseconds(100);
-// While READY, it only looks at the state this often, on a plain timed wait that the destructor
-// interrupts: a gRPC state watch arms a gRPC timer each time, and on an idle node those timer
-// wakeups were most of the daemon's CPU. A lost connection stays visible (IDLE or
-// TRANSIENT_FAILURE) until something reconnects it, so it is noticed on the next look.
-constexpr auto kReadyPoll = std::chrono::milliseconds(1000);
-
 ConnectionState from_grpc(grpc_connectivity_state s) {
   switch (s) {
     case GRPC_CHANNEL_IDLE:
@@ -103,77 +93,73 @@ GrpcCriClient::GrpcCriClient(std::string target, GrpcCriClientOptions options)
 
 GrpcCriClient::~GrpcCriClient() {
   {
-    std::lock_guard lk(stop_mu_);
-    stopping_.store(true);
+    std::lock_guard lk(watch_mu_);
+    stopping_ = true;
+    // The channel's shutdown ends the watcher's pending state watch.
+    stub_.reset();
+    channel_.reset();
   }
-  stop_cv_.notify_all();
   if (watcher_.joinable()) watcher_.join();
+  watch_cq_.Shutdown();
+  void* tag;
+  bool ok;
+  while (watch_cq_.Next(&tag, &ok)) {
+  }
 }
 
 ConnectionState GrpcCriClient::state() const {
   return from_grpc(channel_->GetState(/*try_to_connect=*/false));
 }
 
-// gRPC reconnects a channel in TRANSIENT_FAILURE on its own, but a channel whose connection
-// closed goes IDLE and would stay there until the next call. Asking for the state with
-// try_to_connect keeps it connecting, so the runtime's return is noticed (and reported) even
-// when nothing is calling.
-//
-// While READY the watcher only looks once every kReadyPoll, so calls can take a lost
-// connection through a whole reconnect between two looks. A call that fails with UNAVAILABLE
-// on a channel that is no longer READY therefore tells the watcher at once (note_call_lost):
-// every outage that a call saw is reported as lost and then reconnected.
+// The watcher follows the channel's state with gRPC's state-change notification, with no
+// deadline: it sleeps until the state changes (or the client is destroyed), so an idle node
+// costs no wakeup. gRPC reconnects a channel in TRANSIENT_FAILURE on its own, but a channel
+// whose connection closed goes IDLE and would stay there until the next call; asking for the
+// state with try_to_connect keeps it connecting, so the runtime's return is noticed (and
+// reported) even when nothing is calling. A change away from READY is a lost connection even
+// when the channel is READY again by the time the watcher looks.
 void GrpcCriClient::watch_connectivity() {
   bool ever_ready = false;
   bool lost = false;
+  bool left_ready = false;
   auto last = GRPC_CHANNEL_IDLE;
-  while (!stopping_.load()) {
-    auto s = channel_->GetState(/*try_to_connect=*/true);
-    bool call_saw_loss = false;
+  while (true) {
+    grpc_connectivity_state s;
     {
-      std::lock_guard lk(stop_mu_);
-      std::swap(call_saw_loss, call_saw_loss_);
-    }
-    if (call_saw_loss && ever_ready && !lost) {
-      lost = true;
-      spdlog::warn(
-          "CRI runtime at {}: connection lost (a call failed with UNAVAILABLE), "
-          "reconnecting",
-          target_);
-    }
-    if (s != last || (s == GRPC_CHANNEL_READY && lost)) {
-      if (s == GRPC_CHANNEL_READY) {
-        if (lost) {
-          reconnects_.fetch_add(1, std::memory_order_relaxed);
-          spdlog::info("CRI runtime at {}: reconnected", target_);
-          if (options_.on_reconnect) options_.on_reconnect();
-        } else if (!ever_ready) {
-          spdlog::info("CRI runtime at {}: connected", target_);
-        }
-        ever_ready = true;
-        lost = false;
-      } else if (ever_ready && !lost) {
+      std::lock_guard lk(watch_mu_);
+      if (stopping_) break;
+      s = channel_->GetState(/*try_to_connect=*/true);
+      if (left_ready && ever_ready && !lost) {
         lost = true;
         spdlog::warn("CRI runtime at {}: connection lost ({}), reconnecting", target_,
-                     connection_state_name(from_grpc(s)));
+                     connection_state_name(from_grpc(s == GRPC_CHANNEL_READY ? GRPC_CHANNEL_IDLE : s)));
       }
-      last = s;
+      if (s != last || (s == GRPC_CHANNEL_READY && lost)) {
+        if (s == GRPC_CHANNEL_READY) {
+          if (lost) {
+            reconnects_.fetch_add(1, std::memory_order_relaxed);
+            spdlog::info("CRI runtime at {}: reconnected", target_);
+            if (options_.on_reconnect) options_.on_reconnect();
+          } else if (!ever_ready) {
+            spdlog::info("CRI runtime at {}: connected", target_);
+          }
+          ever_ready = true;
+          lost = false;
+        } else if (ever_ready && !lost) {
+          lost = true;
+          spdlog::warn("CRI runtime at {}: connection lost ({}), reconnecting", target_,
+                       connection_state_name(from_grpc(s)));
+        }
+        last = s;
+        if (options_.on_state_change) options_.on_state_change();
+      }
+      channel_->NotifyOnStateChange(s, gpr_inf_future(GPR_CLOCK_REALTIME), &watch_cq_, this);
     }
-    if (s == GRPC_CHANNEL_READY) {
-      std::unique_lock lk(stop_mu_);
-      stop_cv_.wait_for(lk, kReadyPoll, [&] { return stopping_.load() || call_saw_loss_; });
-    } else {
-      channel_->WaitForStateChange(s, std::chrono::system_clock::now() + kWatchPoll);
-    }
+    void* tag;
+    bool ok;
+    if (!watch_cq_.Next(&tag, &ok)) break;
+    left_ready = ok && s == GRPC_CHANNEL_READY;
   }
-}
-
-void GrpcCriClient::note_call_lost() {
-  {
-    std::lock_guard lk(stop_mu_);
-    call_saw_loss_ = true;
-  }
-  stop_cv_.notify_all();
 }
 
 template <typename Response, typename Invoke>
@@ -196,10 +182,6 @@ Result<Response> GrpcCriClient::invoke(CriMethod method, std::chrono::millisecon
   Response response;
   grpc::Status st = rpc(&ctx, &response);
   stats_.record(method, st.error_code());
-  // UNAVAILABLE on a channel that is still READY is the runtime's own answer, not an outage.
-  if (st.error_code() == grpc::StatusCode::UNAVAILABLE &&
-      channel_->GetState(/*try_to_connect=*/false) != GRPC_CHANNEL_READY)
-    note_call_lost();
   if (!st.ok()) {
     return Error{st.error_code(), fmt::format("CRI {} failed: {}: {}", cri_method_name(method),
                                               grpc_code_name(st.error_code()), st.error_message())};

@@ -26,6 +26,8 @@
 #include <thread>
 
 #include "common/result.h"
+#include <grpcpp/completion_queue.h>
+
 #include "cri/api.grpc.pb.h"
 #include "cri/call_slots.h"
 #include "cri/call_stats.h"
@@ -49,6 +51,9 @@ struct GrpcCriClientOptions {
   // READY connection (not on the first connection). Keep it short and do not destroy the
   // client from inside it.
   std::function<void()> on_reconnect;
+  // Called on the watcher thread after every change of the channel's state (state() then
+  // reports the new one); same rules as on_reconnect.
+  std::function<void()> on_state_change;
 };
 
 // The gRPC channel's connectivity state.
@@ -97,7 +102,6 @@ class GrpcCriClient final : public CriClient {
  private:
   GrpcCriClient(std::string target, GrpcCriClientOptions options);
   void watch_connectivity();
-  void note_call_lost();  // a call failed with UNAVAILABLE on a channel that is not READY
   template <typename Response, typename Invoke>
   Result<Response> invoke(CriMethod method, std::chrono::milliseconds timeout, Invoke&& rpc);
 
@@ -108,10 +112,9 @@ class GrpcCriClient final : public CriClient {
   CallSlots slots_;
   CallStats stats_;
   std::atomic<uint64_t> reconnects_{0};
-  std::atomic<bool> stopping_{false};
-  std::mutex stop_mu_;
-  std::condition_variable stop_cv_;
-  bool call_saw_loss_ = false;  // guarded by stop_mu_
+  std::mutex watch_mu_;  // the watcher's use of channel_ against its destruction
+  bool stopping_ = false;  // guarded by watch_mu_
+  grpc::CompletionQueue watch_cq_;
   std::thread watcher_;
 };
 

@@ -37,6 +37,7 @@ Result<std::unique_ptr<Daemon>> Daemon::start(const DaemonOptions& opts) {
 
   cri::GrpcCriClientOptions co;
   co.call_timeout = opts.cri_timeout;
+  co.on_state_change = [self] { self->health_changed(); };
   co.on_reconnect = [self] {
     spdlog::info("container runtime reachable again");
     if (self->reconciler_) self->reconciler_->request("runtime reconnect");
@@ -90,6 +91,7 @@ Status Daemon::start_ebpf() {
   reconciler_->set_on_run([this](const pleg::ReconcilerStats& rs, bool ok) {
     metrics_.relist_duration.observe(std::chrono::duration<double>(rs.last_duration).count());
     if (ok) metrics_.last_seen.set_to_current_time();
+    health_changed();
   });
   tracker_->set_inconsistency_handler(
       [this](const std::string& why) { reconciler_->request("tracker: " + why); });
@@ -111,6 +113,7 @@ Status Daemon::start_ebpf() {
     metrics_.lost_events.inc(double(n));
     reconciler_->request("kernel events lost: " + std::to_string(n));
   };
+  sink.on_stopped = [this] { health_changed(); };
   if (auto st = kernel_->start(sink); !st) return st;
   // The index is seeded after the kernel source attached, so that no mkdir falls between.
   if (auto st = index_->seed(kernel_->stats().cgroup2_mount); !st) return st;
@@ -214,7 +217,11 @@ api::HealthReport Daemon::health() {
     auto threshold = 2 * opts_.reconcile_period + std::chrono::seconds(60);
     if (!rs.last_success) {
       fail("no successful reconcile yet" + (rs.last_error.empty() ? "" : ": " + rs.last_error));
-    } else if (std::chrono::system_clock::now() - *rs.last_success > threshold) {
+    } else if (auto age = std::chrono::system_clock::now() - *rs.last_success; age <= threshold) {
+      // Healthy until the last success grows too old (each reconcile announces itself).
+      r.recheck_in = std::chrono::duration_cast<std::chrono::milliseconds>(threshold - age) +
+                     std::chrono::milliseconds(1);
+    } else {
       fail("last successful reconcile " +
            std::to_string(std::chrono::duration_cast<std::chrono::seconds>(
                               std::chrono::system_clock::now() - *rs.last_success)
@@ -238,8 +245,20 @@ api::HealthReport Daemon::health() {
                           ") failed inspection " + std::to_string(p.attempts) + " times: " + p.error);
     }
     if (!fallback_reason_.empty()) r.reasons.push_back("relist mode because: " + fallback_reason_);
+    // Relist mode polls the runtime anyway: its health follows the relist period.
+    r.recheck_in = opts_.relist_period;
   }
   return r;
+}
+
+void Daemon::set_health_listener(std::function<void()> fn) {
+  std::lock_guard lk(health_listener_mu_);
+  health_listener_ = std::move(fn);
+}
+
+void Daemon::health_changed() {
+  std::lock_guard lk(health_listener_mu_);
+  if (health_listener_) health_listener_();
 }
 
 api::DaemonStats Daemon::stats() {

@@ -5,7 +5,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -53,6 +55,7 @@ class Daemon : public api::StateProvider, public api::HealthProvider, public api
 
   api::StateSnapshot snapshot() override;
   api::HealthReport health() override;
+  void set_health_listener(std::function<void()> fn) override;
   api::DaemonStats stats() override;
 
   // Components, for metrics and tests.
@@ -68,6 +71,8 @@ class Daemon : public api::StateProvider, public api::HealthProvider, public api
   Status start_relist();
 
   void on_kernel_event(const kernel::KernelEvent& ev);
+  // An input of health() changed: tells the health listener.
+  void health_changed();
 
   DaemonOptions opts_;
   metrics::Registry registry_;
@@ -84,6 +89,8 @@ class Daemon : public api::StateProvider, public api::HealthProvider, public api
   std::unique_ptr<kernel::BpfKernelSource> kernel_;
   std::unique_ptr<pleg::GenericRelist> relist_;
   std::atomic<bool> stopped_{false};
+  std::mutex health_listener_mu_;  // held while the listener runs: unset means never called
+  std::function<void()> health_listener_;
 };
 
 }  // namespace kpleg::daemon

@@ -209,7 +209,11 @@ void BpfKernelSource::consume_loop() {
   bool running = true;
   while (running) {
     epoll_event out[2];
-    int n = epoll_wait(ep, out, 2, int(opts_.loss_check_interval.count()));
+    // Loss is checked after each drain, not on a timer: the kernel drops a record only while
+    // the ring is full, i.e. while records wait that this loop will drain afterwards.
+    const int timeout =
+        opts_.loss_check_interval.count() > 0 ? int(opts_.loss_check_interval.count()) : -1;
+    int n = epoll_wait(ep, out, 2, timeout);
     if (n < 0 && errno != EINTR) {
       spdlog::error("kernel source: epoll_wait: {}", std::strerror(errno));
       break;
@@ -222,10 +226,11 @@ void BpfKernelSource::consume_loop() {
       spdlog::error("kernel source: consuming the ring buffer: {}", std::strerror(-err));
       break;
     }
-    check_loss();
+    if (err > 0 || n == 0) check_loss();
   }
   close(ep);
   consuming_ = false;
+  if (running && sink_.on_stopped) sink_.on_stopped();
 }
 
 void BpfKernelSource::stop() {

@@ -25,12 +25,16 @@ namespace kpleg::kernel {
 struct KernelSourceOptions {
   BpfOptions bpf;
   std::string cgroup_base = "/sys/fs/cgroup";  // cgroup2 is found here or at <base>/unified
-  std::chrono::milliseconds loss_check_interval{1000};
+  // Ring-buffer loss (the drop counter) is read after each drain of the ring, which catches
+  // every loss (a record is dropped only while the ring is full, so a drain follows). A
+  // positive interval adds a periodic check; 0: no timer, the thread sleeps until records come.
+  std::chrono::milliseconds loss_check_interval{0};
 };
 
 struct KernelSink {
   std::function<void(const KernelEvent&)> on_event;
   std::function<void(uint64_t lost)> on_loss;  // records lost since the last report
+  std::function<void()> on_stopped;  // the consuming thread ended on an error
 };
 
 struct KernelSourceStats {
