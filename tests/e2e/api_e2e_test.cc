@@ -92,6 +92,45 @@ TEST_F(ApiE2eTest, HealthFollowsTheRuntimeWithoutARestart) {
   EXPECT_EQ((*d)->stop(), 0);
 }
 
+// A container the kernel path cannot see (here: its cgroup is below a root kplegd was told not
+// to track) is named in health and counted in kpleg_uncovered_containers, instead of silently
+// getting its events at reconcile speed only; the same pod seen by a kplegd with the default
+// roots is covered.
+TEST_F(ApiE2eTest, ContainersTheKernelPathCannotSeeAreNamedAndCounted) {
+  auto pod = launch_pod(endpoint_, namespace_, "unseen", 1, "sleep 600");
+  ASSERT_TRUE(pod.ok()) << pod.error().message;
+  auto uncovered = [&](KplegdProcess& d) {
+    int port = metrics_port(d);
+    auto r = run_process({"curl", "-sf", "http://127.0.0.1:" + std::to_string(port) + "/metrics"},
+                         10s);
+    if (!r.ok() || r->exit_code != 0) return -1.0;
+    auto at = r->out.find("\nkpleg_uncovered_containers ");
+    return at == std::string::npos ? -1.0 : std::stod(r->out.substr(at + 28));
+  };
+
+  auto blind = start_kplegd(endpoint_, "ebpf", {"--cgroup-root", "not-kubepods"});
+  ASSERT_TRUE(blind.ok()) << blind.error().message;
+  // The start-up sync has run (start_kplegd waits for it): the pod's sandbox and container.
+  EXPECT_EQ(uncovered(**blind), 2) << (*blind)->log();
+  auto health = kplegctl(socket_of(**blind), {"health"});
+  ASSERT_TRUE(health.ok());
+  EXPECT_EQ(health->exit_code, 0) << "degraded, not failing: " << health->out;
+  EXPECT_NE(health->out.find("2 running containers and sandboxes are not seen by the kernel path"),
+            std::string::npos)
+      << health->out;
+  EXPECT_NE(health->out.find("/" + pod->name), std::string::npos) << "names one: " << health->out;
+  EXPECT_NE((*blind)->log().find("not seen by the kernel path"), std::string::npos);
+  EXPECT_EQ((*blind)->stop(), 0);
+
+  auto seeing = start_kplegd(endpoint_, "ebpf");
+  ASSERT_TRUE(seeing.ok()) << seeing.error().message;
+  EXPECT_EQ(uncovered(**seeing), 0) << (*seeing)->log();
+  health = kplegctl(socket_of(**seeing), {"health"});
+  ASSERT_TRUE(health.ok());
+  EXPECT_EQ(health->out, "healthy\n");
+  EXPECT_EQ((*seeing)->stop(), 0);
+}
+
 TEST_F(ApiE2eTest, PromtoolAcceptsLiveMetricsAndCountersMove) {
   auto d = start_kplegd(endpoint_, "ebpf");
   ASSERT_TRUE(d.ok()) << d.error().message;

@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <utility>
+
 #include <map>
 
 namespace kpleg::daemon {
@@ -93,6 +95,8 @@ Status Daemon::start_ebpf() {
     if (ok) metrics_.last_seen.set_to_current_time();
     health_changed();
   });
+  reconciler_->set_on_view(
+      [this](const std::vector<pleg::RuntimeContainer>& view) { check_coverage(view); });
   tracker_->set_inconsistency_handler(
       [this](const std::string& why) { reconciler_->request("tracker: " + why); });
   metrics_.on_scrape([this] {
@@ -228,6 +232,19 @@ api::HealthReport Daemon::health() {
                               .count()) +
            " s ago" + (rs.last_error.empty() ? "" : ": " + rs.last_error));
     }
+    {
+      // Degraded, not failing: those containers' events still come, at reconcile speed.
+      std::lock_guard lk(coverage_mu_);
+      if (uncovered_ > 0) {
+        r.reasons.push_back(
+            std::to_string(uncovered_) +
+            " running containers and sandboxes are not seen by the kernel path, e.g. " +
+            uncovered_example_ + "; their events come only from the reconcile (every " +
+            std::to_string(
+                std::chrono::duration_cast<std::chrono::seconds>(opts_.reconcile_period).count()) +
+            " s)");
+      }
+    }
     // A pod whose runtime calls fail is named, but does not make the node's events unhealthy:
     // every other pod is confirmed by other workers.
     for (const auto& t : tracker_->troubled_pods()) {
@@ -249,6 +266,40 @@ api::HealthReport Daemon::health() {
     r.recheck_in = opts_.relist_period;
   }
   return r;
+}
+
+void Daemon::check_coverage(const std::vector<pleg::RuntimeContainer>& view) {
+  // A running container is covered when its cgroup is indexed and tracked in the kernel. One
+  // that is not either lives under a root the BPF programs do not track (--cgroup-root), or
+  // has no cgroup of its own on this host (a VM-based or user-space kernel runtime: kata,
+  // gVisor), so no exec or exit of it will ever be seen.
+  size_t uncovered = 0;
+  std::string example;
+  for (const auto& rc : view) {
+    if (rc.state != pleg::ContainerState::kRunning) continue;
+    auto cgroup = index_->find_container(rc.id);
+    if (cgroup && kernel_->program()->is_tracked(*cgroup)) continue;
+    if (uncovered++ > 0) continue;
+    example = std::string(rc.sandbox ? "sandbox " : "container ") + rc.pod_namespace + "/" +
+              rc.pod_name + (rc.sandbox ? "" : "/" + rc.name) + " (" + rc.id.substr(0, 12) + "): " +
+              (cgroup ? "its cgroup is not below a tracked root (--cgroup-root)"
+                      : "no cgroup of it on this host matches the kubelet's layout");
+  }
+  metrics_.uncovered_containers.set(double(uncovered));
+  size_t before;
+  {
+    std::lock_guard lk(coverage_mu_);
+    before = std::exchange(uncovered_, uncovered);
+    uncovered_example_ = example;
+  }
+  if (uncovered > 0 && before == 0) {
+    spdlog::warn("{} running containers and sandboxes are not seen by the kernel path, e.g. {}; "
+                 "their events come only from the reconcile",
+                 uncovered, example);
+  } else if (uncovered == 0 && before > 0) {
+    spdlog::info("every running container is seen by the kernel path again");
+  }
+  if ((uncovered > 0) != (before > 0)) health_changed();
 }
 
 void Daemon::set_health_listener(std::function<void()> fn) {

@@ -73,6 +73,8 @@ class Daemon : public api::StateProvider, public api::HealthProvider, public api
   void on_kernel_event(const kernel::KernelEvent& ev);
   // An input of health() changed: tells the health listener.
   void health_changed();
+  // Which running containers of a reconcile's view the kernel path does not see.
+  void check_coverage(const std::vector<pleg::RuntimeContainer>& view);
 
   DaemonOptions opts_;
   metrics::Registry registry_;
@@ -89,6 +91,9 @@ class Daemon : public api::StateProvider, public api::HealthProvider, public api
   std::unique_ptr<kernel::BpfKernelSource> kernel_;
   std::unique_ptr<pleg::GenericRelist> relist_;
   std::atomic<bool> stopped_{false};
+  std::mutex coverage_mu_;
+  size_t uncovered_ = 0;            // guarded by coverage_mu_
+  std::string uncovered_example_;   // one of them, described; guarded by coverage_mu_
   std::mutex health_listener_mu_;  // held while the listener runs: unset means never called
   std::function<void()> health_listener_;
 };

@@ -68,6 +68,10 @@ KplegMetrics::KplegMetrics(Registry& r)
                               "Containers and sandboxes held by the tracker, removed ones "
                               "included until they expire.")
                           .get()),
+      uncovered_containers(r.gauge("kpleg_uncovered_containers",
+                                   "Running containers and sandboxes the last reconcile listed "
+                                   "that the kernel path does not see.")
+                               .get()),
       registry_(r) {
   r.gauge("kpleg_build_info", "kpleg's version; always 1.", {"version"})
       .with({KPLEG_VERSION})

@@ -58,6 +58,10 @@ struct KplegMetrics {
   // kpleg_tracked_records: containers and sandboxes the ebpf-mode tracker holds in memory,
   // removed ones included until they expire.
   Gauge& tracked_records;
+  // kpleg_uncovered_containers: running containers and sandboxes that the last reconcile listed
+  // but that the kernel path does not see (their cgroup is not under a tracked root, or they
+  // have none on the host: kata, gVisor): their events come from the reconcile alone.
+  Gauge& uncovered_containers;
 
   void set_mode(std::string_view active);
 
@@ -79,7 +83,7 @@ struct KplegMetrics {
 };
 
 // The metric names, for docs and tests.
-inline constexpr std::array<std::string_view, 16> kMetricNames = {
+inline constexpr std::array<std::string_view, 17> kMetricNames = {
     "kubelet_pleg_relist_duration_seconds",
     "kubelet_pleg_relist_interval_seconds",
     "kubelet_pleg_last_seen_seconds",
@@ -95,6 +99,7 @@ inline constexpr std::array<std::string_view, 16> kMetricNames = {
     "kpleg_mode",
     "kpleg_foreign_containers_total",
     "kpleg_tracked_records",
+    "kpleg_uncovered_containers",
     "kpleg_build_info",
 };
 

@@ -59,6 +59,7 @@ Status Reconciler::run_once(const std::string& reason, bool initial) {
   // Until one sync succeeded, the tracker has no baseline: that first view is the start-up sync.
   bool as_initial = initial || !initial_done_;
   tracker_.reconcile(*view, as_initial);
+  if (on_view_) on_view_(*view);
   initial_done_ = true;
   stats_.last_success = std::chrono::system_clock::now();
   stats_.last_error.clear();

@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "cri/cri_client.h"
 #include "pleg/tracker.h"
@@ -42,6 +43,11 @@ class Reconciler {
   ReconcilerStats stats() const;
   // Called after every run (on the reconciler's thread), with whether it succeeded.
   void set_on_run(std::function<void(const ReconcilerStats&, bool ok)> fn) { on_run_ = std::move(fn); }
+  // Called with every runtime view a run listed (on the reconciler's thread), after the
+  // tracker applied it. Set before start().
+  void set_on_view(std::function<void(const std::vector<RuntimeContainer>&)> fn) {
+    on_view_ = std::move(fn);
+  }
 
  private:
   Status run_once(const std::string& reason, bool initial);
@@ -57,6 +63,7 @@ class Reconciler {
   bool initial_done_ = false;
   ReconcilerStats stats_;
   std::function<void(const ReconcilerStats&, bool)> on_run_;
+  std::function<void(const std::vector<RuntimeContainer>&)> on_view_;
   std::thread thread_;
 };
 

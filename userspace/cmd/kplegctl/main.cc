@@ -183,7 +183,10 @@ int main(int argc, char** argv) {
     return report_rpc_error(*health_cmd ? "health" : "stats", st, conn);
   if (*health_cmd) {
     if (resp.healthy()) {
+      // Healthy, with what is degraded but not failing (a pod whose calls fail, containers
+      // the kernel path cannot see), if anything.
       print_line("healthy");
+      for (const auto& r : resp.health_reasons()) print_line("- " + r);
       return 0;
     }
     print_line("unhealthy");
