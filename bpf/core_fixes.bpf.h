@@ -26,6 +26,17 @@ static __always_inline bool kpleg__task_group_dead(struct task_struct *task)
 }
 
 /*
+ * Whether the OOM killer chose this task's process as its victim: mark_oom_victim() sets
+ * signal->oom_mm (since 4.8) on the victim and it stays until the signal struct is freed, after
+ * the exit. An exiting task can be marked too (to let it free its memory first), so only a
+ * death by SIGKILL counts.
+ */
+static __always_inline bool kpleg__oom_victim(struct task_struct *task, __u32 sig)
+{
+	return sig == 9 /* SIGKILL */ && BPF_CORE_READ(task, signal, oom_mm) != NULL;
+}
+
+/*
  * Parent of a cgroup.
  *
  * Linux 6.15 renamed kernfs_node::parent to __parent (RCU-protected access), so walking the

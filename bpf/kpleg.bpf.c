@@ -7,7 +7,8 @@
  *  cgroup_rmdir   of a tracked cgroup                                  -> emit, untrack
  *  sched_process_exec  first exec in a tracked cgroup  ("container started")
  *  sched_process_exit  death of that process's group   ("container died")
- *  oom:mark_victim     OOM kill in a tracked cgroup    (so the death can say OOMKilled)
+ *  oom:mark_victim     OOM kill in a tracked cgroup    (counted and traced; the death's own
+ *                                                      OOM flag comes from the exit)
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -296,6 +297,13 @@ int BPF_PROG(sched_process_exit, struct task_struct *task)
 	e->_pad0 = 0;
 	if (code & 0x80)
 		e->hdr.flags |= KPLEG_FLAG_CORE_DUMPED;
+	/*
+	 * The OOM kill is read off the dying init itself: oom:mark_victim runs in the context of
+	 * the task whose allocation failed, which can be another container of the pod (a pod-level
+	 * limit) or of the node, and a child's OOM kill does not end the container.
+	 */
+	if (kpleg__oom_victim(task, e->signal))
+		e->hdr.flags |= KPLEG_FLAG_OOM_KILLED;
 	event__submit(e);
 	return 0;
 }

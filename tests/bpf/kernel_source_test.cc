@@ -265,6 +265,85 @@ TEST_F(KernelSourceTest, ExitBySignalReportsTheSignal) {
   }
 }
 
+// A memory limit of 32 MiB for a test process in the tracked cgroup `ctr`: on a hybrid host a
+// cgroup of the v1 memory hierarchy (the shell joins it with the returned command), on a pure
+// cgroup2 host `ctr` itself (memory enabled down to it). Removed with the object.
+class MemoryLimit {
+ public:
+  static Result<MemoryLimit> create(const std::string& mount, const std::string& ctr,
+                                    const std::string& name) {
+    MemoryLimit m;
+    const std::string v1 = "/sys/fs/cgroup/memory";
+    if (access((v1 + "/memory.limit_in_bytes").c_str(), F_OK) == 0) {
+      m.dir_ = v1 + "/" + name;
+      if (mkdir(m.dir_.c_str(), 0755) != 0 && errno != EEXIST) return Error::from_errno(errno, m.dir_);
+      if (!write(m.dir_ + "/memory.limit_in_bytes", "33554432"))
+        return Error{EIO, "cannot limit " + m.dir_};
+      write(m.dir_ + "/memory.memsw.limit_in_bytes", "33554432");  // absent without swap accounting
+      m.join_ = "echo $$ > " + m.dir_ + "/cgroup.procs; ";
+      return m;
+    }
+    // cgroup2: every level from the mount down to ctr's parent passes the controller on.
+    for (size_t at = mount.size(); at != std::string::npos && at < ctr.size();
+         at = ctr.find('/', at + 1)) {
+      if (!write(ctr.substr(0, at) + "/cgroup.subtree_control", "+memory"))
+        return Error{ENOTSUP, "no memory controller to delegate below " + ctr.substr(0, at)};
+    }
+    if (!write(ctr + "/memory.max", "33554432")) return Error{ENOTSUP, "cannot limit " + ctr};
+    return m;
+  }
+  MemoryLimit(MemoryLimit&& o) noexcept : dir_(std::exchange(o.dir_, "")), join_(o.join_) {}
+  ~MemoryLimit() {
+    if (!dir_.empty()) rmdir(dir_.c_str());
+  }
+  // Shell commands that put the shell under the limit.
+  const std::string& join() const { return join_; }
+
+ private:
+  MemoryLimit() = default;
+  static bool write(const std::string& path, const std::string& value) {
+    std::ofstream f(path);
+    f << value;
+    f.flush();
+    return bool(f);
+  }
+  std::string dir_, join_;
+};
+
+// The exit record says whether the OOM killer ended the init itself, read off the dying process
+// (oom:mark_victim runs in the allocating task's context, which need not be the victim's
+// container, and a child's OOM kill does not end the container).
+TEST_F(KernelSourceTest, AnOomKilledInitsExitSaysSoAndAChildsOomKillDoesNot) {
+  start();
+  auto run = [&](char id, const std::string& script) -> std::optional<ProcessExit> {
+    auto ctr = make_tree(container_path(id));
+    EXPECT_TRUE(ctr.ok());
+    if (!ctr.ok()) return std::nullopt;
+    auto limit = MemoryLimit::create(mount_, ctr->path(),
+                                     "kpleg-oom-test-" + std::to_string(getpid()) + id);
+    EXPECT_TRUE(limit.ok()) << limit.error().message;
+    if (!limit.ok()) return std::nullopt;
+    auto status = run_in_cgroup(ctr->path(), {"/bin/sh", "-c", limit->join() + script});
+    EXPECT_TRUE(status.ok());
+    EXPECT_TRUE(collector_.wait_for(
+        [&](const auto& evs) { return count_kind(filter_cgroups(evs, {ctr->id()}), "exit") == 1; },
+        kDeadline));
+    for (const auto& e : collector_.for_cgroups({ctr->id()}))
+      if (auto* x = std::get_if<ProcessExit>(&e.body)) return *x;
+    return std::nullopt;
+  };
+  auto killed = run('e', "exec tail /dev/zero");
+  ASSERT_TRUE(killed.has_value());
+  EXPECT_EQ(killed->signal, unsigned(SIGKILL));
+  EXPECT_TRUE(killed->oom_killed);
+
+  auto survivor = run('f', "tail /dev/zero; exit 3");
+  ASSERT_TRUE(survivor.has_value());
+  EXPECT_EQ(survivor->exit_code, 3u);
+  EXPECT_EQ(survivor->signal, 0u);
+  EXPECT_FALSE(survivor->oom_killed);
+}
+
 TEST_F(KernelSourceTest, UntrackedCgroupProducesNothingFor1000Execs) {
   start();
   auto other = make_tree(base_->path() + "/not-kubernetes/" + hex_id('c'));

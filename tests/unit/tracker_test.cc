@@ -98,10 +98,10 @@ class TrackerTest : public ::testing::Test {
     ev.body = kernel::ProcessExec{cgroup_of(id), 100, 100, 1, "sh", "/bin/sh"};
     tracker_->on_kernel_event(ev);
   }
-  void kernel_exit(const std::string& id, uint32_t code) {
+  void kernel_exit(const std::string& id, uint32_t code, bool oom_killed = false) {
     kernel::KernelEvent ev;
     ev.ktime_ns = 2;
-    ev.body = kernel::ProcessExit{cgroup_of(id), 100, code, 0, false};
+    ev.body = kernel::ProcessExit{cgroup_of(id), 100, code, oom_killed ? 9u : 0u, false, oom_killed};
     tracker_->on_kernel_event(ev);
   }
   void kernel_rmdir(uint64_t cgroup) {
@@ -241,9 +241,22 @@ TEST_F(TrackerTest, OomKillNamesTheReason) {
   ASSERT_TRUE(wait_types(id, {"ContainerStarted"}));
   ASSERT_TRUE(cri_.exit_container(id, 137, "").ok());
   kernel_oom(id);
-  kernel_exit(id, 137);
+  kernel_exit(id, 0, /*oom_killed=*/true);
   ASSERT_TRUE(wait_types(id, {"ContainerStarted", "ContainerDied"}));
   EXPECT_EQ(sink_.events().back().reason, "OOMKilled");
+}
+
+// oom:mark_victim names the cgroup of the task whose allocation failed: another container of
+// the pod under a pod-level limit, or a child of this one whose death does not end it. Only
+// the init's own exit says whether the OOM killer ended the container.
+TEST_F(TrackerTest, AnOomKillInTheCgroupThatDidNotKillTheInitDoesNotNameTheDeath) {
+  auto id = started("survivor");
+  kernel_oom(id);  // a child was OOM-killed; the container lives on
+  ASSERT_TRUE(cri_.exit_container(id, 3, "").ok());
+  kernel_exit(id, 3);
+  ASSERT_TRUE(wait_types(id, {"ContainerStarted", "ContainerDied"}));
+  EXPECT_EQ(sink_.events().back().reason, "");
+  EXPECT_EQ(sink_.events().back().exit_code, 3);
 }
 
 TEST_F(TrackerTest, SandboxIsConfirmedThroughPodSandboxStatus) {

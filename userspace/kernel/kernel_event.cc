@@ -120,7 +120,8 @@ Result<KernelEvent> decode_event(std::span<const std::byte> rec, DecodeStats* st
       kpleg_exit_event raw;
       if (!exact_size(rec, hdr, stats, &raw)) return reject("exit record size");
       ev.body = ProcessExit{raw.cgroup_id, raw.pid, raw.exit_code, raw.signal,
-                            (hdr.flags & KPLEG_FLAG_CORE_DUMPED) != 0};
+                            (hdr.flags & KPLEG_FLAG_CORE_DUMPED) != 0,
+                            (hdr.flags & KPLEG_FLAG_OOM_KILLED) != 0};
       return ev;
     }
     case KPLEG_EVENT_OOM: {
@@ -165,6 +166,7 @@ std::string to_json_line(const KernelEvent& ev) {
           j["exit_code"] = b.exit_code;
           j["signal"] = b.signal;
           if (b.core_dumped) j["core_dumped"] = true;
+          if (b.oom_killed) j["oom_killed"] = true;
         } else if constexpr (std::is_same_v<T, OomKill>) {
           j["pid"] = b.victim_pid;
         }

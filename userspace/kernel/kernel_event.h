@@ -73,6 +73,7 @@ struct ProcessExit {
   uint32_t exit_code = 0;
   uint32_t signal = 0;
   bool core_dumped = false;
+  bool oom_killed = false;  // the OOM killer killed this init (read at its exit)
 };
 
 struct OomKill {

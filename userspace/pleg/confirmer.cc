@@ -32,12 +32,12 @@ void Confirmer::on_signal(const std::string& id, const std::string& pod_uid, Sig
         want = Want::kRunning;
         break;
       case Signal::kExit:
+      case Signal::kExitOom:
         rec.kernel_exit_ts = ts_ns;
+        // The Died event says OOMKilled unless the runtime gives its own reason.
+        if (signal == Signal::kExitOom) rec.oom_killed = true;
         want = Want::kExited;
         break;
-      case Signal::kOom:
-        rec.oom_killed = true;  // the exit that follows says OOMKilled
-        return;
       case Signal::kRmdir:
         // runc removes the cgroup after the init died: it confirms a death.
         if (rank(rec.reported) >= rank(ContainerState::kExited)) return;

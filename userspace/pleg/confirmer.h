@@ -17,7 +17,8 @@ namespace kpleg::pleg {
 
 class Confirmer {
  public:
-  enum class Signal { kExec, kExit, kOom, kRmdir };
+  // kExitOom: the init's exit, killed by the OOM killer (read off the init itself).
+  enum class Signal { kExec, kExit, kExitOom, kRmdir };
 
   explicit Confirmer(TrackerCore& core) : core_(core) {}
 

@@ -47,10 +47,12 @@ void Tracker::on_kernel_event(const kernel::KernelEvent& ev) {
   Confirmer::Signal signal;
   if (std::holds_alternative<kernel::ProcessExec>(ev.body)) {
     signal = Confirmer::Signal::kExec;
-  } else if (std::holds_alternative<kernel::ProcessExit>(ev.body)) {
-    signal = Confirmer::Signal::kExit;
+  } else if (auto* exit = std::get_if<kernel::ProcessExit>(&ev.body)) {
+    signal = exit->oom_killed ? Confirmer::Signal::kExitOom : Confirmer::Signal::kExit;
   } else if (std::holds_alternative<kernel::OomKill>(ev.body)) {
-    signal = Confirmer::Signal::kOom;
+    // Counted and traced only: it names the cgroup of the task whose allocation failed, not
+    // the victim's; the victim's exit carries the OOM kill (ProcessExit::oom_killed).
+    return;
   } else {
     signal = Confirmer::Signal::kRmdir;
   }
