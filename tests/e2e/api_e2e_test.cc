@@ -34,6 +34,16 @@ class ApiE2eTest : public CriTestBedTest {
     std::regex re("/readyz on 127\\.0\\.0\\.1:([0-9]+)");
     return std::regex_search(log, m, re) ? std::stoi(m[1].str()) : 0;
   }
+  // kplegd's /metrics text, empty when the scrape failed.
+  std::string scrape(int port) {
+    auto r = run_process({"curl", "-sf", "http://127.0.0.1:" + std::to_string(port) + "/metrics"}, 10s);
+    return r.ok() && r->exit_code == 0 ? r->out : std::string();
+  }
+  // The value of one series in a scrape, -1 when it is missing.
+  static double value(const std::string& text, const std::string& series) {
+    auto at = text.find("\n" + series + " ");
+    return at == std::string::npos ? -1.0 : std::stod(text.substr(at + series.size() + 2));
+  }
   Result<ProcessResult> kplegctl(const std::string& socket, std::vector<std::string> args) {
     args.insert(args.begin(), {KPLEGCTL_BIN, "--socket", socket});
     return run_process(args, 20s);
@@ -100,12 +110,7 @@ TEST_F(ApiE2eTest, ContainersTheKernelPathCannotSeeAreNamedAndCounted) {
   auto pod = launch_pod(endpoint_, namespace_, "unseen", 1, "sleep 600");
   ASSERT_TRUE(pod.ok()) << pod.error().message;
   auto uncovered = [&](KplegdProcess& d) {
-    int port = metrics_port(d);
-    auto r = run_process({"curl", "-sf", "http://127.0.0.1:" + std::to_string(port) + "/metrics"},
-                         10s);
-    if (!r.ok() || r->exit_code != 0) return -1.0;
-    auto at = r->out.find("\nkpleg_uncovered_containers ");
-    return at == std::string::npos ? -1.0 : std::stod(r->out.substr(at + 28));
+    return value(scrape(metrics_port(d)), "kpleg_uncovered_containers");
   };
 
   auto blind = start_kplegd(endpoint_, "ebpf", {"--cgroup-root", "not-kubepods"});
@@ -136,22 +141,14 @@ TEST_F(ApiE2eTest, PromtoolAcceptsLiveMetricsAndCountersMove) {
   ASSERT_TRUE(d.ok()) << d.error().message;
   int port = metrics_port(**d);
   ASSERT_GT(port, 0) << (*d)->log();
-  auto scrape = [&] {
-    auto r = run_process({"curl", "-sf", "http://127.0.0.1:" + std::to_string(port) + "/metrics"}, 10s);
-    return r.ok() && r->exit_code == 0 ? r->out : std::string();
-  };
-  auto value = [](const std::string& text, const std::string& series) {
-    auto at = text.find("\n" + series + " ");
-    return at == std::string::npos ? -1.0 : std::stod(text.substr(at + series.size() + 2));
-  };
   const std::string started = "kpleg_events_total{type=\"ContainerStarted\",source=\"kernel\"}";
   const std::string execs = "kpleg_kernel_events_total{kind=\"exec\"}";
-  auto before = scrape();
+  auto before = scrape(port);
   ASSERT_FALSE(before.empty());
   auto pod = launch_pod(endpoint_, namespace_, "metrics", 2, "sh -c 'sleep 1; exit 0'");
   ASSERT_TRUE(pod.ok());
   ASSERT_TRUE(wait_types(**d, pod->container_ids[1], {"ContainerStarted", "ContainerDied"}));
-  auto after = scrape();
+  auto after = scrape(port);
   EXPECT_GE(value(after, started) - value(before, started), 3) << "sandbox + 2 containers";
   EXPECT_GE(value(after, execs) - value(before, execs), 3);
   EXPECT_GT(value(after, "kpleg_detection_latency_seconds_count"),

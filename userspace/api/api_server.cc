@@ -369,15 +369,13 @@ void ApiServer::health_loop() {
   std::unique_lock l(health_mu_);
   while (!stopping_) {
     // Sleeps until the provider announces a change or the last report's deadline passes: no
-    // wake-up while nothing changes.
-    auto woken = [&] { return stopping_ || refresh_requested_; };
-    if (recheck_at_) {
-      if (!health_cv_.wait_until(l, *recheck_at_, woken) && !woken()) recheck_at_.reset();
-    } else {
-      health_cv_.wait(l, [&] { return woken() || recheck_at_.has_value(); });
-      if (!woken()) continue;  // a new deadline: wait for it
-    }
+    // wake-up while nothing changes. A refresh from outside that moves the deadline restarts
+    // the wait.
+    const auto due = recheck_at_;
+    auto woken = [&] { return stopping_ || refresh_requested_ || recheck_at_ != due; };
+    const bool passed = due ? !health_cv_.wait_until(l, *due, woken) : (health_cv_.wait(l, woken), false);
     if (stopping_) break;
+    if (!passed && !refresh_requested_) continue;  // a new deadline: wait for that one
     refresh_requested_ = false;
     l.unlock();
     refresh_health();

@@ -129,27 +129,25 @@ void GrpcCriClient::watch_connectivity() {
       std::lock_guard lk(watch_mu_);
       if (stopping_) break;
       s = channel_->GetState(/*try_to_connect=*/true);
-      if (left_ready && ever_ready && !lost) {
+      // Lost: no longer READY, or it left READY since the last look (and is back already).
+      if (ever_ready && !lost && (left_ready || s != GRPC_CHANNEL_READY)) {
         lost = true;
         spdlog::warn("CRI runtime at {}: connection lost ({}), reconnecting", target_,
-                     connection_state_name(from_grpc(s == GRPC_CHANNEL_READY ? GRPC_CHANNEL_IDLE : s)));
+                     s == GRPC_CHANNEL_READY ? "it left READY"
+                                             : connection_state_name(from_grpc(s)));
       }
-      if (s != last || (s == GRPC_CHANNEL_READY && lost)) {
-        if (s == GRPC_CHANNEL_READY) {
-          if (lost) {
-            reconnects_.fetch_add(1, std::memory_order_relaxed);
-            spdlog::info("CRI runtime at {}: reconnected", target_);
-            if (options_.on_reconnect) options_.on_reconnect();
-          } else if (!ever_ready) {
-            spdlog::info("CRI runtime at {}: connected", target_);
-          }
-          ever_ready = true;
-          lost = false;
-        } else if (ever_ready && !lost) {
-          lost = true;
-          spdlog::warn("CRI runtime at {}: connection lost ({}), reconnecting", target_,
-                       connection_state_name(from_grpc(s)));
+      if (s == GRPC_CHANNEL_READY && (lost || !ever_ready)) {
+        if (lost) {
+          reconnects_.fetch_add(1, std::memory_order_relaxed);
+          spdlog::info("CRI runtime at {}: reconnected", target_);
+          if (options_.on_reconnect) options_.on_reconnect();
+        } else {
+          spdlog::info("CRI runtime at {}: connected", target_);
         }
+        ever_ready = true;
+        lost = false;
+      }
+      if (s != last) {
         last = s;
         if (options_.on_state_change) options_.on_state_change();
       }
