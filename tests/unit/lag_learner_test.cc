@@ -54,7 +54,7 @@ TEST(LagLearner, AFasterRuntimeBringsTheFirstLookBackDown) {
   LagLearner l;
   for (int i = 0; i < 30; ++i) confirm_once(l, ms(40));
   ASSERT_GE(l.first_look(), ms(30));
-  for (int i = 0; i < 100; ++i) confirm_once(l, ms(2));
+  for (int i = 0; i < 200; ++i) confirm_once(l, ms(2));
   EXPECT_LE(l.first_look(), ms(5));
 }
 
@@ -62,6 +62,27 @@ TEST(LagLearner, TheFirstLookIsCapped) {
   LagLearner l(ms(100));
   for (int i = 0; i < 50; ++i) l.settled(ms(5000));
   EXPECT_EQ(l.first_look(), ms(100));
+}
+
+TEST(LagLearner, OneSlowAnswerMovesTheFirstLookLittle) {
+  LagLearner l(ms(100));
+  for (int i = 0; i < 40; ++i) confirm_once(l, ms(10));
+  const auto before = l.first_look();
+  confirm_once(l, ms(95));  // the machine stalled once
+  EXPECT_LE(l.first_look(), before + ms(4));
+}
+
+// A chain that gave way to another (the exit's, to the rmdir's) learns where the other found
+// the answer, so that its own first look comes after it.
+TEST(LagLearner, AnswersFoundByAnotherChainMoveTheFirstLookPastThem) {
+  LagLearner l(ms(100));
+  for (int i = 0; i < 60; ++i) l.found_by_other(ms(25 + i % 6));
+  EXPECT_GE(l.first_look(), ms(25));
+  EXPECT_LE(l.first_look(), ms(31));
+  for (int i = 0; i < 40; ++i) l.found_by_other(ms(5000));
+  EXPECT_EQ(l.first_look(), ms(100)) << "capped";
+  for (int i = 0; i < 400; ++i) l.found_by_other(ms(10));
+  EXPECT_LE(l.first_look(), ms(11)) << "earlier answers bring it back down";
 }
 
 }  // namespace

@@ -610,6 +610,28 @@ TEST_F(TrackerTest, ACgroupRmdirConfirmsAnOverdueDeathAtOnce) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s) << "the rmdir did not make it look now";
 }
 
+// The runtime records a death after it removed the container's cgroup (runc delete), at a
+// steadier time after the rmdir than after the exit: the rmdir starts the death's looks anew
+// instead of leaving them to the exit's chain, whatever step that chain is at.
+TEST_F(TrackerTest, TheCgroupRmdirTakesOverTheLooksForADeath) {
+  TrackerOptions o;
+  o.confirm_retry_first = 3s;  // a missed look waits long: the rmdir must not wait for it
+  restart_tracker(o);
+  auto id = create("app");
+  ASSERT_TRUE(cri_.start_container(id).ok());
+  kernel_exec(id);
+  ASSERT_TRUE(wait_types(id, {"ContainerStarted"}));
+  kernel_exit(id, 0);  // the runtime still says RUNNING: the exit's first look misses
+  ASSERT_TRUE(eventually([&] { return tracker_->stats().confirm_retries == 1; }));
+  const auto calls = cri_.calls(cri::CriMethod::kContainerStatus);
+  ASSERT_TRUE(cri_.exit_container(id, 0).ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  kernel_rmdir(cgroup_of(id));
+  ASSERT_TRUE(wait_types(id, {"ContainerStarted", "ContainerDied"}));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s) << "the rmdir waited for the exit's retry";
+  EXPECT_EQ(cri_.calls(cri::CriMethod::kContainerStatus), calls + 1);
+}
+
 // A pod's first exec is its sandbox's: looked up with PodSandboxStatus at once, not after a
 // ContainerStatus that answers NOT_FOUND.
 TEST_F(TrackerTest, ASandboxStartCostsOneCall) {

@@ -11,69 +11,76 @@ using std::chrono::milliseconds;
 
 void Confirmer::on_signal(const std::string& id, const std::string& pod_uid, Signal signal,
                           uint64_t ts_ns) {
-  Want want = Want::kRunning;
-  milliseconds first_look{0};
-  {
-    std::lock_guard lk(core_.mu);
-    Record& rec = core_.table.at(id, pod_uid);
-    if (rec.foreign) {
-      ++core_.stats.foreign_signals;
-      if (signal == Signal::kRmdir) {
-        // Gone: let the retention forget it.
-        rec.reported = ContainerState::kNonExistent;
-        rec.removed_at = Clock::now();
-      }
-      return;
+  std::lock_guard lk(core_.mu);
+  Record& rec = core_.table.at(id, pod_uid);
+  if (rec.foreign) {
+    ++core_.stats.foreign_signals;
+    if (signal == Signal::kRmdir) {
+      // Gone: let the retention forget it.
+      rec.reported = ContainerState::kNonExistent;
+      rec.removed_at = Clock::now();
     }
-    switch (signal) {
-      case Signal::kExec:
-        rec.kernel_exec_seen = true;
-        rec.kernel_start_ts = ts_ns;
-        want = Want::kRunning;
-        break;
-      case Signal::kExit:
-      case Signal::kExitOom:
-        rec.kernel_exit_ts = ts_ns;
-        // The Died event says OOMKilled unless the runtime gives its own reason.
-        if (signal == Signal::kExitOom) rec.oom_killed = true;
-        want = Want::kExited;
-        break;
-      case Signal::kRmdir:
-        // runc removes the cgroup after the init died: it confirms a death.
-        if (rank(rec.reported) >= rank(ContainerState::kExited)) return;
-        // A confirmation of the exit within its budget is on its way: it needs no help. One
-        // that is past its budget (backing off) or none at all (the exit was never seen, e.g.
-        // the init had moved to a child cgroup): look now.
-        if (rec.kernel_exit_ts != 0 && rec.pending > 0 && !rec.confirm_overdue) return;
-        if (rec.kernel_exit_ts == 0) rec.kernel_exit_ts = ts_ns;
-        want = Want::kExited;
-        break;
-    }
-    ++rec.pending;
-    ++core_.stats.kernel_signals;
-    first_look = learner(want, core_.table.likely_sandbox(rec)).first_look();
+    return;
   }
+  Anchor anchor = Anchor::kExec;
+  switch (signal) {
+    case Signal::kExec:
+      rec.kernel_exec_seen = true;
+      rec.kernel_start_ts = ts_ns;
+      break;
+    case Signal::kExit:
+    case Signal::kExitOom:
+      rec.kernel_exit_ts = ts_ns;
+      rec.exit_signal_at = Clock::now();
+      // The Died event says OOMKilled unless the runtime gives its own reason.
+      if (signal == Signal::kExitOom) rec.oom_killed = true;
+      anchor = Anchor::kExit;
+      break;
+    case Signal::kRmdir:
+      // runc removes the cgroup after the init died: it confirms a death, and the runtime
+      // records the death shortly after. Its chain replaces the exit's, wherever that is
+      // (waiting for its first look, retrying, or backing off past its budget).
+      if (rank(rec.reported) >= rank(ContainerState::kExited)) return;
+      if (rec.kernel_exit_ts == 0) rec.kernel_exit_ts = ts_ns;
+      anchor = Anchor::kRmdir;
+      break;
+  }
+  start_chain(rec, pod_uid, anchor);
+}
+
+void Confirmer::start_chain(Record& rec, const std::string& pod_uid, Anchor anchor) {
+  uint32_t chain = 0;
+  if (anchor != Anchor::kExec) {
+    chain = ++rec.death_chain;
+    rec.confirm_overdue = false;  // a fresh chain, within its budget
+  }
+  ++rec.pending;
+  ++core_.stats.kernel_signals;
   const auto now = Clock::now();
+  const auto first_look = learner(anchor, core_.table.likely_sandbox(rec)).first_look();
   const auto deadline = now + core_.opts.confirm_budget;
+  const std::string id = rec.identity.id;
   core_.post(
       pod_uid, id,
-      [this, id, want, deadline, now] {
-        confirm(id, want, core_.opts.confirm_retry_first, deadline, now, Clock::duration(-1));
+      [this, id, anchor, chain, deadline, now] {
+        confirm(id, anchor, chain, core_.opts.confirm_retry_first, deadline, now,
+                Clock::duration(-1));
       },
       now + first_look);
 }
 
-void Confirmer::confirm(const std::string& id, Want want, milliseconds delay,
+void Confirmer::confirm(const std::string& id, Anchor anchor, uint32_t chain, milliseconds delay,
                         Clock::time_point deadline, Clock::time_point signal_at,
                         Clock::duration last_miss) {
+  const Want want = want_of(anchor);
   const int want_rank = want == Want::kRunning ? 1 : 2;
   bool kind_known, sandbox, known;
   {
     std::lock_guard lk(core_.mu);
     Record& rec = core_.table.at(id);
     // Another path got there first (a later signal's confirmation, a reconcile, a death that
-    // came before the start could be confirmed): nothing left to confirm.
-    if (rank(rec.reported) >= want_rank) {
+    // came before the start could be confirmed), or a later chain took over: nothing to do.
+    if (rank(rec.reported) >= want_rank || (want == Want::kExited && chain != rec.death_chain)) {
       --rec.pending;
       return;
     }
@@ -113,8 +120,8 @@ void Confirmer::confirm(const std::string& id, Want want, milliseconds delay,
     lk.unlock();
     core_.post(
         pod, id,
-        [this, id, want, next, deadline, signal_at, look] {
-          confirm(id, want, next, deadline, signal_at, look);
+        [this, id, anchor, chain, next, deadline, signal_at, look] {
+          confirm(id, anchor, chain, next, deadline, signal_at, look);
         },
         now + delay);
     return;
@@ -126,7 +133,13 @@ void Confirmer::confirm(const std::string& id, Want want, milliseconds delay,
   std::optional<milliseconds> miss;
   if (last_miss >= Clock::duration::zero())
     miss = std::chrono::duration_cast<milliseconds>(last_miss);
-  learner(want, obs->sandbox).settled(miss);
+  learner(anchor, obs->sandbox).settled(miss);
+  if (anchor == Anchor::kRmdir && rec.exit_signal_at != Clock::time_point{}) {
+    // The exit's chain gave way to this one: it learns when the death was there after the
+    // exit, so that it looks after the rmdir's chain and, as long as an rmdir comes, not at all.
+    learner(Anchor::kExit, obs->sandbox)
+        .found_by_other(std::chrono::duration_cast<milliseconds>(now - rec.exit_signal_at));
+  }
   Events out;
   if (core_.advance(rec, obs->state, obs->snapshot, EventSource::kKernel, false, out) > 0)
     ++core_.stats.confirmations;

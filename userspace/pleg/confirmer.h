@@ -1,6 +1,6 @@
 // Confirmer: turns a container's kernel signal into the runtime's word. For each signal (first
 // exec, init exit, the cgroup's rmdir) it makes one targeted look when the runtime has usually
-// caught up (learned per kind of transition, lag_learner.h), retries briefly while it has not,
+// caught up (learned per signal, lag_learner.h), retries briefly while it has not,
 // and keeps looking, backing off, past its budget: a confirmation is never dropped. Only a
 // state the runtime reports is emitted. A started container the runtime never learns of is
 // someone else's (foreign): its later signals are ignored.
@@ -29,24 +29,34 @@ class Confirmer {
  private:
   using Clock = std::chrono::steady_clock;
   enum class Want { kRunning, kExited };
+  // What a chain of looks waits after: the first exec, the init's exit, the cgroup's rmdir.
+  // A death has two: the runtime records it after it removed the cgroup (runc delete), and the
+  // time from the rmdir to that record varies half as much as the time from the exit, so the
+  // rmdir's chain takes over from the exit's (Record::death_chain).
+  enum class Anchor { kExec = 0, kExit = 1, kRmdir = 2 };
 
   // One look at the runtime for a kernel signal received at `signal_at`; `last_miss` is when
-  // (after the signal) the previous look still saw the old state, negative for none.
-  void confirm(const std::string& id, Want want, std::chrono::milliseconds delay,
-               Clock::time_point deadline, Clock::time_point signal_at,
-               Clock::duration last_miss);
+  // (after the signal) the previous look still saw the old state, negative for none. A death's
+  // look whose `chain` is no longer the record's makes no call.
+  void confirm(const std::string& id, Anchor anchor, uint32_t chain,
+               std::chrono::milliseconds delay, Clock::time_point deadline,
+               Clock::time_point signal_at, Clock::duration last_miss);
+  // Queues the first look of a new chain, in pod `pod_uid`'s queue. Caller holds core_.mu.
+  void start_chain(Record& rec, const std::string& pod_uid, Anchor anchor);
   // Not settled yet: the next look, backing off past the budget (logged once). Caller holds mu.
   std::chrono::milliseconds next_delay(Record& rec, Want want, std::chrono::milliseconds delay,
                                        Clock::time_point deadline, Clock::time_point signal_at,
                                        bool unknown_start, const Result<Observation>& obs);
-  LagLearner& learner(Want want, bool sandbox) {
-    return (want == Want::kRunning ? start_lag_ : exit_lag_)[sandbox ? 1 : 0];
+  static Want want_of(Anchor a) { return a == Anchor::kExec ? Want::kRunning : Want::kExited; }
+  LagLearner& learner(Anchor anchor, bool sandbox) {
+    return lag_[static_cast<int>(anchor)][sandbox ? 1 : 0];
   }
 
   TrackerCore& core_;
-  // When the runtime reports a start / an exit, for containers [0] and sandboxes [1] apart
-  // (containerd lists a sandbox tens of milliseconds after its pause started). Under core_.mu.
-  LagLearner start_lag_[2], exit_lag_[2];
+  // How long after each anchor the runtime reports the transition, for containers [.][0] and
+  // sandboxes [.][1] apart (containerd lists a sandbox tens of milliseconds after its pause
+  // started). Under core_.mu.
+  LagLearner lag_[3][2];
 };
 
 }  // namespace kpleg::pleg

@@ -44,6 +44,8 @@ struct Record {
   uint64_t kernel_exit_ts = 0;
   int pending = 0;               // kernel confirmations queued or running
   bool confirm_overdue = false;  // a pending confirmation is past its budget
+  uint32_t death_chain = 0;      // the death's current chain of looks (Confirmer)
+  std::chrono::steady_clock::time_point exit_signal_at{};  // when the init's exit came in
   bool removal_swept = false;    // exited: the removal watcher watches it
   bool foreign = false;          // the runtime does not know it (see foreign_after)
   std::chrono::steady_clock::time_point removed_at{};  // when it became kNonExistent

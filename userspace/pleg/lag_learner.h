@@ -5,11 +5,13 @@
 // and then every few milliseconds cost 4-5 status calls per exit, and looking just before the
 // usual lag still cost two.
 //
-// The first look aims at a high percentile of the lag: a confirmation whose first look was too
-// early (it missed) moves the estimate halfway up to where the answer was found; one whose
-// first look found the answer lowers it by a small step, in case it was later than needed, so
-// that most confirmations need one look and a first look is at most a few milliseconds late.
-// It never goes later than `cap`.
+// The first look aims at a high percentile of the lag (about the 94th): a confirmation whose
+// first look was too early (it missed) moves the estimate up, halfway to where the answer was
+// found but by at most 4 ms, so that one slow outlier does not make every later look late; one
+// whose first look found the answer lowers it by a quarter of a millisecond, in case it was
+// later than needed. Each miss costs a second look, so at that balance about one confirmation
+// in sixteen needs two; a runtime that became faster is followed down within a few hundred
+// confirmations. It never goes later than `cap`.
 #pragma once
 
 #include <algorithm>
@@ -38,16 +40,30 @@ class LagLearner {
       estimate_ms_ = std::max(0.0, estimate_ms_ - kDownMs);
       return;
     }
-    const double found = std::min(double(last_miss->count() + step_.count()),
-                                  double(cap_.count()));
-    if (found > estimate_ms_) estimate_ms_ += kUp * (found - estimate_ms_);
+    up_to(double(last_miss->count() + step_.count()));
+  }
+
+  // Another chain of looks (after a later signal) found the answer `at` after this one's
+  // signal: this chain made no look that could say whether it was there earlier.
+  void found_by_other(ms at) {
+    if (double(at.count()) > estimate_ms_) {
+      up_to(double(at.count()));
+    } else {
+      estimate_ms_ = std::max(0.0, estimate_ms_ - kDownMs);
+    }
   }
 
   double estimate_ms() const { return estimate_ms_; }
 
  private:
+  void up_to(double found_ms) {
+    const double found = std::min(found_ms, double(cap_.count()));
+    if (found > estimate_ms_) estimate_ms_ += std::min(kUp * (found - estimate_ms_), kUpMaxMs);
+  }
+
   static constexpr double kUp = 0.5;
-  static constexpr double kDownMs = 0.5;
+  static constexpr double kUpMaxMs = 4.0;
+  static constexpr double kDownMs = 0.25;
   const ms cap_, step_;
   double estimate_ms_ = 0;  // look at once until something is learned
 };

@@ -45,7 +45,7 @@ struct TrackerOptions {
   // every removal_sweep_period while something changes (a removal, a new death), and, while
   // nothing does, twice as long each time up to removal_sweep_idle_max. A death pulls a sweep
   // planned further off back to removal_sweep_period.
-  std::chrono::milliseconds removal_sweep_first{500};
+  std::chrono::milliseconds removal_sweep_first{1000};
   std::chrono::milliseconds removal_sweep_period{1000};
   std::chrono::milliseconds removal_sweep_idle_max{10'000};
   // A difference found by a reconcile is re-checked after this grace period (a kernel event in
