@@ -513,6 +513,67 @@ TEST(ApiServerHealth, RefreshHealthAppliesAtOnce) {
   EXPECT_EQ(check(h.channel(), ""), HealthCheckResponse::NOT_SERVING);
 }
 
+TEST(ApiServerHealth, AWatchGetsTheStatusAndThenEachChange) {
+  ServerHarness h;
+  ASSERT_TRUE(h.start().ok());
+  auto stub = grpc::health::v1::Health::NewStub(h.channel());
+  HealthCheckRequest req;
+  req.set_service(api::kHealthServiceName);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 10s);
+  auto reader = stub->Watch(&ctx, req);
+  HealthCheckResponse resp;
+  ASSERT_TRUE(reader->Read(&resp));
+  EXPECT_EQ(resp.status(), HealthCheckResponse::SERVING);
+  h.health.set(false, {"kernel path detached"});
+  ASSERT_TRUE(reader->Read(&resp));
+  EXPECT_EQ(resp.status(), HealthCheckResponse::NOT_SERVING);
+  h.health.set(true);
+  ASSERT_TRUE(reader->Read(&resp));
+  EXPECT_EQ(resp.status(), HealthCheckResponse::SERVING);
+  ctx.TryCancel();
+  while (reader->Read(&resp)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+}
+
+TEST(ApiServerHealth, AnUnknownServiceIsNotFoundForCheckAndServiceUnknownForWatch) {
+  ServerHarness h;
+  ASSERT_TRUE(h.start().ok());
+  auto stub = grpc::health::v1::Health::NewStub(h.channel());
+  HealthCheckRequest req;
+  req.set_service("no.such.Service");
+  HealthCheckResponse resp;
+  {
+    grpc::ClientContext ctx;
+    EXPECT_EQ(stub->Check(&ctx, req, &resp).error_code(), grpc::StatusCode::NOT_FOUND);
+  }
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 10s);
+  auto reader = stub->Watch(&ctx, req);
+  ASSERT_TRUE(reader->Read(&resp));
+  EXPECT_EQ(resp.status(), HealthCheckResponse::SERVICE_UNKNOWN);
+  ctx.TryCancel();
+}
+
+TEST(ApiServerHealth, StoppingTheServerEndsAWatch) {
+  ServerHarness h;
+  ASSERT_TRUE(h.start().ok());
+  auto stub = grpc::health::v1::Health::NewStub(h.channel());
+  HealthCheckRequest req;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 30s);
+  auto reader = stub->Watch(&ctx, req);
+  HealthCheckResponse resp;
+  ASSERT_TRUE(reader->Read(&resp));
+  const auto t0 = std::chrono::steady_clock::now();
+  h.server->stop();
+  while (reader->Read(&resp)) {
+  }
+  EXPECT_NE(reader->Finish().error_code(), grpc::StatusCode::OK);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+}
+
 // ---- TLS on loopback ----
 
 class Certs {

@@ -17,10 +17,10 @@
 
 #include <fmt/format.h>
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/health_check_service_interface.h>
 #include <spdlog/spdlog.h>
 
 #include "api/convert.h"
+#include "api/health_service.h"
 #include "kpleg/v1/pleg.grpc.pb.h"
 
 namespace kpleg::api {
@@ -177,7 +177,8 @@ ApiServer::ApiServer(ApiServerOptions options, bus::EventBus& bus, StateProvider
       bus_(bus),
       health_(health),
       service_(std::make_unique<PodLifecycleService>(bus, state, health, stats,
-                                                     options_.max_watchers)) {}
+                                                     options_.max_watchers)),
+      health_service_(std::make_unique<HealthService>(kWatchPoll)) {}
 
 ApiServer::~ApiServer() { stop(); }
 
@@ -242,9 +243,9 @@ Status ApiServer::start() {
   if (server_) return Error{EALREADY, "API server already started"};
   if (auto st = options_.validate(); !st) return st;
 
-  grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   builder.RegisterService(service_.get());
+  builder.RegisterService(health_service_.get());
 
   if (!options_.socket_group.empty()) {
     std::vector<char> buf(16384);
@@ -342,10 +343,8 @@ void ApiServer::refresh_health() {
     if (!server_) return;
     HealthReport h = health_.health();
     recheck_in = h.recheck_in;
-    auto* hs = server_->GetHealthCheckService();
-    if (hs == nullptr) return;
-    hs->SetServingStatus("", h.healthy);
-    hs->SetServingStatus(kHealthServiceName, h.healthy);
+    health_service_->set("", h.healthy);
+    health_service_->set(kHealthServiceName, h.healthy);
   }
   std::lock_guard l(health_mu_);
   recheck_at_.reset();
@@ -394,6 +393,7 @@ void ApiServer::stop(std::chrono::milliseconds grace) {
   if (!server_) return;
 
   service_->stop();
+  health_service_->stop();
   server_->Shutdown(std::chrono::system_clock::now() + grace);
   server_->Wait();
   {

@@ -30,6 +30,7 @@ namespace kpleg::api {
 inline constexpr const char* kHealthServiceName = "kpleg.v1.PodLifecycle";
 
 class PodLifecycleService;
+class HealthService;
 
 class ApiServer {
  public:
@@ -66,6 +67,7 @@ class ApiServer {
   bus::EventBus& bus_;
   HealthProvider& health_;
   std::unique_ptr<PodLifecycleService> service_;
+  std::unique_ptr<HealthService> health_service_;
   std::mutex server_mu_;  // refresh_health() may race with stop()
   std::unique_ptr<grpc::Server> server_;
   int tcp_port_ = 0;

@@ -1,0 +1,74 @@
+#include "api/health_service.h"
+
+namespace kpleg::api {
+
+using grpc::health::v1::HealthCheckRequest;
+using grpc::health::v1::HealthCheckResponse;
+
+void HealthService::set(const std::string& service, bool serving) {
+  {
+    std::lock_guard lk(mu_);
+    auto [it, added] = serving_.try_emplace(service, serving);
+    if (!added && it->second == serving) return;
+    it->second = serving;
+    ++version_;
+  }
+  changed_.notify_all();
+}
+
+void HealthService::stop() {
+  {
+    std::lock_guard lk(mu_);
+    stopping_ = true;
+  }
+  changed_.notify_all();
+}
+
+HealthService::Status HealthService::status_of(const std::string& service) const {
+  auto it = serving_.find(service);
+  if (it == serving_.end()) return HealthCheckResponse::SERVICE_UNKNOWN;
+  return it->second ? HealthCheckResponse::SERVING : HealthCheckResponse::NOT_SERVING;
+}
+
+grpc::Status HealthService::Check(grpc::ServerContext*, const HealthCheckRequest* req,
+                                  HealthCheckResponse* resp) {
+  std::lock_guard lk(mu_);
+  const Status s = status_of(req->service());
+  // The protocol: Check answers NOT_FOUND for a service it does not know.
+  if (s == HealthCheckResponse::SERVICE_UNKNOWN)
+    return {grpc::StatusCode::NOT_FOUND, "unknown service"};
+  resp->set_status(s);
+  return grpc::Status::OK;
+}
+
+grpc::Status HealthService::Watch(grpc::ServerContext* ctx, const HealthCheckRequest* req,
+                                  grpc::ServerWriter<HealthCheckResponse>* writer) {
+  std::unique_lock lk(mu_);
+  uint64_t seen = 0;
+  bool first = true;
+  Status last = HealthCheckResponse::UNKNOWN;
+  for (;;) {
+    if (stopping_) return {grpc::StatusCode::UNAVAILABLE, "kplegd is shutting down"};
+    if (ctx->IsCancelled()) return grpc::Status::CANCELLED;
+    if (first || version_ != seen) {
+      seen = version_;
+      const Status s = status_of(req->service());
+      // The protocol: a Watch sends the status at once and then only when it changes; an
+      // unknown service is SERVICE_UNKNOWN, not an error, since it may appear later.
+      if (first || s != last) {
+        first = false;
+        last = s;
+        HealthCheckResponse resp;
+        resp.set_status(s);
+        lk.unlock();
+        const bool written = writer->Write(resp);
+        lk.lock();
+        if (!written) return grpc::Status::CANCELLED;  // the client went away
+        continue;
+      }
+    }
+    changed_.wait_for(lk, watch_poll_, [&] { return stopping_ || version_ != seen; });
+  }
+}
+
+}  // namespace kpleg::api
