@@ -83,6 +83,10 @@ GrpcCriClient::GrpcCriClient(std::string target, GrpcCriClientOptions options)
   // after 30 idle minutes and the next call would pay for a reconnect (and the watcher would
   // report a reconnect that was never an outage).
   args.SetInt(GRPC_ARG_CLIENT_IDLE_TIMEOUT_MS, INT_MAX);
+  // No keepalive pings, said explicitly: left at its default, the transport arms a timer of
+  // INT_MAX ms and cancels and re-arms it on every read, work for gRPC's timer thread per call.
+  // Given as INT_MAX, it means no timer at all.
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, INT_MAX);
   channel_ = grpc::CreateCustomChannel(target_, grpc::InsecureChannelCredentials(), args);
   stub_ = runtime::v1::RuntimeService::NewStub(channel_);
   watcher_ = std::thread([this] {

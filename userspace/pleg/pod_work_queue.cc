@@ -14,13 +14,17 @@ PodWorkQueue::PodWorkQueue(size_t workers) {
 PodWorkQueue::~PodWorkQueue() { stop(); }
 
 void PodWorkQueue::post(const std::string& pod, Task task, Clock::time_point not_before) {
+  bool wake;
   {
     std::lock_guard lk(mu_);
     if (stopping_) return;
     queues_[pod].push_back({not_before, std::move(task)});
+    // An idle worker must look only if the task may run before anyone would look anyway: the
+    // worker of a busy pod looks again when its task is done, and the timer's worker wakes at
+    // timer_at_. Idle workers are interchangeable: one of them looks (see run()).
+    wake = !busy_.count(pod) && (!timer_armed_ || not_before < timer_at_);
   }
-  // Idle workers are interchangeable: one of them looks (see run()).
-  cv_.notify_one();
+  if (wake) cv_.notify_one();
 }
 
 void PodWorkQueue::stop() {
@@ -84,9 +88,18 @@ void PodWorkQueue::run() {
     Task task = std::move(item->task);
     queues_[pick].erase(item);
     busy_.insert(pick);
-    // This worker may have been the timer, and other tasks may be ready or delayed: hand the
-    // looking over to an idle worker.
-    if (!timer_armed_) cv_.notify_one();
+    // This worker may have been the timer, and other pods' tasks may be ready or delayed: hand
+    // the looking over to an idle worker. (This pod's other tasks wait for this one anyway.)
+    if (!timer_armed_) {
+      bool others = false;
+      for (const auto& [pod, q] : queues_) {
+        if (!q.empty() && !busy_.count(pod)) {
+          others = true;
+          break;
+        }
+      }
+      if (others) cv_.notify_one();
+    }
     lk.unlock();
     task();
     lk.lock();
