@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "cri/grpc_cri_client.h"
 #include "e2e/e2e_support.h"
 #include "kernel/self_test.h"
 
@@ -63,6 +64,59 @@ TEST_F(FaultsTest, ContainerdKilledAndRestartedNothingMissed) {
   ASSERT_TRUE(after.ok()) << after.error().message;
   EXPECT_TRUE(wait_types(kplegd, after->container_ids[0], {"ContainerStarted", "ContainerDied"}));
   EXPECT_TRUE(wait_types(kplegd, before->container_ids[0], {"ContainerStarted"}));
+  EXPECT_EQ(kplegd.stop(), 0);
+}
+
+// Hole: containerd reloads a container whose checkpoint it cannot read as CONTAINER_UNKNOWN. It
+// drops out of a list of exited containers but still exists: the removal sweep must not report
+// it removed, and reports it when it really goes.
+TEST_F(FaultsTest, AnExitedContainerReloadedAsUnknownAfterARestartIsNotRemoved) {
+  ASSERT_TRUE(TestBed::instance().endpoint_is_test_bed()) << "needs the test bed's own containerd";
+  auto d = start_kplegd(endpoint_, "ebpf");  // logs at debug level: the sweeps
+  ASSERT_TRUE(d.ok()) << d.error().message;
+  auto& kplegd = **d;
+  auto pod = launch_pod(endpoint_, namespace_, "unknown", 1, "sh -c 'exit 0'");
+  ASSERT_TRUE(pod.ok()) << pod.error().message;
+  const std::string id = pod->container_ids[0];
+  ASSERT_TRUE(wait_types(kplegd, id, kDied));
+
+  auto pid = TestBed::instance().containerd_pid();
+  ASSERT_TRUE(pid.ok()) << pid.error().message;
+  ASSERT_EQ(kill(*pid, SIGKILL), 0);
+  EXPECT_TRUE(kplegd.wait_for_log("connection lost", 10s)) << kplegd.log();
+  // The test bed's containerd keeps its state under the socket's directory.
+  const std::string sock = endpoint_.substr(std::string("unix://").size());
+  const std::string status = sock.substr(0, sock.rfind('/')) +
+                             "/root/io.containerd.grpc.v1.cri/containers/" + id + "/status";
+  {
+    std::ofstream out(status, std::ios::trunc);
+    ASSERT_TRUE(out.good()) << status;
+    out << "not a checkpoint";
+  }
+  auto up = TestBed::instance().up();
+  ASSERT_TRUE(up.ok()) << up.error().message;
+  EXPECT_TRUE(kplegd.wait_for_log("reconcile (runtime reconnect)", 30s)) << kplegd.log();
+
+  // The premise: the runtime lists it, as UNKNOWN.
+  auto cri = cri::GrpcCriClient::create(endpoint_);
+  ASSERT_TRUE(cri.ok()) << cri.error().message;
+  auto listed = (*cri)->list_containers({});
+  ASSERT_TRUE(listed.ok()) << listed.error().message;
+  bool unknown = false;
+  for (const auto& c : *listed)
+    if (c.id() == id) unknown = c.state() == runtime::v1::CONTAINER_UNKNOWN;
+  ASSERT_TRUE(unknown) << "containerd did not reload " << id << " as CONTAINER_UNKNOWN";
+
+  // Two removal sweeps after the reconcile: still no ContainerRemoved.
+  size_t sweeps = 0;
+  for (size_t at = 0; (at = kplegd.log().find("removal sweep:", at)) != std::string::npos; ++at)
+    ++sweeps;
+  EXPECT_TRUE(kplegd.wait_for_log("removal sweep:", 40s, sweeps + 2)) << kplegd.log();
+  EXPECT_EQ(kplegd.types_for(id), kDied);
+
+  // Removed for real: reported.
+  ASSERT_TRUE(load_op(endpoint_, "remove-container", id).ok());
+  EXPECT_TRUE(wait_types(kplegd, id, kRemoved, 30s));
   EXPECT_EQ(kplegd.stop(), 0);
 }
 
