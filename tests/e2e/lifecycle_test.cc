@@ -212,7 +212,7 @@ TEST_F(LongExitedTest, AContainerExitedForLongIsRemovedThroughTheSweep) {
   ASSERT_TRUE(pod.ok()) << pod.error().message;
   for (const auto& id : pod->container_ids) ASSERT_TRUE(wait_types(kplegd, id, kDied));
 
-  // Both are watched by the removal sweep (500 ms after the deaths, then backing off).
+  // Both are watched by the removal sweep (1 s after the deaths, then backing off).
   ASSERT_TRUE(kplegd.wait_for_log("exited watched", 30s, 2)) << "two removal sweeps";
   for (const auto& id : pod->container_ids)
     EXPECT_EQ(kplegd.types_for(id), kDied) << "an exited container was taken for removed";
@@ -220,6 +220,31 @@ TEST_F(LongExitedTest, AContainerExitedForLongIsRemovedThroughTheSweep) {
   ASSERT_TRUE(load_op(endpoint_, "remove-container", pod->container_ids[0]).ok());
   EXPECT_TRUE(wait_types(kplegd, pod->container_ids[0], kRemoved, 20s));
   EXPECT_EQ(kplegd.types_for(pod->container_ids[1]), kDied);
+  EXPECT_EQ(kplegd.stop(), 0);
+}
+
+// Hole: a container created (runc init waiting in its cgroup) before kplegd starts, and started
+// after. The start-up seed finds the waiting runc init; the StartContainer exec that follows is
+// the container's start, reported by the kernel path, and its death follows it.
+class StartUpTest : public CriTestBedTest {};
+
+TEST_F(StartUpTest, AContainerCreatedBeforeTheDaemonAndStartedAfterIsStartedByTheKernel) {
+  auto pod = launch_pod(endpoint_, namespace_, "created", 1, "sleep 1000000", {"--no-start"});
+  ASSERT_TRUE(pod.ok()) << pod.error().message;
+  const std::string id = pod->container_ids[0];
+  auto d = start_kplegd(endpoint_, "ebpf");
+  ASSERT_TRUE(d.ok()) << d.error().message;
+  auto& kplegd = **d;
+  ASSERT_TRUE(load_op(endpoint_, "start-container", id).ok());
+  ASSERT_TRUE(wait_types(kplegd, id, kStarted));
+  ASSERT_TRUE(load_op(endpoint_, "stop-container", id).ok());
+  ASSERT_TRUE(wait_types(kplegd, id, kDied));
+  for (const auto& e : kplegd.events()) {
+    if (e["container_id"] != id) continue;
+    // The reconcile is minutes away: only the kernel path can have seen these in time.
+    EXPECT_EQ(e["source"], "kernel") << e.dump();
+    EXPECT_EQ(e["correction"], false) << e.dump();
+  }
   EXPECT_EQ(kplegd.stop(), 0);
 }
 

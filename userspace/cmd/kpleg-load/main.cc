@@ -92,10 +92,10 @@ class Load {
     return pod;
   }
 
-  // Creates and starts one container; the container id is returned even when only the start
-  // failed, so the caller can remove it.
+  // Creates and (unless `start` is false) starts one container; a container whose start
+  // failed is removed.
   Result<std::string> start_container(const CreatedPod& pod, const ContainerSpec& c,
-                                      json* trace = nullptr) {
+                                      json* trace = nullptr, bool start = true) {
     std::error_code ec;
     fs::create_directories(pod.spec.log_directory + "/" + c.name, ec);  // the kubelet's job too
     auto config = container_config(pod.spec, c);
@@ -107,6 +107,7 @@ class Load {
                 id ? Status{} : Status(id.error()));
     }
     if (!id) return id.error();
+    if (!start) return id;
     t0 = realtime_ns();
     auto started = cri_.start_container(*id);
     t1 = realtime_ns();
@@ -193,7 +194,7 @@ int cmd_version(cri::CriClient&, const v1::VersionResponse& v, const std::string
   return 0;
 }
 
-int cmd_run(cri::CriClient& cri, const PodOptions& o, int pods, int containers) {
+int cmd_run(cri::CriClient& cri, const PodOptions& o, int pods, int containers, bool start) {
   if (auto s = require_pod_network(cri, o); !s) return fail(s.error().message);
   auto qos = effective_qos(o);
   if (!qos) return fail(qos.error().message);
@@ -210,7 +211,7 @@ int cmd_run(cri::CriClient& cri, const PodOptions& o, int pods, int containers) 
       c.image = o.image;
       c.command = *command;
       c.memory_limit_bytes = o.memory_limit;
-      auto id = load.start_container(*pod, c);
+      auto id = load.start_container(*pod, c, nullptr, start);
       if (!id) {
         // Leave no half-made pod behind: the pods already printed are the caller's to clean.
         (void)load.remove_pod(pod->sandbox_id, pod->spec.uid, pod->spec.log_directory);
@@ -227,6 +228,13 @@ int cmd_run(cri::CriClient& cri, const PodOptions& o, int pods, int containers) 
               {"log_directory", pod->spec.log_directory},
               {"containers", created}});
   }
+  return 0;
+}
+
+int cmd_start_container(cri::CriClient& cri, const std::string& id) {
+  auto s = cri.start_container(id);
+  if (!s) return fail(s.error().message);
+  emit(json{{"op", "start-container"}, {"container_id", id}, {"ok", true}});
   return 0;
 }
 
@@ -483,10 +491,15 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--containers", run_containers, "Containers per pod")
       ->check(CLI::Range(1, 100))
       ->capture_default_str();
+  bool run_no_start = false;
+  run_cmd->add_flag("--no-start", run_no_start,
+                    "Create the containers but do not start them (start-container does)");
   add_pod_options(run_cmd, run_opts);
 
   std::string container_id, sandbox_id;
   int64_t grace = 0;
+  auto* start_c = app.add_subcommand("start-container", "Start a created container");
+  start_c->add_option("CONTAINER_ID", container_id)->required();
   auto* stop_c = app.add_subcommand("stop-container", "Stop a container");
   stop_c->add_option("CONTAINER_ID", container_id)->required();
   stop_c->add_option("--grace-period", grace, "Seconds before the runtime kills (0: at once)")
@@ -542,7 +555,8 @@ int main(int argc, char** argv) {
   }
 
   if (*version_cmd) return cmd_version(cri, *version, cri.target());
-  if (*run_cmd) return cmd_run(cri, run_opts, run_pods, run_containers);
+  if (*run_cmd) return cmd_run(cri, run_opts, run_pods, run_containers, !run_no_start);
+  if (*start_c) return cmd_start_container(cri, container_id);
   if (*stop_c) return cmd_stop_container(cri, container_id, grace);
   if (*remove_c) return cmd_remove_container(cri, container_id);
   if (*stop_p) return cmd_stop_pod(cri, sandbox_id);
