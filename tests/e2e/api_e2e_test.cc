@@ -4,9 +4,13 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstring>
+#include <fstream>
 #include <regex>
+#include <sstream>
 #include <set>
 
 #include "api/client.h"
@@ -134,6 +138,72 @@ TEST_F(ApiE2eTest, ContainersTheKernelPathCannotSeeAreNamedAndCounted) {
   ASSERT_TRUE(health.ok());
   EXPECT_EQ(health->out, "healthy\n");
   EXPECT_EQ((*seeing)->stop(), 0);
+}
+
+// Hole: cgroups nested in a container's (docker-in-docker, systemd in a container, any
+// privileged pod that makes child cgroups). The kernel tracks them as the container's
+// descendants; their execs and exits belong to the container and cost no CRI call and no
+// reconcile, and the container's death is still seen when its init moved into a child.
+TEST_F(ApiE2eTest, CgroupsNestedInAContainerCostNothingAndItsDeathIsStillSeen) {
+  auto d = start_kplegd(endpoint_, "ebpf");
+  ASSERT_TRUE(d.ok()) << d.error().message;
+  auto& kplegd = **d;
+  auto pod = launch_pod(endpoint_, namespace_, "nested", 1, "sleep 1000000");
+  ASSERT_TRUE(pod.ok()) << pod.error().message;
+  const std::string id = pod->container_ids[0];
+  ASSERT_TRUE(wait_types(kplegd, id, kStarted));
+  const int port = metrics_port(kplegd);
+  ASSERT_GT(port, 0) << kplegd.log();
+  auto calls = [&] {
+    double sum = 0;
+    std::istringstream in(scrape(port));
+    for (std::string line; std::getline(in, line);)
+      if (line.rfind("kpleg_cri_calls_total{", 0) == 0) sum += std::stod(line.substr(line.rfind(' ') + 1));
+    return sum;
+  };
+  auto reconciles = [&] {
+    size_t n = 0;
+    const std::string log = kplegd.log();
+    for (size_t at = 0; (at = log.find("reconcile (", at)) != std::string::npos; ++at) ++n;
+    return n;
+  };
+  const double calls_before = calls();
+  const size_t reconciles_before = reconciles();
+  const size_t execs_before = size_t(value(scrape(port), "kpleg_kernel_events_total{kind=\"exec\"}"));
+
+  const std::string dir =
+      "/sys/fs/cgroup/unified/kubepods/besteffort/pod" + pod->uid + "/" + id;
+  std::string init;
+  std::getline(std::ifstream(dir + "/cgroup.procs"), init);
+  ASSERT_FALSE(init.empty()) << dir;
+  constexpr int kChildren = 100;
+  for (int i = 0; i < kChildren; ++i) {
+    const std::string child = dir + "/nested-" + std::to_string(i);
+    ASSERT_EQ(mkdir(child.c_str(), 0755), 0) << child << ": " << strerror(errno);
+    // A process that moves itself into the child and execs there, then exits.
+    auto r = run_process({"sh", "-c", "echo $$ > " + child + "/cgroup.procs && exec /bin/true"}, 10s);
+    ASSERT_TRUE(r.ok() && r->exit_code == 0) << child;
+  }
+  // The container's init moves into the first child, as an init system in a container does.
+  {
+    std::ofstream procs(dir + "/nested-0/cgroup.procs");
+    procs << init;
+  }
+  // The kernel path saw the nested execs (so the check below is not vacuous) ...
+  EXPECT_TRUE(eventually([&] {
+    return size_t(value(scrape(port), "kpleg_kernel_events_total{kind=\"exec\"}")) >=
+           execs_before + kChildren;
+  }, 10s));
+  // ... and they cost nothing.
+  EXPECT_EQ(calls(), calls_before);
+  EXPECT_EQ(reconciles(), reconciles_before) << kplegd.log();
+  EXPECT_EQ(kplegd.types_for(id), kStarted);
+
+  ASSERT_TRUE(load_op(endpoint_, "stop-container", id).ok());
+  ASSERT_TRUE(wait_types(kplegd, id, kDied));
+  for (const auto& e : kplegd.events())
+    if (e["container_id"] == id) EXPECT_EQ(e["source"], "kernel") << e.dump();
+  EXPECT_EQ(kplegd.stop(), 0);
 }
 
 TEST_F(ApiE2eTest, PromtoolAcceptsLiveMetricsAndCountersMove) {
