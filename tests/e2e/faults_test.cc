@@ -3,7 +3,10 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <filesystem>
+#include <iterator>
 #include <fstream>
 
 #include "cri/grpc_cri_client.h"
@@ -117,6 +120,62 @@ TEST_F(FaultsTest, AnExitedContainerReloadedAsUnknownAfterARestartIsNotRemoved) 
   // Removed for real: reported.
   ASSERT_TRUE(load_op(endpoint_, "remove-container", id).ok());
   EXPECT_TRUE(wait_types(kplegd, id, kRemoved, 30s));
+  EXPECT_EQ(kplegd.stop(), 0);
+}
+
+// The shim of a pod whose cmdline names its sandbox id, or 0.
+pid_t shim_of(const std::string& sandbox_id) {
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(e.path() / "cmdline");
+    std::string cmdline((std::istreambuf_iterator<char>(in)), {});
+    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+    if (cmdline.find("containerd-shim") != std::string::npos &&
+        cmdline.find("-id " + sandbox_id + " ") != std::string::npos)
+      return static_cast<pid_t>(std::stol(name));
+  }
+  return 0;
+}
+
+// Hole: a death the runtime records only long after the kernel saw it (here its shim is
+// stopped for longer than the confirmation budget) is not dropped: kplegd keeps looking and
+// reports it, through the kernel path, once the runtime has it.
+TEST_F(FaultsTest, ADeathTheRuntimeRecordsLateIsStillReportedByTheKernelPath) {
+  ASSERT_TRUE(TestBed::instance().endpoint_is_test_bed()) << "needs the test bed's own containerd";
+  auto d = start_kplegd(endpoint_, "ebpf");
+  ASSERT_TRUE(d.ok()) << d.error().message;
+  auto& kplegd = **d;
+  auto pod = launch_pod(endpoint_, namespace_, "stalled", 1, "sleep 1000000");
+  ASSERT_TRUE(pod.ok()) << pod.error().message;
+  const std::string id = pod->container_ids[0];
+  ASSERT_TRUE(wait_types(kplegd, id, kStarted));
+  const pid_t shim = shim_of(pod->sandbox_id);
+  ASSERT_GT(shim, 0) << "no shim for " << pod->sandbox_id;
+  std::string init;
+  std::getline(std::ifstream("/sys/fs/cgroup/unified/kubepods/besteffort/pod" + pod->uid + "/" +
+                             id + "/cgroup.procs"),
+               init);
+  ASSERT_FALSE(init.empty());
+
+  ASSERT_EQ(kill(shim, SIGSTOP), 0);
+  struct Resume {
+    pid_t pid;
+    ~Resume() { kill(pid, SIGCONT); }
+  } resume{shim};
+  ASSERT_EQ(kill(static_cast<pid_t>(std::stol(init)), SIGKILL), 0);
+  // Past the 5 s budget the runtime still says RUNNING: logged once, and it keeps looking.
+  EXPECT_TRUE(kplegd.wait_for_log("after a kernel exit; looking again, less often", 20s))
+      << kplegd.log();
+  EXPECT_EQ(kplegd.types_for(id), kStarted);
+  ASSERT_EQ(kill(shim, SIGCONT), 0);
+  ASSERT_TRUE(wait_types(kplegd, id, kDied, 30s));
+  for (const auto& e : kplegd.events()) {
+    if (e["container_id"] != id || e["type"] != "ContainerDied") continue;
+    EXPECT_EQ(e["source"], "kernel") << e.dump();
+    EXPECT_EQ(e["correction"], false) << e.dump();
+    EXPECT_EQ(e["exit_code"], 137) << e.dump();
+  }
   EXPECT_EQ(kplegd.stop(), 0);
 }
 
