@@ -14,8 +14,8 @@ usage: bench/run.sh [--quick] [--skip-bpf] [--bin-dir DIR] [--results-dir DIR] [
                  1.6, the goal is 1.5) (the CTest smoke test `bench_quick`).
   --skip-bpf     Leave out kpleg-bench-bpf (the daemon comparison only).
   --bin-dir      Where kplegd, kpleg-load, kpleg-bench-bpf, kpleg-bench-watch,
-                 kpleg-bench-cri-prefix (and kpleg-cri-proxy, for the slow-runtime scenario)
-                 are (default: build-bench/bin, else build/bin).
+                 kpleg-bench-cri-prefix, kpleg-bench-ceiling (and kpleg-cri-proxy, for the
+                 slow-runtime scenario) are (default: build-bench/bin, else build/bin).
   --results-dir  Parent of the timestamped result directory (default: bench/results).
 
 Full run: N in 0,10,50,110,250,500 (as far as memory and the time budget allow), churn 0, 1
@@ -53,7 +53,7 @@ if [ -z "$BIN_DIR" ]; then
   if [ -x "$REPO/build-bench/bin/kplegd" ]; then BIN_DIR=$REPO/build-bench/bin; else BIN_DIR=$REPO/build/bin; fi
 fi
 BIN_DIR=$(cd "$BIN_DIR" && pwd)
-for b in kplegd kpleg-load kpleg-bench-bpf kpleg-bench-watch kpleg-bench-cri-prefix; do
+for b in kplegd kpleg-load kpleg-bench-bpf kpleg-bench-watch kpleg-bench-cri-prefix kpleg-bench-ceiling; do
   [ -x "$BIN_DIR/$b" ] || { echo "bench/run.sh: $BIN_DIR/$b is missing: build the 'bench' target's binaries" >&2; exit 1; }
 done
 command -v gnuplot >/dev/null || { echo "bench/run.sh: gnuplot is missing (apt-get install gnuplot-nox)" >&2; exit 1; }
@@ -64,10 +64,12 @@ if [ $QUICK -eq 1 ]; then
                 --slow-window 6 --unwatched-window 6
                 --time-budget-min 4)
   BPF_ARGS=(--quick)
+  CEILING_LIFECYCLES=5000
 else
   export KPLEG_TESTBED_DIR=${KPLEG_BENCH_TESTBED_DIR:-/tmp/kpleg-bench-bed}
   COMPARE_ARGS=()
   BPF_ARGS=()
+  CEILING_LIFECYCLES=50000
 fi
 export KPLEG_LOAD=$BIN_DIR/kpleg-load
 OUT=$RESULTS_PARENT/$(date +%Y%m%d-%H%M%S)$([ $QUICK -eq 1 ] && echo -quick || true)
@@ -111,6 +113,21 @@ if [ $SKIP_BPF -eq 0 ]; then
   "$BIN_DIR/kpleg-bench-bpf" "${BPF_ARGS[@]}" --json-out "$OUT/bpf.json"
 fi
 
+# 1b. The kernel-driven path's own capacity, apart from the runtime and the kernel: the tracker
+# fed lifecycles as fast as it takes them by an in-process runtime that answers at once. Under
+# callgrind, the instructions per lifecycle: the difference of two sizes (start-up cancels out),
+# repeatable whatever else the machine does.
+echo "bench: the tracker's own capacity (kpleg-bench-ceiling)" >&2
+"$BIN_DIR/kpleg-bench-ceiling" --lifecycles "$CEILING_LIFECYCLES" >"$OUT/ceiling.json" ||
+  echo "bench: kpleg-bench-ceiling failed: $(cat "$OUT/ceiling.json")" >&2
+if command -v valgrind >/dev/null; then
+  for n in 200 400; do
+    valgrind --tool=callgrind --callgrind-out-file="$OUT/callgrind.ceiling.$n" \
+      "$BIN_DIR/kpleg-bench-ceiling" --lifecycles $n --in-flight 50 >"$OUT/ceiling-callgrind-$n.json" \
+      2>"$OUT/callgrind-$n.log" || echo "bench: callgrind run failed, see $OUT/callgrind-$n.log" >&2
+  done
+fi
+
 # 2. The daemons, side by side, on a fresh private test bed.
 "$TESTBED" down >/dev/null 2>&1 || true
 ENDPOINT_LINE=$("$TESTBED" up)
@@ -125,6 +142,10 @@ COMPARE_RC=${COMPARE_RC:-0}
 # 3. Plots.
 gnuplot -e "dir='$OUT'" "$REPO/bench/plots.gp" 2>"$OUT/gnuplot.log" ||
   echo "bench: plotting failed, see $OUT/gnuplot.log" >&2
+
+# The ceiling's section of the summary.
+python3 "$REPO/bench/ceiling_summary.py" "$OUT" >>"$OUT/summary.md" ||
+  echo "bench: no ceiling section in the summary" >&2
 
 echo "bench: summary in $OUT/summary.md" >&2
 if [ $QUICK -eq 1 ]; then
@@ -163,6 +184,12 @@ for c in churn:
                         f"duplicated {e['duplicated']} of {e['expected']}")
 if r.get("error"):
     problems.append("driver error: " + r["error"])
+try:
+    ceiling = json.load(open(os.path.join(out, "ceiling.json")))
+    if ceiling["missed"] or ceiling["duplicates"] or ceiling["timed_out"]:
+        problems.append(f"ceiling: missed {ceiling['missed']} duplicated {ceiling['duplicates']}")
+except (OSError, ValueError, KeyError) as e:
+    problems.append(f"ceiling: no result ({e})")
 for p in problems:
     print("bench quick: FAIL:", p, file=sys.stderr)
 print("bench quick:", "FAIL" if problems else "PASS", file=sys.stderr)

@@ -15,6 +15,7 @@ const std::string kSweepKey = "\x01removal-sweep";
 
 void RemovalWatcher::join(Record& rec) {
   rec.removal_swept = true;
+  watched_.insert(rec.identity.id);
   joined_ = true;
   const auto now = Clock::now();
   if (!due_) {
@@ -57,9 +58,15 @@ void RemovalWatcher::sweep(Clock::time_point due) {
     if (due_ != due) return;  // superseded by an earlier sweep
     due_.reset();
     joined = std::exchange(joined_, false);
-    for (const auto& [id, rec] : core_.table.records()) {
-      if (!rec.removal_swept) continue;
-      (rec.identity.sandbox ? sandboxes : containers) = true;
+    for (auto it = watched_.begin(); it != watched_.end();) {
+      const Record* rec = core_.table.find(*it);
+      // Removed some other way (a look, a reconcile) since it joined, or forgotten.
+      if (rec == nullptr || !rec->removal_swept) {
+        it = watched_.erase(it);
+        continue;
+      }
+      (rec->identity.sandbox ? sandboxes : containers) = true;
+      ++it;
     }
   }
   // Full lists, not ones filtered by state: a container the runtime reloaded as UNKNOWN (after
@@ -84,8 +91,14 @@ void RemovalWatcher::sweep(Clock::time_point due) {
   size_t watched = 0, removed = 0;
   bool remaining = false;
   Events out;
-  for (auto& [id, rec] : core_.table.records()) {
-    if (!rec.removal_swept) continue;
+  for (auto wit = watched_.begin(); wit != watched_.end();) {
+    Record* found = core_.table.find(*wit);
+    if (found == nullptr || !found->removal_swept) {
+      wit = watched_.erase(wit);
+      continue;
+    }
+    Record& rec = *found;
+    const std::string& id = *wit;
     // Judge only the kinds listed above: a record may have joined since.
     const bool kind_listed = rec.identity.sandbox ? sandboxes : containers;
     if (listed && kind_listed && rec.reported == ContainerState::kExited &&
@@ -98,8 +111,10 @@ void RemovalWatcher::sweep(Clock::time_point due) {
     ++watched;
     if (rec.reported == ContainerState::kNonExistent) {
       rec.removal_swept = false;
+      wit = watched_.erase(wit);
     } else {
       remaining = true;
+      ++wit;
     }
   }
   if (remaining) {

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "pleg/tracker_core.h"
@@ -31,6 +32,7 @@ class RemovalWatcher {
 
   TrackerCore& core_;
   // Under core_.mu:
+  std::set<std::string> watched_;          // ids of the records that joined (a sweep walks these, not every record)
   std::optional<Clock::time_point> due_;  // the next sweep
   std::chrono::milliseconds interval_{0};  // after that one
   bool joined_ = false;                    // a record joined since the last sweep
