@@ -1,5 +1,8 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -309,6 +312,58 @@ TEST(MetricsServer, ServesMetricsHealthAndReadiness) {
   res = client.Get("/nope");
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 404);
+  server.stop();
+}
+
+// Clients that connect and send nothing (or stall mid-request) must not keep the liveness probe
+// from an answer: each holds a worker for a bounded time only.
+TEST(MetricsServer, HealthzAnswersWhileManyConnectionsSendNothing) {
+  Registry r;
+  SwitchableHealth health;
+  MetricsServer server(MetricsServerOptions{"127.0.0.1:0"}, r, health);
+  ASSERT_TRUE(server.start().ok());
+  std::vector<int> idle;
+  for (int i = 0; i < 64; ++i) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(server.port()));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    if (i % 2 == 1) {
+      const char partial[] = "GET /metrics HTTP/1.1\r\nHost: x\r\n";  // and then nothing
+      ASSERT_GT(write(fd, partial, sizeof(partial) - 1), 0);
+    }
+    idle.push_back(fd);
+  }
+  httplib::Client client("127.0.0.1", server.port());
+  client.set_connection_timeout(10);
+  client.set_read_timeout(10);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto res = client.Get("/healthz");
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  EXPECT_EQ(res->status, 200);
+  // httplib's defaults (8 workers, 5 s read timeout) made it wait 40 s behind these.
+  EXPECT_LT(waited, std::chrono::seconds(4));
+  for (int fd : idle) close(fd);
+  server.stop();
+}
+
+TEST(MetricsServer, RefusesARequestBody) {
+  Registry r;
+  SwitchableHealth health;
+  MetricsServer server(MetricsServerOptions{"127.0.0.1:0"}, r, health);
+  ASSERT_TRUE(server.start().ok());
+  httplib::Client client("127.0.0.1", server.port());
+  client.set_read_timeout(5);
+  auto res = client.Post("/healthz", std::string(1 << 20, 'x'), "text/plain");
+  ASSERT_TRUE(res) << httplib::to_string(res.error());
+  EXPECT_EQ(res->status, 413);
+  res = client.Get("/healthz");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
   server.stop();
 }
 

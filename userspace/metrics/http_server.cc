@@ -16,6 +16,19 @@
 namespace kpleg::metrics {
 namespace {
 
+// Bounds that keep /healthz answering while clients misbehave (the liveness probe restarts the
+// daemon when it does not answer): a connection that sends nothing, or stalls mid-request,
+// holds a worker for at most kReadTimeout (httplib's default is 5 s, with 8 workers: 64 idle
+// connections kept /healthz waiting for 40 s); an idle keep-alive connection is closed after
+// kKeepAlive; a request body (no endpoint takes one) is refused above kMaxBody. Idle workers
+// sleep: the pool costs no wakeup.
+constexpr size_t kWorkers = 32;
+constexpr auto kReadTimeout = std::chrono::seconds(1);
+constexpr auto kWriteTimeout = std::chrono::seconds(2);
+constexpr time_t kKeepAliveSeconds = 1;
+constexpr size_t kKeepAliveMaxRequests = 100;
+constexpr size_t kMaxBody = 4096;
+
 void answer_health(const api::HealthReport& report, httplib::Response& res) {
   if (report.healthy) {
     res.status = 200;
@@ -79,6 +92,12 @@ Status MetricsServer::start() {
     int yes = 1;
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
   });
+  server->new_task_queue = [] { return new httplib::ThreadPool(kWorkers); };
+  server->set_read_timeout(kReadTimeout);
+  server->set_write_timeout(kWriteTimeout);
+  server->set_keep_alive_timeout(kKeepAliveSeconds);
+  server->set_keep_alive_max_count(kKeepAliveMaxRequests);
+  server->set_payload_max_length(kMaxBody);
   server->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(registry_.render(), "text/plain; version=0.0.4; charset=utf-8");
   });
