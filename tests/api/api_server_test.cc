@@ -25,9 +25,10 @@ namespace {
 using grpc::health::v1::HealthCheckRequest;
 using grpc::health::v1::HealthCheckResponse;
 
-v1::WatchRequest watch_from(uint64_t seq) {
+v1::WatchRequest watch_from(uint64_t seq, const std::string& instance_id = {}) {
   v1::WatchRequest req;
   req.set_from_seq(seq);
+  req.set_instance_id(instance_id);
   return req;
 }
 
@@ -84,7 +85,7 @@ TEST_F(ApiServerTest, ThreeWatchersReceiveTheSameEventsInTheSameOrder) {
 
 TEST_F(ApiServerTest, WatchResumedFromSeqGetsExactlyTheEventsAfterIt) {
   for (int i = 0; i < 50; ++i) h_.bus.publish(sample_event(i));
-  WatchClient w(h_.channel(), watch_from(37));
+  WatchClient w(h_.channel(), watch_from(37, h_.bus.instance_id()));
   for (int i = 50; i < 60; ++i) h_.bus.publish(sample_event(i));
   ASSERT_TRUE(w.wait_for(23, 10s)) << w.count();
   EXPECT_EQ(seqs_of(w.events()), range(38, 60));
@@ -114,7 +115,7 @@ TEST_F(ApiServerTest, WatchFromOlderThanTheHistoryGetsResyncFirst) {
   ServerHarness small({}, bus::EventBusOptions{.history_capacity = 100});
   ASSERT_TRUE(small.start().ok());
   for (int i = 0; i < 250; ++i) small.bus.publish(sample_event(i));
-  WatchClient w(small.channel(), watch_from(10));
+  WatchClient w(small.channel(), watch_from(10, small.bus.instance_id()));
   ASSERT_TRUE(w.wait_for(101, 10s)) << w.count();
   auto evs = w.events();
   ASSERT_EQ(evs[0].type(), v1::EVENT_TYPE_RESYNC);
@@ -130,6 +131,19 @@ TEST_F(ApiServerTest, WatchWithAnotherInstancesPositionGetsResync) {
   v1::WatchRequest req = watch_from(3);  // a valid number here, but from another daemon
   req.set_instance_id("0123456789abcdef0123456789abcdef");
   WatchClient w(h_.channel(), req);
+  h_.bus.publish(sample_event(5));
+  ASSERT_TRUE(w.wait_for(2, 10s));
+  auto evs = w.events();
+  EXPECT_EQ(evs[0].type(), v1::EVENT_TYPE_RESYNC);
+  EXPECT_EQ(evs[0].seq(), 5u);
+  EXPECT_EQ(evs[1].seq(), 6u);
+}
+
+// A position without the instance it belongs to may be another instance's (the consumer
+// resumes after a daemon restart): never taken as a position in this stream.
+TEST_F(ApiServerTest, WatchFromAPositionWithoutItsInstanceGetsResync) {
+  for (int i = 0; i < 5; ++i) h_.bus.publish(sample_event(i));
+  WatchClient w(h_.channel(), watch_from(3));
   h_.bus.publish(sample_event(5));
   ASSERT_TRUE(w.wait_for(2, 10s));
   auto evs = w.events();

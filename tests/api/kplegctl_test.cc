@@ -58,7 +58,8 @@ TEST_F(KplegctlTest, HealthExitsZeroWhenHealthyAndOneWithTheReasonsWhenNot) {
 
 TEST_F(KplegctlTest, WatchJsonPrintsOneParsableObjectPerEvent) {
   for (int i = 0; i < 5; ++i) h_.bus.publish(sample_event(i));
-  auto r = ctl({"watch", "-o", "json", "--from-seq", "2", "--count", "3"});
+  auto r = ctl({"watch", "-o", "json", "--from-seq", "2", "--instance-id", h_.bus.instance_id(),
+                "--count", "3"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   auto lines = lines_of(r.out);
   ASSERT_EQ(lines.size(), 3u) << r.out;
@@ -106,7 +107,7 @@ TEST_F(KplegctlTest, WatchTableIsReadable) {
   died.reason = "OOMKilled";
   h_.bus.publish(sample_event(3));
   h_.bus.publish(died);
-  auto r2 = ctl({"watch", "--from-seq", "1", "--count", "1"});
+  auto r2 = ctl({"watch", "--from-seq", "1", "--instance-id", h_.bus.instance_id(), "--count", "1"});
   ASSERT_EQ(r2.exit_code, 0) << r2.err;
   auto lines = lines_of(r2.out);
   ASSERT_EQ(lines.size(), 2u) << r2.out;
@@ -145,12 +146,18 @@ TEST_F(KplegctlTest, ListAndStats) {
   EXPECT_EQ(s.at("healthy"), true);
 }
 
+TEST_F(KplegctlTest, WatchFromASeqNeedsItsInstance) {
+  auto r = ctl({"watch", "--from-seq", "3", "--count", "1"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("--instance-id"), std::string::npos) << r.err;
+}
+
 TEST_F(KplegctlTest, WatchShowsResync) {
   ServerHarness small({}, bus::EventBusOptions{.history_capacity = 5});
   ASSERT_TRUE(small.start().ok());
   for (int i = 0; i < 20; ++i) small.bus.publish(sample_event(i));
   auto r = run_command({KPLEGCTL_BIN, "--socket", small.socket_path, "watch", "-o", "json",
-                        "--from-seq", "1", "--count", "2"},
+                        "--from-seq", "1", "--instance-id", small.bus.instance_id(), "--count", "2"},
                        20s);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   auto lines = lines_of(r.out);

@@ -111,8 +111,9 @@ class PodLifecycleService final : public v1::PodLifecycle::Service {
     } release{watchers_};
 
     uint64_t from = req->from_seq();
-    if (from != 0 && !req->instance_id().empty() && req->instance_id() != bus_.instance_id())
-      from = bus::kUnknownPosition;  // a position in another daemon instance's stream
+    // A position is one in a given daemon instance's stream: without the instance it belongs
+    // to, it could be another instance's (the daemon restarted since): List again (RESYNC).
+    if (from != 0 && req->instance_id() != bus_.instance_id()) from = bus::kUnknownPosition;
     bus::Subscription sub =
         bus_.subscribe(from, bus::EventFilter{req->pod_uid(), req->pod_namespace()});
     OpenWatch open{*this, sub};

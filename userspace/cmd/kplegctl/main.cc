@@ -82,8 +82,14 @@ int watch(v1::PodLifecycle::Stub& stub, const WatchArgs& a, const api::ClientOpt
   if (a.count != 0 && received >= a.count) return 0;
   if (st.ok()) return 0;
   if (st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
-    std::fprintf(stderr, "kplegctl: watch ended: %s (resume with --from-seq %llu)\n",
-                 st.error_message().c_str(), static_cast<unsigned long long>(last_seq));
+    // The position is one in this daemon instance's stream: resuming needs both.
+    std::string instance = a.instance_id;
+    const auto& md = ctx.GetServerInitialMetadata();
+    if (auto it = md.find("kpleg-instance-id"); it != md.end())
+      instance.assign(it->second.data(), it->second.size());
+    std::fprintf(stderr, "kplegctl: watch ended: %s (resume with --from-seq %llu --instance-id %s)\n",
+                 st.error_message().c_str(), static_cast<unsigned long long>(last_seq),
+                 instance.c_str());
     return kExitFailed;
   }
   return report_rpc_error("watch", st, conn);
@@ -120,15 +126,20 @@ int main(int argc, char** argv) {
   watch_cmd->add_option("-o,--output", wa.output, "table or json (one object per line)")
       ->check(CLI::IsMember({"table", "json"}))
       ->capture_default_str();
-  watch_cmd
-      ->add_option("--from-seq", wa.from_seq,
-                   "Start after this sequence number (from list, or the last one seen); "
-                   "0: only new events")
-      ->capture_default_str();
+  auto* from_seq_opt =
+      watch_cmd
+          ->add_option("--from-seq", wa.from_seq,
+                       "Start after this sequence number (from list, or the last one seen); "
+                       "0: only new events")
+          ->capture_default_str();
   watch_cmd->add_option("--pod-uid", wa.pod_uid, "Only this pod");
   watch_cmd->add_option("--namespace", wa.pod_namespace, "Only pods in this namespace");
-  watch_cmd->add_option("--instance-id", wa.instance_id,
-                        "The kplegd instance --from-seq belongs to (from list)");
+  auto* instance_opt = watch_cmd->add_option(
+      "--instance-id", wa.instance_id,
+      "The kplegd instance whose stream --from-seq is in (from list, or from a watch's end); "
+      "another instance's (the daemon restarted) gives RESYNC first");
+  // A position means nothing without the instance whose stream it is in.
+  from_seq_opt->needs(instance_opt);
   watch_cmd->add_option("--count", wa.count, "Stop after this many events (0: never)");
 
   std::string list_output = "table", list_uid, list_ns;
