@@ -123,7 +123,8 @@ echo "bench: the tracker's own capacity (kpleg-bench-ceiling)" >&2
 if command -v valgrind >/dev/null; then
   for n in 200 400; do
     valgrind --tool=callgrind --callgrind-out-file="$OUT/callgrind.ceiling.$n" \
-      "$BIN_DIR/kpleg-bench-ceiling" --lifecycles $n --in-flight 50 >"$OUT/ceiling-callgrind-$n.json" \
+      "$BIN_DIR/kpleg-bench-ceiling" --lifecycles $n --in-flight 50 --sweep-period-ms 200 \
+      >"$OUT/ceiling-callgrind-$n.json" \
       2>"$OUT/callgrind-$n.log" || echo "bench: callgrind run failed, see $OUT/callgrind-$n.log" >&2
   done
 fi

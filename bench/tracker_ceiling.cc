@@ -85,7 +85,7 @@ double cpu_seconds() {
 int main(int argc, char** argv) {
   CLI::App app{"kpleg-bench-ceiling: the kernel-driven path's own capacity, with a runtime "
                "that answers at once"};
-  int lifecycles = 20000, pods = 50, in_flight = 200;
+  int lifecycles = 20000, pods = 50, in_flight = 200, sweep_ms = 1;
   app.add_option("--lifecycles", lifecycles, "Container lifecycles (start, death, removal)")
       ->check(CLI::Range(1, 10'000'000))
       ->capture_default_str();
@@ -95,6 +95,11 @@ int main(int argc, char** argv) {
   app.add_option("--in-flight", in_flight, "Containers per wave")
       ->check(CLI::Range(1, 100'000))
       ->capture_default_str();
+  app.add_option("--sweep-period-ms", sweep_ms,
+                 "Removal sweep period; a long one makes one sweep per wave, so that an instruction "
+                 "count does not depend on how fast the waves went")
+      ->check(CLI::Range(1, 10'000))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   (void)kpleg::setup_logging("warn", kpleg::LogFormat::kText);
 
@@ -102,10 +107,10 @@ int main(int argc, char** argv) {
   kpleg::cgroup::CgroupIndex index;
   CountingSink sink;
   kpleg::pleg::TrackerOptions opts;
-  // One sweep per wave, soon after its deaths: the sweep is part of what is measured.
-  opts.removal_sweep_first = 1ms;
-  opts.removal_sweep_period = 1ms;
-  opts.removal_sweep_idle_max = 10ms;
+  // Sweeps soon after a wave's deaths: the sweep is part of what is measured.
+  opts.removal_sweep_first = std::chrono::milliseconds(sweep_ms);
+  opts.removal_sweep_period = std::chrono::milliseconds(sweep_ms);
+  opts.removal_sweep_idle_max = std::chrono::milliseconds(sweep_ms * 10);
   kpleg::pleg::Tracker tracker(cri, index, sink, opts);
 
   std::vector<std::pair<std::string, v1::PodSandboxConfig>> sandboxes;
