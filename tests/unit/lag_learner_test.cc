@@ -64,6 +64,12 @@ TEST(LagLearner, TheFirstLookIsCapped) {
   EXPECT_EQ(l.first_look(), ms(100));
 }
 
+TEST(LagLearner, ADaemonThatJustStartedLearnsTheLagWithinAFewConfirmations) {
+  LagLearner l;
+  for (int i = 0; i < 4; ++i) confirm_once(l, ms(30));
+  EXPECT_GE(l.first_look(), ms(25)) << "learned within its first 4 confirmations";
+}
+
 TEST(LagLearner, OneSlowAnswerMovesTheFirstLookLittle) {
   LagLearner l(ms(100));
   for (int i = 0; i < 40; ++i) confirm_once(l, ms(10));

@@ -11,7 +11,9 @@
 // whose first look found the answer lowers it by a quarter of a millisecond, in case it was
 // later than needed. Each miss costs a second look, so at that balance about one confirmation
 // in sixteen needs two; a runtime that became faster is followed down within a few hundred
-// confirmations. It never goes later than `cap`.
+// confirmations. The first kWarmup confirmations move it without the 4 ms bound, so that a
+// daemon that just started learns the runtime's lag within a few of them instead of paying for
+// many misses. It never goes later than `cap`.
 #pragma once
 
 #include <algorithm>
@@ -36,6 +38,7 @@ class LagLearner {
   // A confirmation settled. `last_miss`: when (after the signal) the last look that still saw
   // the old state was made; nullopt when the first look already saw the new state.
   void settled(std::optional<ms> last_miss) {
+    ++samples_;
     if (!last_miss) {
       estimate_ms_ = std::max(0.0, estimate_ms_ - kDownMs);
       return;
@@ -46,6 +49,7 @@ class LagLearner {
   // Another chain of looks (after a later signal) found the answer `at` after this one's
   // signal: this chain made no look that could say whether it was there earlier.
   void found_by_other(ms at) {
+    ++samples_;
     if (double(at.count()) > estimate_ms_) {
       up_to(double(at.count()));
     } else {
@@ -58,13 +62,17 @@ class LagLearner {
  private:
   void up_to(double found_ms) {
     const double found = std::min(found_ms, double(cap_.count()));
-    if (found > estimate_ms_) estimate_ms_ += std::min(kUp * (found - estimate_ms_), kUpMaxMs);
+    if (found <= estimate_ms_) return;
+    const double up = kUp * (found - estimate_ms_);
+    estimate_ms_ += samples_ <= kWarmup ? up : std::min(up, kUpMaxMs);
   }
 
   static constexpr double kUp = 0.5;
   static constexpr double kUpMaxMs = 4.0;
   static constexpr double kDownMs = 0.25;
+  static constexpr int kWarmup = 8;
   const ms cap_, step_;
+  int samples_ = 0;
   double estimate_ms_ = 0;  // look at once until something is learned
 };
 
