@@ -5,6 +5,9 @@
 //
 // The test bed is brought up once per test process and left up: it is shared by every CRI and
 // end-to-end test, and `scripts/testbed.sh down` is the way to take it down.
+//
+// $KPLEG_TESTBED_RUNTIME (containerd-1.6, the default, or containerd-2) is passed to `up` as
+// --runtime; `up` fails when the test bed is already up with the other runtime.
 #pragma once
 
 #include <sys/types.h>
