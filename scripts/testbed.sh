@@ -100,6 +100,13 @@ recorded_runtime() {
   echo "${r:-$DEFAULT_RUNTIME}"
 }
 
+root_dir_of() {
+  case $1 in
+    containerd-1.6) echo "$TB/root" ;;
+    *) echo "$TB/root-$1" ;;
+  esac
+}
+
 # Selects the binaries and root of runtime $1. containerd 2.x gets a root of its own: its
 # metadata schema is newer than 1.6's, and a root it has upgraded is not one 1.6 should open.
 # With build=0 (down, status) the containerd-2 binaries must already be in the cache.
@@ -110,7 +117,7 @@ use_runtime() {
     containerd-1.6)
       CONTAINERD=containerd
       CTR=ctr
-      ROOT_DIR=$TB/root
+      ROOT_DIR=$(root_dir_of containerd-1.6)
       ;;
     containerd-2)
       if ((build)); then
@@ -122,7 +129,7 @@ use_runtime() {
       fi
       CONTAINERD=$bin/containerd
       CTR=$bin/ctr
-      ROOT_DIR=$TB/root-containerd-2
+      ROOT_DIR=$(root_dir_of containerd-2)
       # containerd looks its shim up on PATH before its own directory: without this it would
       # start Debian's 1.6 containerd-shim-runc-v2.
       export PATH=$bin:$PATH
@@ -889,6 +896,7 @@ cmd_status() {
   echo "endpoint: $ENDPOINT"
   echo "runtime: $ver"
   echo "testbed runtime: $(recorded_runtime) ($(sed -n 2p "$RUNTIMEFILE" 2>/dev/null || echo "containerd on PATH"))"
+  echo "root: $(root_dir_of "$(recorded_runtime)")"
   echo "pod network: $([ "$(cat "$MODEFILE" 2>/dev/null)" = cni ] && echo "$BRIDGE $SUBNET" || echo "host only")"
   echo "dir: $TB"
   echo "log: $LOGFILE"

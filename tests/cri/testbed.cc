@@ -116,6 +116,18 @@ Result<pid_t> TestBed::containerd_pid() const {
   return static_cast<pid_t>(std::stol(pid));
 }
 
+Result<std::string> TestBed::root_dir() const {
+  auto r = run_process({script(), "status"}, std::chrono::seconds(30));
+  if (!r) return r.error();
+  if (r->exit_code != 0) {
+    return Error{ESRCH, "scripts/testbed.sh status: test bed not up (exit " +
+                            std::to_string(r->exit_code) + "): " + r->out + r->err};
+  }
+  auto root = value_after(r->out, "root: ");
+  if (root.empty()) return Error{EINVAL, "scripts/testbed.sh status printed no root: " + r->out};
+  return root;
+}
+
 bool TestBed::endpoint_is_test_bed() const {
   auto r = run_process({script(), "status"}, std::chrono::seconds(30));
   return r && r->exit_code == 0 && value_after(r->out, "endpoint: ") == endpoint_;

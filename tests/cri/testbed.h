@@ -38,6 +38,9 @@ class TestBed {
   Result<std::string> up() const;
   // The running test bed's containerd, from `scripts/testbed.sh status`.
   Result<pid_t> containerd_pid() const;
+  // The running test bed's containerd root directory (it differs between runtimes), from
+  // `scripts/testbed.sh status`.
+  Result<std::string> root_dir() const;
   // Whether endpoint() is the test bed's own socket (and not some other runtime named by
   // $KPLEG_RUNTIME_ENDPOINT), i.e. whether the test bed can restart it.
   bool endpoint_is_test_bed() const;
