@@ -44,7 +44,7 @@ find_go() {
     echo /usr/local/go/bin/go
   else
     die "no Go toolchain (go on PATH or /usr/local/go/bin/go): containerd 2.x is built from \
-the Go module proxy and needs Go >= 1.24; install Go from go.dev/dl, or set GO=/path/to/go"
+the Go module proxy and needs Go >= 1.24; install Go, or set GO=/path/to/go"
   fi
 }
 
