@@ -9,6 +9,8 @@
 #   KPLEG_BUILD_DIR   build directory (default <repo>/build)
 #   CTEST_ARGS        extra ctest arguments (e.g. "-L unit")
 #   FUZZ_SECONDS      fuzzing time (default 60; 0 skips fuzzing)
+#   KPLEG_TESTBED_RUNTIME  runtime of the cri/e2e test bed: containerd-1.6 (default) or
+#                     containerd-2 (see docs/testbed.md)
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

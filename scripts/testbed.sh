@@ -6,7 +6,7 @@ set -euo pipefail
 
 usage() {
   cat <<'EOF'
-usage: scripts/testbed.sh up [--cni] | down | status
+usage: scripts/testbed.sh up [--cni] [--runtime containerd-1.6|containerd-2] | down | status
 
   up      Install containerd/runc if missing, build the local image, start a private containerd
           and print one line on stdout:  KPLEG_RUNTIME_ENDPOINT=unix://<socket>
@@ -14,6 +14,11 @@ usage: scripts/testbed.sh up [--cni] | down | status
           the endpoint again.
           Without --cni only host-network pod sandboxes run (NamespaceOption network = NODE);
           a pod-network sandbox fails with "cni config not initialized".
+  --runtime NAME
+          containerd-1.6 (default): Debian 12's containerd 1.6 and runc.
+          containerd-2: containerd 2.x built by scripts/runtimes.sh (pinned, from the Go module
+          proxy, cached outside the tree) with Debian's runc. 'up' with one runtime while the
+          test bed is up with the other fails; run 'down' first.
   --cni   Also give pods a network: a bridge (kpleg0) with host-local addresses from
           KPLEG_TESTBED_SUBNET (default 10.88.0.0/16), reachable only from this host; pods get
           no default route.
@@ -23,6 +28,9 @@ usage: scripts/testbed.sh up [--cni] | down | status
 
 environment:
   KPLEG_TESTBED_DIR     where everything lives (default <repo>/.testbed)
+  KPLEG_TESTBED_RUNTIME runtime for 'up' when --runtime is not given (default containerd-1.6);
+                        'down' and 'status' act on whichever runtime is up
+  KPLEG_RUNTIMES_CACHE  where scripts/runtimes.sh keeps the runtimes it builds
   KPLEG_TESTBED_SUBNET  pod subnet for --cni (default 10.88.0.0/16)
   KPLEG_TESTBED_BRIDGE  host bridge for --cni (default kpleg0)
   KPLEG_LOAD            CRI client used for an extra Version check when present
@@ -42,6 +50,8 @@ BRIDGE=${KPLEG_TESTBED_BRIDGE:-kpleg0}
 NS=k8s.io
 IMAGE_REBUILT=0
 READY_TIMEOUT_S=30
+RUNTIMES=(containerd-1.6 containerd-2)
+DEFAULT_RUNTIME=containerd-1.6
 STOP_TIMEOUT_S=20
 
 log() { echo "testbed: $*" >&2; }
@@ -61,18 +71,78 @@ set_paths() {
   RUNC_ROOT=$TB/runc
   CNI_CONF_DIR=$TB/cni/net.d
   IMAGE_DIR=$TB/image
+  RUNTIMEFILE=$TB/runtime
   ENDPOINT=unix://$SOCK
   # sun_path holds 108 bytes; containerd fails later with a confusing bind error otherwise.
   [ "${#SOCK}" -lt 100 ] || die "socket path too long (${#SOCK} bytes): $SOCK; set a shorter KPLEG_TESTBED_DIR"
   export CRI_SOCKET=$SOCK
 }
 
-ctr_() { ctr --address "$SOCK" "$@"; }
+# The runtime's binaries, set by use_runtime: containerd 1.6 from Debian, or containerd 2.x from
+# the cache of scripts/runtimes.sh. ctr comes with the containerd it talks to.
+RUNTIME=""
+CONTAINERD=containerd
+CTR=ctr
+ROOT_DIR=""
+
+ctr_() { "$CTR" --address "$SOCK" "$@"; }
+
+valid_runtime() {
+  local r
+  for r in "${RUNTIMES[@]}"; do [ "$1" = "$r" ] && return 0; done
+  return 1
+}
+
+# The runtime this test bed was last brought up with (recorded by 'up', removed by 'down').
+recorded_runtime() {
+  local r
+  r=$(sed -n 1p "$RUNTIMEFILE" 2>/dev/null || true)
+  echo "${r:-$DEFAULT_RUNTIME}"
+}
+
+root_dir_of() {
+  case $1 in
+    containerd-1.6) echo "$TB/root" ;;
+    *) echo "$TB/root-$1" ;;
+  esac
+}
+
+# Selects the binaries and root of runtime $1. containerd 2.x gets a root of its own: its
+# metadata schema is newer than 1.6's, and a root it has upgraded is not one 1.6 should open.
+# With build=0 (down, status) the containerd-2 binaries must already be in the cache.
+use_runtime() {
+  local build=${2:-1} bin
+  RUNTIME=$1
+  case $RUNTIME in
+    containerd-1.6)
+      CONTAINERD=containerd
+      CTR=ctr
+      ROOT_DIR=$(root_dir_of containerd-1.6)
+      ;;
+    containerd-2)
+      if ((build)); then
+        bin=$("$REPO/scripts/runtimes.sh" bin containerd-2) || die "building containerd 2.x failed"
+      else
+        bin=$(sed -n 2p "$RUNTIMEFILE" 2>/dev/null || true)
+        [ -x "$bin/containerd" ] || bin=$("$REPO/scripts/runtimes.sh" bin containerd-2) ||
+          die "containerd 2.x binaries missing; cannot act on this test bed"
+      fi
+      CONTAINERD=$bin/containerd
+      CTR=$bin/ctr
+      ROOT_DIR=$(root_dir_of containerd-2)
+      # containerd looks its shim up on PATH before its own directory: without this it would
+      # start Debian's 1.6 containerd-shim-runc-v2.
+      export PATH=$bin:$PATH
+      ;;
+    *) die "unknown runtime '$RUNTIME' (one of: ${RUNTIMES[*]})" ;;
+  esac
+}
 
 # --- packages -------------------------------------------------------------------------------
 
 ensure_packages() {
-  local want=(containerd runc busybox-static gcc libc6-dev jq curl) missing=() p
+  local want=(runc busybox-static gcc libc6-dev jq curl) missing=() p
+  [ "$RUNTIME" = containerd-1.6 ] && want+=(containerd)
   [ "${1:-}" = cni ] && want+=(containernetworking-plugins iproute2)
   for p in "${want[@]}"; do
     [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)" = "install ok installed" ] || missing+=("$p")
@@ -140,18 +210,30 @@ our_shims() {
   return 0
 }
 
-# The shim's ttrpc socket, as containerd 1.6 names it: /run/containerd/s/sha256(address/ns/id).
-shim_socket() {
-  local h
-  h=$(printf %s "$SOCK/$2/$3" | sha256sum | cut -d' ' -f1)
-  echo "/run/containerd/s/$h"
+# The unix sockets shim $1 listens on, read from the kernel rather than derived from a naming
+# rule (containerd 1.6 uses /run/containerd/s/sha256(address/ns/id); 2.x hashes a grouping id and
+# may add a debug socket): socket inodes among its descriptors, looked up in its net/unix.
+shim_listen_sockets() {
+  local pid=$1 fd link inodes=" "
+  for fd in /proc/"$pid"/fd/*; do
+    link=$(readlink "$fd" 2>/dev/null) || continue
+    case $link in socket:\[*\]) inodes+="${link//[^0-9]/} " ;; esac
+  done
+  # /proc/net/unix: Num RefCount Protocol Flags Type St Inode Path; St 01 = listening.
+  awk -v inodes="$inodes" '$6 == "01" && NF >= 8 && index(inodes, " " $7 " ") { print $8 }' \
+    "/proc/$pid/net/unix" 2>/dev/null || true
 }
 
 record_shims() {
-  local pid ns id
+  local pid ns id h
   touch "$SHIMFILE"
   while read -r pid ns id; do
-    shim_socket "$pid" "$ns" "$id"
+    shim_listen_sockets "$pid"
+    if [ "$RUNTIME" = containerd-1.6 ]; then
+      # 1.6's rule, for shims whose descriptors cannot be read any more.
+      h=$(printf %s "$SOCK/$ns/$id" | sha256sum | cut -d' ' -f1)
+      echo "/run/containerd/s/$h"
+    fi
   done < <(our_shims) >>"$SHIMFILE"
   sort -u -o "$SHIMFILE" "$SHIMFILE"
 }
@@ -257,7 +339,7 @@ import_image() {
 
 write_config() {
   local mode=$1
-  mkdir -p "$TB"/{root,state,opt,certs.d} "$RUNC_ROOT" "$CNI_CONF_DIR" "$TB/cni/ipam"
+  mkdir -p "$ROOT_DIR" "$TB"/{state,opt,certs.d} "$RUNC_ROOT" "$CNI_CONF_DIR" "$TB/cni/ipam"
   # The CRI plugin watches this directory: it must hold exactly the network we want.
   rm -f "$CNI_CONF_DIR"/*
   if [ "$mode" = cni ]; then
@@ -269,10 +351,19 @@ write_config() {
         }]
       }' >"$CNI_CONF_DIR/10-kpleg-testbed.conflist"
   fi
-  cat >"$CONFIG" <<EOF
+  case $RUNTIME in
+    containerd-1.6) config_v2 ;;
+    containerd-2) config_v3 ;;
+  esac >"$CONFIG"
+  echo "$mode" >"$MODEFILE"
+}
+
+# containerd 1.6.
+config_v2() {
+  cat <<EOF
 # Written by scripts/testbed.sh; rewritten on every start.
 version = 2
-root = "$TB/root"
+root = "$ROOT_DIR"
 state = "$TB/state"
 # containerd may not lower its own score: CAP_SYS_RESOURCE is not always in the bounding set.
 oom_score = 0
@@ -339,7 +430,83 @@ disabled_plugins = [
     [plugins."io.containerd.grpc.v1.cri".registry]
       config_path = "$TB/certs.d"
 EOF
-  echo "$mode" >"$MODEFILE"
+}
+
+# containerd 2.x: the CRI plugin is split into io.containerd.cri.v1.runtime (containers, CNI,
+# runc options), io.containerd.cri.v1.images (snapshotter, pinned sandbox image, registry) and
+# io.containerd.grpc.v1.cri (the server), each with the same settings and reasons as config_v2.
+config_v3() {
+  cat <<EOF
+# Written by scripts/testbed.sh; rewritten on every start.
+# Version 3 is read by every containerd 2.x; 2.4 migrates it in memory (a warning in the log).
+version = 3
+root = "$ROOT_DIR"
+state = "$TB/state"
+# containerd may not lower its own score: CAP_SYS_RESOURCE is not always in the bounding set.
+oom_score = 0
+disabled_plugins = [
+  "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.blockfile",
+  "io.containerd.snapshotter.v1.erofs",
+]
+
+[grpc]
+  address = "$SOCK"
+
+[ttrpc]
+  address = ""
+
+[debug]
+  address = ""
+
+[metrics]
+  address = ""
+
+[plugins]
+  [plugins."io.containerd.internal.v1.opt"]
+    path = "$TB/opt"
+
+  [plugins."io.containerd.cri.v1.runtime"]
+    # See config_v2: runc cannot set the sandbox's oom_score_adj without CAP_SYS_RESOURCE.
+    restrict_oom_score_adj = true
+    disable_apparmor = true
+    enable_selinux = false
+    netns_mounts_under_state_dir = true
+    disable_hugetlb_controller = true
+    tolerate_missing_hugetlb_controller = true
+
+    [plugins."io.containerd.cri.v1.runtime".cni]
+      bin_dirs = ["/usr/lib/cni"]
+      conf_dir = "$CNI_CONF_DIR"
+      max_conf_num = 1
+
+    [plugins."io.containerd.cri.v1.runtime".containerd]
+      default_runtime_name = "runc"
+
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+        runtime_type = "io.containerd.runc.v2"
+
+        [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+          Root = "$RUNC_ROOT"
+          SystemdCgroup = false
+
+  [plugins."io.containerd.cri.v1.images"]
+    snapshotter = "overlayfs"
+
+    # Nothing is pulled: the sandbox image is built and imported locally.
+    [plugins."io.containerd.cri.v1.images".pinned_images]
+      sandbox = "$IMAGE"
+
+    [plugins."io.containerd.cri.v1.images".registry]
+      config_path = "$TB/certs.d"
+
+  [plugins."io.containerd.grpc.v1.cri"]
+    disable_tcp_service = true
+    stream_server_address = "127.0.0.1"
+    stream_server_port = "0"
+EOF
 }
 
 # --- start, readiness -----------------------------------------------------------------------
@@ -365,7 +532,7 @@ start_containerd() {
       fd=${fd##*/}
       [ "$fd" -gt 2 ] 2>/dev/null && eval "exec $fd>&-"
     done
-    exec nohup setsid containerd --config "$CONFIG" --log-level info </dev/null >>"$LOGFILE" 2>&1
+    exec nohup setsid "$CONTAINERD" --config "$CONFIG" --log-level info </dev/null >>"$LOGFILE" 2>&1
   ) &
   pid=$!
   echo "$pid" >"$PIDFILE"
@@ -599,21 +766,35 @@ repair_socket() {
 }
 
 cmd_up() {
-  local mode=hostnet pid
+  local mode=hostnet pid runtime=${KPLEG_TESTBED_RUNTIME:-$DEFAULT_RUNTIME} recorded
   while [ $# -gt 0 ]; do
     case $1 in
       --cni) mode=cni ;;
+      --runtime) [ $# -ge 2 ] || die "--runtime needs a value (${RUNTIMES[*]})"; runtime=$2; shift ;;
+      --runtime=*) runtime=${1#--runtime=} ;;
       -h | --help) usage; exit 0 ;;
-      *) die "unknown option for up: $1 (usage: testbed.sh up [--cni] | down | status)" ;;
+      *) die "unknown option for up: $1 (usage: testbed.sh up [--cni] [--runtime NAME] | down | status)" ;;
     esac
     shift
   done
+  valid_runtime "$runtime" || die "unknown runtime '$runtime' (one of: ${RUNTIMES[*]})"
   need_root
   mkdir -p "$TB"
+  # Built (once, minutes) before taking the lock, so other callers are not kept waiting on it.
+  use_runtime "$runtime"
   take_lock
 
+  # One runtime at a time: a containerd, shims or mounts of the other one still belong to it,
+  # and only its own 'down' can remove them.
+  recorded=$(recorded_runtime)
+  if [ "$recorded" != "$runtime" ] &&
+      { [ -n "$(containerd_pid)" ] || [ -n "$(our_shims)" ] || [ -n "$(our_mounts)" ]; }; then
+    die "the test bed in $TB is up with $recorded; run 'testbed.sh down' first, then 'up --runtime $runtime'"
+  fi
+
   ensure_packages "$mode"
-  command -v containerd-shim-runc-v2 >/dev/null || die "containerd-shim-runc-v2 not on PATH"
+  [ -x "$(command -v containerd-shim-runc-v2)" ] || die "containerd-shim-runc-v2 not on PATH"
+  [ -x "$(command -v "$CONTAINERD")" ] || die "$CONTAINERD not found"
   [ "$mode" != cni ] || [ -x /usr/lib/cni/bridge ] || die "/usr/lib/cni/bridge missing (containernetworking-plugins)"
 
   pid=$(containerd_pid)
@@ -639,6 +820,7 @@ cmd_up() {
   fi
 
   build_image
+  printf '%s\n%s\n' "$RUNTIME" "$(dirname "$(command -v "$CONTAINERD")")" >"$RUNTIMEFILE"
   write_config "$mode"
   start_and_wait
   import_image
@@ -656,10 +838,11 @@ cmd_down() {
     need_root
   fi
   take_lock
+  use_runtime "$(recorded_runtime)" 0
   pid=$(containerd_pid)
   if [ -z "$pid" ] && [ -z "$(our_shims)" ] && [ -z "$(our_mounts)" ]; then
     # Nothing of ours runs and no 'up' is half way (it would hold the lock): stale files only.
-    rm -f "$PIDFILE" "$SOCK" "$SOCK.ttrpc"
+    rm -f "$PIDFILE" "$SOCK" "$SOCK.ttrpc" "$RUNTIMEFILE"
     return 0
   fi
   if [ -z "$pid" ]; then
@@ -692,7 +875,7 @@ cmd_down() {
   remove_cgroups
   remove_network
   rm -rf "$TB/state" "$RUNC_ROOT" "$TB/runc-v1" "$TB/cni/ipam"
-  rm -f "$PIDFILE" "$SOCK" "$SOCK.ttrpc"
+  rm -f "$PIDFILE" "$SOCK" "$SOCK.ttrpc" "$RUNTIMEFILE"
   ((restarted == 0)) || log "cleaned up after an unclean stop"
   log "down"
 }
@@ -712,6 +895,8 @@ cmd_status() {
   echo "pid: $pid"
   echo "endpoint: $ENDPOINT"
   echo "runtime: $ver"
+  echo "testbed runtime: $(recorded_runtime) ($(sed -n 2p "$RUNTIMEFILE" 2>/dev/null || echo "containerd on PATH"))"
+  echo "root: $(root_dir_of "$(recorded_runtime)")"
   echo "pod network: $([ "$(cat "$MODEFILE" 2>/dev/null)" = cni ] && echo "$BRIDGE $SUBNET" || echo "host only")"
   echo "dir: $TB"
   echo "log: $LOGFILE"
@@ -729,7 +914,7 @@ main() {
     status) cmd_status "$@" ;;
     -h | --help | help) usage ;;
     "") usage >&2; exit 2 ;;
-    *) die "unknown command: $cmd (usage: testbed.sh up [--cni] | down | status)" ;;
+    *) die "unknown command: $cmd (usage: testbed.sh up [--cni] [--runtime NAME] | down | status)" ;;
   esac
 }
 

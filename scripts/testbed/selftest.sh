@@ -48,6 +48,12 @@ up() {
 # shellcheck source=cri.sh
 . "$HERE/cri.sh"
 
+# The test bed runs the runtime KPLEG_TESTBED_RUNTIME names; ctr must be the one that comes with it.
+if [ "${KPLEG_TESTBED_RUNTIME:-containerd-1.6}" = containerd-2 ]; then
+  PATH=$("$HERE/../runtimes.sh" bin containerd-2):$PATH
+fi
+echo "selftest: runtime ${KPLEG_TESTBED_RUNTIME:-containerd-1.6}, ctr $(command -v ctr)"
+
 pod_config() { # name uid network-mode(0 pod, 2 node)
   local ns_opts=""
   (($3 != 0)) && ns_opts=$(pb_int 1 "$3")
@@ -128,16 +134,21 @@ shim_sockets_gone() {
   local s
   for s in "${SHIM_SOCKETS[@]}"; do [ ! -e "$s" ] || return 1; done
 }
+# The sockets our shims listen on, from the kernel (socket inodes among their descriptors, looked
+# up in their net/unix): containerd 1.6 and 2.x name them differently.
 collect_shim_sockets() {
-  local pid ns id arg prev
+  local pid fd link inodes s
   SHIM_SOCKETS=()
   for pid in $(our_shims); do
-    ns="" id="" prev=""
-    while IFS= read -r -d '' arg; do
-      case $prev in -namespace) ns=$arg ;; -id) id=$arg ;; esac
-      prev=$arg
-    done <"/proc/$pid/cmdline"
-    SHIM_SOCKETS+=("/run/containerd/s/$(printf %s "$SOCK/$ns/$id" | sha256sum | cut -d' ' -f1)")
+    inodes=" "
+    for fd in /proc/"$pid"/fd/*; do
+      link=$(readlink "$fd" 2>/dev/null) || continue
+      case $link in socket:\[*\]) inodes+="${link//[^0-9]/} " ;; esac
+    done
+    while read -r s; do
+      SHIM_SOCKETS+=("$s")
+    done < <(awk -v inodes="$inodes" '$6 == "01" && NF >= 8 && index(inodes, " " $7 " ") { print $8 }' \
+      "/proc/$pid/net/unix")
   done
 }
 

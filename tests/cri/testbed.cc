@@ -17,7 +17,7 @@ namespace kpleg::testing {
 namespace {
 
 constexpr auto kTestBedUpTimeout =
-    std::chrono::minutes(5);  // first run builds and imports the image
+    std::chrono::minutes(5);  // first run builds and imports the image (and builds containerd 2.x)
 
 bool on_path(const std::string& program) {
   const char* path = std::getenv("PATH");
@@ -31,6 +31,13 @@ bool on_path(const std::string& program) {
     start = end + 1;
   }
   return false;
+}
+
+// The runtime the test bed runs: $KPLEG_TESTBED_RUNTIME (containerd-1.6 or containerd-2), or the
+// script's default when unset.
+std::string requested_runtime() {
+  const char* env = std::getenv("KPLEG_TESTBED_RUNTIME");
+  return env != nullptr ? env : "";
 }
 
 std::string value_after(const std::string& text, const std::string& key) {
@@ -61,7 +68,10 @@ TestBed::TestBed() {
     available_ = true;
     return;
   }
-  if (!on_path("containerd") || !on_path("runc")) {
+  // containerd 2.x comes from scripts/runtimes.sh's cache, which `up` fills; only 1.6 is Debian's.
+  const auto runtime = requested_runtime();
+  const bool debian_containerd = runtime.empty() || runtime == "containerd-1.6";
+  if (!on_path("runc") || (debian_containerd && !on_path("containerd"))) {
     reason_ = "containerd/runc not installed (scripts/install-deps.sh installs them)";
     return;
   }
@@ -79,7 +89,11 @@ TestBed::TestBed() {
 }
 
 Result<std::string> TestBed::up() const {
-  auto r = run_process({script(), "up"}, kTestBedUpTimeout);
+  std::vector<std::string> argv{script(), "up"};
+  if (const auto runtime = requested_runtime(); !runtime.empty()) {
+    argv.insert(argv.end(), {"--runtime", runtime});
+  }
+  auto r = run_process(argv, kTestBedUpTimeout);
   if (!r) return r.error();
   if (r->exit_code != 0) {
     return Error{r->exit_code,
@@ -100,6 +114,18 @@ Result<pid_t> TestBed::containerd_pid() const {
   auto pid = value_after(r->out, "pid: ");
   if (pid.empty()) return Error{EINVAL, "scripts/testbed.sh status printed no pid: " + r->out};
   return static_cast<pid_t>(std::stol(pid));
+}
+
+Result<std::string> TestBed::root_dir() const {
+  auto r = run_process({script(), "status"}, std::chrono::seconds(30));
+  if (!r) return r.error();
+  if (r->exit_code != 0) {
+    return Error{ESRCH, "scripts/testbed.sh status: test bed not up (exit " +
+                            std::to_string(r->exit_code) + "): " + r->out + r->err};
+  }
+  auto root = value_after(r->out, "root: ");
+  if (root.empty()) return Error{EINVAL, "scripts/testbed.sh status printed no root: " + r->out};
+  return root;
 }
 
 bool TestBed::endpoint_is_test_bed() const {

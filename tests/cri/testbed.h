@@ -5,6 +5,9 @@
 //
 // The test bed is brought up once per test process and left up: it is shared by every CRI and
 // end-to-end test, and `scripts/testbed.sh down` is the way to take it down.
+//
+// $KPLEG_TESTBED_RUNTIME (containerd-1.6, the default, or containerd-2) is passed to `up` as
+// --runtime; `up` fails when the test bed is already up with the other runtime.
 #pragma once
 
 #include <sys/types.h>
@@ -35,6 +38,9 @@ class TestBed {
   Result<std::string> up() const;
   // The running test bed's containerd, from `scripts/testbed.sh status`.
   Result<pid_t> containerd_pid() const;
+  // The running test bed's containerd root directory (it differs between runtimes), from
+  // `scripts/testbed.sh status`.
+  Result<std::string> root_dir() const;
   // Whether endpoint() is the test bed's own socket (and not some other runtime named by
   // $KPLEG_RUNTIME_ENDPOINT), i.e. whether the test bed can restart it.
   bool endpoint_is_test_bed() const;

@@ -85,12 +85,12 @@ TEST_F(FaultsTest, AnExitedContainerReloadedAsUnknownAfterARestartIsNotRemoved) 
 
   auto pid = TestBed::instance().containerd_pid();
   ASSERT_TRUE(pid.ok()) << pid.error().message;
+  // Asked while containerd runs: each runtime of the test bed has a root of its own.
+  auto root = TestBed::instance().root_dir();
+  ASSERT_TRUE(root.ok()) << root.error().message;
   ASSERT_EQ(kill(*pid, SIGKILL), 0);
   EXPECT_TRUE(kplegd.wait_for_log("connection lost", 10s)) << kplegd.log();
-  // The test bed's containerd keeps its state under the socket's directory.
-  const std::string sock = endpoint_.substr(std::string("unix://").size());
-  const std::string status = sock.substr(0, sock.rfind('/')) +
-                             "/root/io.containerd.grpc.v1.cri/containers/" + id + "/status";
+  const std::string status = *root + "/io.containerd.grpc.v1.cri/containers/" + id + "/status";
   {
     std::ofstream out(status, std::ios::trunc);
     ASSERT_TRUE(out.good()) << status;
