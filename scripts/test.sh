@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs every kpleg test on this machine: installs the build and test dependencies (Debian
-# packages), builds, runs the CTest suite (unit, bpf, cri, e2e, deploy, bench, vmtest labels), fuzzes the
-# cgroup path parser for a bounded time, and takes the local test bed down afterwards.
+# packages), builds, runs the CTest suite (unit, bpf, cri, e2e, deploy, bench, vmtest labels)
+# against containerd 1.6, the cri and e2e labels again against containerd 2.x (built from the Go
+# module proxy), fuzzes the cgroup path parser for a bounded time, and takes the local test bed
+# down afterwards.
 #
 # Tests that need root, BPF or containerd skip with a reason when run unprivileged; with
 # KPLEG_REQUIRE_PRIVILEGED=1 (as in CI) such a skip is a failure.
@@ -9,8 +11,10 @@
 #   KPLEG_BUILD_DIR   build directory (default <repo>/build)
 #   CTEST_ARGS        extra ctest arguments (e.g. "-L unit")
 #   FUZZ_SECONDS      fuzzing time (default 60; 0 skips fuzzing)
-#   KPLEG_TESTBED_RUNTIME  runtime of the cri/e2e test bed: containerd-1.6 (default) or
-#                     containerd-2 (see docs/testbed.md)
+#   KPLEG_TESTBED_RUNTIME  runtime of the test bed for the whole suite: containerd-1.6
+#                     (default) or containerd-2 (see docs/testbed.md)
+#   KPLEG_TEST_RUNTIMES    runtimes the cri and e2e labels run against once more after the
+#                     whole suite (default containerd-2; empty for none)
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -28,6 +32,29 @@ ctest_log=$build/Testing/ctest-output.log
 mkdir -p "$build/Testing"
 (cd "$build" && ctest --output-on-failure --no-tests=error ${CTEST_ARGS:-}) 2>&1 | tee "$ctest_log" ||
   status=$?
+
+# The cri and e2e suites again on each other runtime the test bed can run (KPLEG_TEST_RUNTIMES,
+# default containerd-2; empty for none), when the whole suite ran (no CTEST_ARGS). containerd 2.x
+# is built from the Go module proxy into a cache outside the tree the first time (about 2 min;
+# scripts/runtimes.sh). A runtime that cannot be built is a skip, and a failure when
+# KPLEG_REQUIRE_PRIVILEGED=1.
+if [ -z "${CTEST_ARGS:-}" ]; then
+  for rt in ${KPLEG_TEST_RUNTIMES-containerd-2}; do
+    bash scripts/testbed.sh down >/dev/null 2>&1 || true
+    echo "==== cri and e2e tests against $rt ====" | tee -a "$ctest_log"
+    if ! bash scripts/runtimes.sh build "$rt" >/dev/null; then
+      if [ "${KPLEG_REQUIRE_PRIVILEGED:-0}" = 1 ]; then
+        echo "FAIL: cannot build $rt (KPLEG_REQUIRE_PRIVILEGED=1)" | tee -a "$ctest_log"
+        status=1
+      else
+        echo "skipped: cannot build $rt (see above)" | tee -a "$ctest_log"
+      fi
+      continue
+    fi
+    (cd "$build" && KPLEG_TESTBED_RUNTIME=$rt ctest --output-on-failure --no-tests=error -L 'cri|e2e') 2>&1 |
+      tee -a "$ctest_log" || status=1
+  done
+fi
 
 if [ "${FUZZ_SECONDS:-60}" != 0 ]; then
   FUZZ_SECONDS=${FUZZ_SECONDS:-60} bash scripts/fuzz.sh || status=1

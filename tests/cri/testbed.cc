@@ -128,6 +128,11 @@ Result<std::string> TestBed::root_dir() const {
   return root;
 }
 
+std::string TestBed::runtime() const {
+  auto r = requested_runtime();
+  return r.empty() ? "containerd-1.6" : r;
+}
+
 bool TestBed::endpoint_is_test_bed() const {
   auto r = run_process({script(), "status"}, std::chrono::seconds(30));
   return r && r->exit_code == 0 && value_after(r->out, "endpoint: ") == endpoint_;

@@ -41,6 +41,9 @@ class TestBed {
   // The running test bed's containerd root directory (it differs between runtimes), from
   // `scripts/testbed.sh status`.
   Result<std::string> root_dir() const;
+  // The runtime the test bed runs: containerd-1.6 (the default) or containerd-2
+  // ($KPLEG_TESTBED_RUNTIME).
+  std::string runtime() const;
   // Whether endpoint() is the test bed's own socket (and not some other runtime named by
   // $KPLEG_RUNTIME_ENDPOINT), i.e. whether the test bed can restart it.
   bool endpoint_is_test_bed() const;
