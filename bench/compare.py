@@ -902,6 +902,14 @@ def write_summary(cfg, results):
 
 # --- main ----------------------------------------------------------------------------------------
 
+def containerd_binary(cfg):
+    """The test bed's running containerd (Debian's 1.6, or a 2.x built by scripts/runtimes.sh)."""
+    try:
+        return os.readlink(f"/proc/{cfg.containerd_pid}/exe")
+    except (OSError, AttributeError, TypeError):
+        return "containerd"
+
+
 def machine_info(cfg):
     def first_line(cmd):
         try:
@@ -917,7 +925,7 @@ def machine_info(cfg):
     with open("/proc/meminfo") as f:
         total = int(f.readline().split()[1]) * 1024
     return {"nproc": os.cpu_count(), "cpu_model": model, "mem_total_gib": total / (1 << 30),
-            "kernel": platform.release(), "containerd": first_line(["containerd", "--version"]),
+            "kernel": platform.release(), "containerd": first_line([containerd_binary(cfg), "--version"]),
             "runc": first_line(["runc", "--version"]), "loadavg_at_start": open("/proc/loadavg").read().strip()}
 
 

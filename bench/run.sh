@@ -5,7 +5,8 @@ set -euo pipefail
 
 usage() {
   cat <<'EOF'
-usage: bench/run.sh [--quick] [--skip-bpf] [--bin-dir DIR] [--results-dir DIR] [-- compare.py options]
+usage: bench/run.sh [--quick] [--skip-bpf] [--runtime containerd-1.6|containerd-2] [--bin-dir DIR]
+                    [--results-dir DIR] [-- compare.py options]
 
   --quick        Small and fast (about 2 minutes): N=3, churn 0 and 10/s, 6 s windows, the BPF
                  benchmark's quick mode. Exits 1 unless results were written and ebpf mode had
@@ -13,6 +14,8 @@ usage: bench/run.sh [--quick] [--skip-bpf] [--bin-dir DIR] [--results-dir DIR] [
                  lifecycle ($KPLEG_BENCH_MAX_CALLS_PER_LIFECYCLE; 3.4 measured with containerd
                  1.6, the goal is 1.5) (the CTest smoke test `bench_quick`).
   --skip-bpf     Leave out kpleg-bench-bpf (the daemon comparison only).
+  --runtime      The test bed's runtime (default: $KPLEG_TESTBED_RUNTIME, else containerd-1.6;
+                 containerd-2 is built once by scripts/runtimes.sh, see docs/testbed.md).
   --bin-dir      Where kplegd, kpleg-load, kpleg-bench-bpf, kpleg-bench-watch,
                  kpleg-bench-cri-prefix, kpleg-bench-ceiling (and kpleg-cri-proxy, for the
                  slow-runtime scenario) are (default: build-bench/bin, else build/bin).
@@ -36,6 +39,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     --quick) QUICK=1 ;;
     --skip-bpf) SKIP_BPF=1 ;;
+    --runtime) export KPLEG_TESTBED_RUNTIME=$2; shift ;;
     --bin-dir) BIN_DIR=$2; shift ;;
     --results-dir) RESULTS_PARENT=$2; shift ;;
     -h|--help) usage; exit 0 ;;
@@ -74,7 +78,7 @@ fi
 export KPLEG_LOAD=$BIN_DIR/kpleg-load
 OUT=$RESULTS_PARENT/$(date +%Y%m%d-%H%M%S)$([ $QUICK -eq 1 ] && echo -quick || true)
 mkdir -p "$OUT"
-COMMAND="bench/run.sh$([ $QUICK -eq 1 ] && echo ' --quick' || true)${EXTRA[*]:+ -- ${EXTRA[*]}}"
+COMMAND="bench/run.sh$([ $QUICK -eq 1 ] && echo ' --quick' || true)${KPLEG_TESTBED_RUNTIME:+ --runtime $KPLEG_TESTBED_RUNTIME}${EXTRA[*]:+ -- ${EXTRA[*]}}"
 echo "bench: results in $OUT" >&2
 
 TESTBED=$REPO/scripts/testbed.sh
