@@ -7,12 +7,27 @@
 #include <nlohmann/json.hpp>
 
 #include "common/duration.h"
+#include "common/log_limiter.h"
 #include "common/logging.h"
 
 namespace kpleg {
 namespace {
 
 using namespace std::chrono_literals;
+
+TEST(LogLimiter, WritesOneLinePerPeriodAndCountsTheRest) {
+  LogLimiter l(10s);
+  const auto t0 = LogLimiter::Clock::time_point{} + 1h;
+  uint64_t left_out = 99;
+  EXPECT_TRUE(l.allow(left_out, t0));
+  EXPECT_EQ(left_out, 0u);
+  for (int i = 0; i < 1000; ++i) EXPECT_FALSE(l.allow(left_out, t0 + 1s));
+  EXPECT_FALSE(l.allow(left_out, t0 + 9s));
+  EXPECT_TRUE(l.allow(left_out, t0 + 10s));
+  EXPECT_EQ(left_out, 1001u) << "the next line says how many were left out";
+  EXPECT_TRUE(l.allow(left_out, t0 + 25s));
+  EXPECT_EQ(left_out, 0u);
+}
 
 TEST(ParseDuration, Units) {
   EXPECT_EQ(*parse_duration("300s"), 300s);

@@ -5,11 +5,15 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <memory>
 #include <mutex>
+#include <sstream>
 #include <thread>
 #include <vector>
 
 #include <grpcpp/support/status_code_enum.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 
 #include "cri/fake_cri_client.h"
 #include "pleg/reconciler.h"
@@ -337,6 +341,30 @@ TEST_F(TrackerTest, UnknownCgroupAsksForAReconcile) {
   tracker_->on_kernel_event(ev);
   EXPECT_NE(reason.find("unknown cgroup"), std::string::npos);
   EXPECT_EQ(tracker_->stats().unresolved_signals, 1u);
+}
+
+// A workload can make such signals frequent (execs in a cgroup no pod owns): they are all
+// counted and each still asks for a reconcile, but the warning, written on the ring-buffer
+// thread, is one line, not one per signal.
+TEST_F(TrackerTest, AStormOfSignalsForUnknownCgroupsWritesOneWarning) {
+  auto lines = std::make_shared<std::ostringstream>();
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(*lines);
+  auto previous = spdlog::default_logger();
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>("capture", sink));
+  int requests = 0;
+  tracker_->set_inconsistency_handler([&](const std::string&) { ++requests; });
+  for (int i = 0; i < 1000; ++i) {
+    kernel::KernelEvent ev;
+    ev.body = kernel::ProcessExec{uint64_t(500000 + i), 1, 1, 1, "x", "/x"};
+    tracker_->on_kernel_event(ev);
+  }
+  spdlog::set_default_logger(previous);
+  EXPECT_EQ(requests, 1000);
+  EXPECT_EQ(tracker_->stats().unresolved_signals, 1000u);
+  const std::string text = lines->str();
+  size_t warnings = 0;
+  for (size_t at = 0; (at = text.find("unknown cgroup", at)) != std::string::npos; ++at) ++warnings;
+  EXPECT_EQ(warnings, 1u) << text;
 }
 
 // Polls f until it holds or 5 s pass.

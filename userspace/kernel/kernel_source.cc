@@ -177,7 +177,13 @@ int BpfKernelSource::on_record(void* ctx, void* data, size_t size) {
   auto* self = static_cast<BpfKernelSource*>(ctx);
   auto ev = decode_event({static_cast<const std::byte*>(data), size}, &self->decode_stats_);
   if (!ev) {
-    spdlog::warn("kernel source: {}", ev.error().message);
+    uint64_t left_out = 0;
+    if (self->decode_log_.allow(left_out))
+      spdlog::warn("kernel source: {}{}", ev.error().message,
+                   left_out > 0 ? fmt::format(" ({} more undecodable records since the last "
+                                              "such line)",
+                                              left_out)
+                                : std::string());
     return 0;
   }
   self->received_.fetch_add(1, std::memory_order_relaxed);

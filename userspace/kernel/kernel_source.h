@@ -14,6 +14,7 @@
 #include <string>
 #include <thread>
 
+#include "common/log_limiter.h"
 #include "common/result.h"
 #include "kernel/bpf_program.h"
 #include "kernel/kernel_event.h"
@@ -89,6 +90,7 @@ class BpfKernelSource final : public KernelSource {
   std::thread thread_;
   std::string cgroup2_mount_;
   DecodeStats decode_stats_;
+  LogLimiter decode_log_{std::chrono::seconds(10)};  // undecodable records: one line per 10 s
   std::atomic<uint64_t> received_{0};
   std::atomic<uint64_t> lost_reported_{0};
   std::atomic<bool> consuming_{false};

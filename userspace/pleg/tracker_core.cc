@@ -58,7 +58,15 @@ void TrackerCore::inconsistent(const std::string& reason) {
     std::lock_guard lk(mu);
     fn = on_inconsistency_;
   }
-  spdlog::warn("tracker: {}; reconciling", reason);
+  uint64_t left_out = 0;
+  if (inconsistency_log_.allow(left_out)) {
+    if (left_out > 0) {
+      spdlog::warn("tracker: {}; reconciling ({} more like it since the last such line)", reason,
+                   left_out);
+    } else {
+      spdlog::warn("tracker: {}; reconciling", reason);
+    }
+  }
   if (fn) fn(reason);
 }
 

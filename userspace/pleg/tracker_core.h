@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "common/log_limiter.h"
 #include "cri/cri_client.h"
 #include "pleg/container_table.h"
 #include "pleg/event.h"
@@ -144,6 +145,8 @@ class TrackerCore {
   };
   std::map<std::string, Trouble> troubles_;  // by pod uid; under mu
   std::function<void(const std::string&)> on_inconsistency_;  // under mu
+  // One warning per 10 s for signals a workload can make frequent (unknown cgroups).
+  LogLimiter inconsistency_log_{std::chrono::seconds(10)};
 };
 
 }  // namespace kpleg::pleg
