@@ -152,6 +152,40 @@ TEST_F(ApiServerTest, WatchFromAPositionWithoutItsInstanceGetsResync) {
   EXPECT_EQ(evs[1].seq(), 6u);
 }
 
+// Requests are a few short filters: an oversized one is the client's mistake, and says so.
+TEST_F(ApiServerTest, OversizedFiltersAndRequestsAreRefusedClearly) {
+  auto stub = h_.stub();
+  {
+    v1::ListRequest req;
+    req.set_pod_uid(std::string(200, 'u'));
+    v1::ListResponse resp;
+    grpc::ClientContext ctx;
+    auto st = stub->List(&ctx, req, &resp);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(st.error_message().find("pod_uid"), std::string::npos) << st.error_message();
+  }
+  {
+    v1::WatchRequest req;
+    req.set_pod_namespace(std::string(100, 'n'));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + 10s);
+    auto reader = stub->Watch(&ctx, req);
+    v1::Event ev;
+    EXPECT_FALSE(reader->Read(&ev));
+    auto st = reader->Finish();
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(st.error_message().find("pod_namespace"), std::string::npos) << st.error_message();
+  }
+  {
+    v1::ListRequest req;
+    req.set_pod_namespace(std::string(8192, 'n'));  // over the 4 KiB a request may have
+    v1::ListResponse resp;
+    grpc::ClientContext ctx;
+    EXPECT_EQ(stub->List(&ctx, req, &resp).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  }
+  EXPECT_EQ(h_.bus.stats().subscribers, 0u) << "a refused Watch holds no subscription";
+}
+
 TEST_F(ApiServerTest, WatchFiltersByPodUidAndNamespace) {
   v1::WatchRequest by_ns = watch_from(0);
   by_ns.set_pod_namespace("kube-system");

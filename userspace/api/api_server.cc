@@ -41,6 +41,26 @@ Result<std::string> read_file(const std::string& path, const char* flag) {
   return ss.str();
 }
 
+// Requests are a few filters: anything bigger is refused by gRPC before a handler sees it.
+constexpr int kMaxRequestBytes = 4096;
+
+// The filters' bounds: a pod UID is 36 characters, a namespace a DNS label of at most 63, an
+// instance id 32 hex digits. A longer one is a client's mistake, said as such.
+grpc::Status check_filters(const std::string& pod_uid, const std::string& pod_namespace,
+                           const std::string* instance_id = nullptr) {
+  if (pod_uid.size() > 128)
+    return {grpc::StatusCode::INVALID_ARGUMENT,
+            fmt::format("pod_uid is {} bytes long: at most 128", pod_uid.size())};
+  if (pod_namespace.size() > 63)
+    return {grpc::StatusCode::INVALID_ARGUMENT,
+            fmt::format("pod_namespace is {} bytes long: at most 63 (a DNS label)",
+                        pod_namespace.size())};
+  if (instance_id != nullptr && instance_id->size() > 64)
+    return {grpc::StatusCode::INVALID_ARGUMENT,
+            fmt::format("instance_id is {} bytes long: at most 64", instance_id->size())};
+  return grpc::Status::OK;
+}
+
 bool matches(const PodRecord& pod, const v1::ListRequest& req) {
   if (!req.pod_uid().empty() && pod.uid != req.pod_uid()) return false;
   if (!req.pod_namespace().empty() && pod.pod_namespace != req.pod_namespace()) return false;
@@ -64,6 +84,7 @@ class PodLifecycleService final : public v1::PodLifecycle::Service {
 
   grpc::Status List(grpc::ServerContext*, const v1::ListRequest* req,
                     v1::ListResponse* resp) override {
+    if (auto st = check_filters(req->pod_uid(), req->pod_namespace()); !st.ok()) return st;
     StateSnapshot snap = state_.snapshot();
     resp->set_seq(snap.seq);
     resp->set_instance_id(bus_.instance_id());
@@ -100,6 +121,9 @@ class PodLifecycleService final : public v1::PodLifecycle::Service {
 
   grpc::Status Watch(grpc::ServerContext* ctx, const v1::WatchRequest* req,
                      grpc::ServerWriter<v1::Event>* writer) override {
+    if (auto st = check_filters(req->pod_uid(), req->pod_namespace(), &req->instance_id());
+        !st.ok())
+      return st;
     if (watchers_.fetch_add(1) >= max_watchers_) {
       watchers_.fetch_sub(1);
       return {grpc::StatusCode::RESOURCE_EXHAUSTED,
@@ -247,6 +271,7 @@ Status ApiServer::start() {
   grpc::ServerBuilder builder;
   builder.RegisterService(service_.get());
   builder.RegisterService(health_service_.get());
+  builder.SetMaxReceiveMessageSize(kMaxRequestBytes);
 
   if (!options_.socket_group.empty()) {
     std::vector<char> buf(16384);
