@@ -126,30 +126,21 @@ TEST_F(ApiServerTest, WatchFromOlderThanTheHistoryGetsResyncFirst) {
   EXPECT_EQ(seqs_of({evs.begin() + 1, evs.end()}), range(151, 250));
 }
 
-TEST_F(ApiServerTest, WatchWithAnotherInstancesPositionGetsResync) {
-  for (int i = 0; i < 5; ++i) h_.bus.publish(sample_event(i));
-  v1::WatchRequest req = watch_from(3);  // a valid number here, but from another daemon
-  req.set_instance_id("0123456789abcdef0123456789abcdef");
-  WatchClient w(h_.channel(), req);
-  h_.bus.publish(sample_event(5));
-  ASSERT_TRUE(w.wait_for(2, 10s));
-  auto evs = w.events();
-  EXPECT_EQ(evs[0].type(), v1::EVENT_TYPE_RESYNC);
-  EXPECT_EQ(evs[0].seq(), 5u);
-  EXPECT_EQ(evs[1].seq(), 6u);
-}
-
-// A position without the instance it belongs to may be another instance's (the consumer
-// resumes after a daemon restart): never taken as a position in this stream.
-TEST_F(ApiServerTest, WatchFromAPositionWithoutItsInstanceGetsResync) {
-  for (int i = 0; i < 5; ++i) h_.bus.publish(sample_event(i));
-  WatchClient w(h_.channel(), watch_from(3));
-  h_.bus.publish(sample_event(5));
-  ASSERT_TRUE(w.wait_for(2, 10s));
-  auto evs = w.events();
-  EXPECT_EQ(evs[0].type(), v1::EVENT_TYPE_RESYNC);
-  EXPECT_EQ(evs[0].seq(), 5u);
-  EXPECT_EQ(evs[1].seq(), 6u);
+// A position is one in a given instance's stream. With another instance's id, or none (the
+// consumer resumes after a daemon restart), it is never taken as a position in this stream.
+TEST_F(ApiServerTest, WatchWithAnotherOrNoInstancesPositionGetsResync) {
+  for (const std::string instance : {"0123456789abcdef0123456789abcdef", ""}) {
+    for (int i = 0; i < 5; ++i) h_.bus.publish(sample_event(i));
+    const uint64_t last = h_.bus.stats().last_seq;
+    // A valid number here, but not from this stream.
+    WatchClient w(h_.channel(), watch_from(last - 2, instance));
+    h_.bus.publish(sample_event(5));
+    ASSERT_TRUE(w.wait_for(2, 10s)) << "instance '" << instance << "'";
+    auto evs = w.events();
+    EXPECT_EQ(evs[0].type(), v1::EVENT_TYPE_RESYNC) << "instance '" << instance << "'";
+    EXPECT_EQ(evs[0].seq(), last);
+    EXPECT_EQ(evs[1].seq(), last + 1);
+  }
 }
 
 // Requests are a few short filters: an oversized one is the client's mistake, and says so.
