@@ -745,6 +745,152 @@ TEST_F(TrackerTest, QuietRemovalSweepsBackOffAndADeathBringsThemBack) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 300ms);
 }
 
+// --- the runtime's event stream (GetContainerEvents) as the confirmation ---------------------
+
+class RuntimeEventsTrackerTest : public TrackerTest {
+ protected:
+  // A tracker whose looks, while the stream is live, wait `grace` for the runtime's event.
+  void restart_with_events(std::chrono::milliseconds grace) {
+    TrackerOptions o;
+    o.runtime_event_grace = grace;
+    o.runtime_event_check = 10ms;
+    o.removal_sweep_first = 20ms;
+    o.removal_sweep_period = 20ms;
+    o.removal_sweep_idle_max = 20ms;
+    restart_and_sync(o);
+    // Any event makes the stream live: here the sandbox's, which the sync already reported.
+    tracker_->on_runtime_event(event(sandbox_, v1::CONTAINER_STARTED_EVENT));
+    ASSERT_TRUE(tracker_->stats().runtime_events_live);
+  }
+  // The event containerd 2.x sends for `id`: the pod's sandbox status and the container's
+  // current status (read from the fake runtime now, before a test counts calls).
+  v1::ContainerEventResponse event(const std::string& id, v1::ContainerEventType type) {
+    v1::ContainerEventResponse ev;
+    ev.set_container_id(id);
+    ev.set_container_event_type(type);
+    *ev.mutable_pod_sandbox_status() = *cri_.pod_sandbox_status(sandbox_);
+    ++own_calls_;
+    if (id != sandbox_ && type != v1::CONTAINER_DELETED_EVENT) {
+      *ev.add_containers_statuses() = *cri_.container_status(id);
+      ++own_calls_;
+    }
+    return ev;
+  }
+  // The tracker's calls (not event()'s).
+  uint64_t calls() {
+    return cri_.calls(cri::CriMethod::kContainerStatus) +
+           cri_.calls(cri::CriMethod::kPodSandboxStatus) +
+           cri_.calls(cri::CriMethod::kListContainers) +
+           cri_.calls(cri::CriMethod::kListPodSandbox) - own_calls_;
+  }
+  uint64_t own_calls_ = 0;
+};
+
+// With the stream live, a container's whole lifecycle (start, death, removal) is confirmed by
+// the runtime's events: no CRI call, and the events carry what a look would have said.
+TEST_F(RuntimeEventsTrackerTest, ALifecycleConfirmedByTheRuntimesEventsCostsNoCall) {
+  restart_with_events(5s);
+  auto id = create("app");
+  ASSERT_TRUE(cri_.start_container(id).ok());
+  auto started_ev = event(id, v1::CONTAINER_STARTED_EVENT);
+  const auto before = calls();
+  kernel_exec(id);
+  tracker_->on_runtime_event(started_ev);
+  ASSERT_TRUE(wait_types(id, {"ContainerStarted"}));
+
+  ASSERT_TRUE(cri_.exit_container(id, 3).ok());
+  auto stopped_ev = event(id, v1::CONTAINER_STOPPED_EVENT);
+  ASSERT_TRUE(cri_.remove_container(id).ok());
+  auto deleted_ev = event(id, v1::CONTAINER_DELETED_EVENT);
+  kernel_exit(id, 3);
+  kernel_rmdir(cgroup_of(id));
+  tracker_->on_runtime_event(stopped_ev);
+  tracker_->on_runtime_event(deleted_ev);
+  ASSERT_TRUE(wait_types(id, {"ContainerStarted", "ContainerDied", "ContainerRemoved"}));
+
+  EXPECT_EQ(calls(), before) << "an event confirmed by a look or a sweep";
+  auto evs = sink_.events();
+  ASSERT_GE(evs.size(), 3u);
+  const auto& died = evs[evs.size() - 2];
+  EXPECT_EQ(died.exit_code, 3);
+  EXPECT_EQ(died.pod_name, "web");
+  EXPECT_EQ(died.container_name, "app");
+  EXPECT_EQ(died.source, EventSource::kKernel);
+  EXPECT_EQ(tracker_->stats().runtime_event_confirmations, 3u);
+  EXPECT_EQ(tracker_->stats().runtime_events_late, 0u);
+}
+
+// An event that does not come (lost, or later than the grace) is covered by the look the
+// signal would have had; the stream is not trusted again until its next event, and the late
+// event changes nothing.
+TEST_F(RuntimeEventsTrackerTest, ALateEventIsCoveredByALook) {
+  restart_with_events(30ms);
+  auto id = create("app");
+  ASSERT_TRUE(cri_.start_container(id).ok());
+  auto late = event(id, v1::CONTAINER_STARTED_EVENT);
+  const auto before = calls();
+  kernel_exec(id);
+  ASSERT_TRUE(wait_types(id, {"ContainerStarted"}));
+  EXPECT_GT(calls(), before);
+  EXPECT_EQ(tracker_->stats().runtime_events_late, 1u);
+  EXPECT_FALSE(tracker_->stats().runtime_events_live);
+  tracker_->on_runtime_event(late);
+  EXPECT_TRUE(tracker_->stats().runtime_events_live);
+  EXPECT_FALSE(eventually([&] { return sink_.types_for(id).size() > 1; }, 200ms));
+}
+
+// When the stream ends, a signal that waits for its event is looked at at once, not after the
+// grace.
+TEST_F(RuntimeEventsTrackerTest, WhenTheStreamStopsTheAwaitedSignalsAreLookedAt) {
+  restart_with_events(60s);
+  auto id = create("app");
+  ASSERT_TRUE(cri_.start_container(id).ok());
+  kernel_exec(id);
+  EXPECT_FALSE(eventually([&] { return !sink_.types_for(id).empty(); }, 200ms))
+      << "looked before the event's grace";
+  tracker_->runtime_events_stopped();
+  ASSERT_TRUE(wait_types(id, {"ContainerStarted"}));
+  EXPECT_FALSE(tracker_->stats().runtime_events_live);
+}
+
+// The stream begins with a backlog of old events, and names containers the kernel path never
+// signalled: they make no event (a removed container's STARTED must not start it again).
+TEST_F(RuntimeEventsTrackerTest, EventsForContainersTheKernelNeverSignalledMakeNoEvent) {
+  restart_with_events(5s);
+  auto id = create("elsewhere");
+  ASSERT_TRUE(cri_.start_container(id).ok());
+  auto started_ev = event(id, v1::CONTAINER_STARTED_EVENT);
+  ASSERT_TRUE(cri_.exit_container(id, 0).ok());
+  auto stopped_ev = event(id, v1::CONTAINER_STOPPED_EVENT);
+  const auto events_before = sink_.events().size();
+  tracker_->on_runtime_event(started_ev);
+  tracker_->on_runtime_event(stopped_ev);
+  tracker_->on_runtime_event(event(id, v1::CONTAINER_DELETED_EVENT));
+  EXPECT_EQ(sink_.events().size(), events_before);
+  EXPECT_GE(tracker_->stats().runtime_events_unmatched, 3u);
+
+  // A removed container's old STARTED, from the backlog, does not bring it back.
+  auto gone = create("gone");
+  ASSERT_TRUE(cri_.start_container(gone).ok());
+  kernel_exec(gone);
+  tracker_->on_runtime_event(event(gone, v1::CONTAINER_STARTED_EVENT));
+  ASSERT_TRUE(cri_.exit_container(gone, 0).ok());
+  kernel_exit(gone, 0);
+  tracker_->on_runtime_event(event(gone, v1::CONTAINER_STOPPED_EVENT));
+  ASSERT_TRUE(cri_.remove_container(gone).ok());
+  tracker_->on_runtime_event(event(gone, v1::CONTAINER_DELETED_EVENT));
+  ASSERT_TRUE(wait_types(gone, {"ContainerStarted", "ContainerDied", "ContainerRemoved"}));
+  v1::ContainerEventResponse old;
+  old.set_container_id(gone);
+  old.set_container_event_type(v1::CONTAINER_STARTED_EVENT);
+  *old.mutable_pod_sandbox_status() = *cri_.pod_sandbox_status(sandbox_);
+  auto* st = old.add_containers_statuses();
+  st->set_id(gone);
+  st->set_state(v1::CONTAINER_RUNNING);
+  tracker_->on_runtime_event(old);
+  EXPECT_FALSE(eventually([&] { return sink_.types_for(gone).size() > 3; }, 100ms));
+}
+
 }  // namespace
 }  // namespace kpleg::pleg
 
@@ -801,6 +947,5 @@ TEST_F(TrackerTest, ASinkCanReadTheTrackerWhileAnEventIsPublished) {
   EXPECT_EQ(seen[0], std::make_pair(std::string("ContainerStarted"), ContainerState::kRunning));
   EXPECT_EQ(seen[1], std::make_pair(std::string("ContainerDied"), ContainerState::kExited));
 }
-
 }  // namespace
 }  // namespace kpleg::pleg

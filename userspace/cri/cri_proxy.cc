@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -270,8 +271,24 @@ class CriProxy::Impl final : public v1::RuntimeService::Service {
     auto reader = stub_->GetContainerEvents(upstream_ctx.get(), *req);
     count_forwarded();
     v1::ContainerEventResponse ev;
+    std::deque<v1::ContainerEventResponse> held;  // the stalled pod's, in order
     while (reader->Read(&ev)) {
-      if (!writer->Write(ev)) {  // our caller went away
+      std::optional<std::string> stalled;
+      {
+        std::lock_guard lk(mu_);
+        if (stall_) stalled = stall_->pod_uid;
+      }
+      // A runtime stuck on a pod tells nothing about it: its events wait for the stall to clear.
+      if (stalled && ev.pod_sandbox_status().metadata().uid() == *stalled) {
+        held.push_back(std::move(ev));
+        continue;
+      }
+      bool gone = false;
+      while (!held.empty() && (!stalled || held.front().pod_sandbox_status().metadata().uid() != *stalled)) {
+        gone = gone || !writer->Write(held.front());
+        held.pop_front();
+      }
+      if (gone || !writer->Write(ev)) {  // our caller went away
         upstream_ctx->TryCancel();
         break;
       }

@@ -14,7 +14,9 @@
 //   - ListContainers and ListPodSandbox whose filter selects only that pod: by one of its ids,
 //     by its sandbox id, or by the io.kubernetes.pod.uid label.
 // Unfiltered lists, Version, Status and the calls that create or start workloads are never
-// stalled: they concern the whole node, or are the workload itself.
+// stalled: they concern the whole node, or are the workload itself. On the GetContainerEvents
+// stream, the stalled pod's events are held back, as a runtime stuck on that pod would not
+// send them, and go out, in order, with the stream's first event after the stall was cleared.
 //
 // Ids are mapped to pod uids through the upstream (sandbox metadata uid; container label
 // io.kubernetes.pod.uid, else its sandbox's uid) and cached; lists and statuses that pass

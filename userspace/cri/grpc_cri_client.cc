@@ -87,8 +87,16 @@ GrpcCriClient::GrpcCriClient(std::string target, GrpcCriClientOptions options)
   // INT_MAX ms and cancels and re-arms it on every read, work for gRPC's timer thread per call.
   // Given as INT_MAX, it means no timer at all.
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, INT_MAX);
+  // No BDP pings: each one is a round trip, and a wakeup, on a stream that carries a few
+  // small messages a second.
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   channel_ = grpc::CreateCustomChannel(target_, grpc::InsecureChannelCredentials(), args);
   stub_ = runtime::v1::RuntimeService::NewStub(channel_);
+  // The watcher follows a connection of its own, which carries no calls: waiting on the calls'
+  // connection would make it poll that connection too, and (with the poll engine) wake on every
+  // response that another thread is waiting for.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  watch_channel_ = grpc::CreateCustomChannel(target_, grpc::InsecureChannelCredentials(), args);
   watcher_ = std::thread([this] {
     set_thread_name("kpleg-cri-watch");
     watch_connectivity();
@@ -102,6 +110,7 @@ GrpcCriClient::~GrpcCriClient() {
     // The channel's shutdown ends the watcher's pending state watch.
     stub_.reset();
     channel_.reset();
+    watch_channel_.reset();
   }
   if (watcher_.joinable()) watcher_.join();
   watch_cq_.Shutdown();
@@ -112,7 +121,7 @@ GrpcCriClient::~GrpcCriClient() {
 }
 
 ConnectionState GrpcCriClient::state() const {
-  return from_grpc(channel_->GetState(/*try_to_connect=*/false));
+  return from_grpc(watch_channel_->GetState(/*try_to_connect=*/false));
 }
 
 // The watcher follows the channel's state with gRPC's state-change notification, with no
@@ -132,7 +141,7 @@ void GrpcCriClient::watch_connectivity() {
     {
       std::lock_guard lk(watch_mu_);
       if (stopping_) break;
-      s = channel_->GetState(/*try_to_connect=*/true);
+      s = watch_channel_->GetState(/*try_to_connect=*/true);
       // Lost: no longer READY, or it left READY since the last look (and is back already).
       if (ever_ready && !lost && (left_ready || s != GRPC_CHANNEL_READY)) {
         lost = true;
@@ -155,7 +164,8 @@ void GrpcCriClient::watch_connectivity() {
         last = s;
         if (options_.on_state_change) options_.on_state_change();
       }
-      channel_->NotifyOnStateChange(s, gpr_inf_future(GPR_CLOCK_REALTIME), &watch_cq_, this);
+      watch_channel_->NotifyOnStateChange(s, gpr_inf_future(GPR_CLOCK_REALTIME), &watch_cq_,
+                                          this);
     }
     void* tag;
     bool ok;
@@ -349,6 +359,23 @@ Status GrpcCriClient::remove_container(const std::string& container_id) {
       });
   if (!r) return r.error();
   return {};
+}
+
+Status GrpcCriClient::container_events(
+    grpc::ClientContext& ctx, const std::function<void(v1::ContainerEventResponse&)>& on_event) {
+  auto reader = stub_->GetContainerEvents(&ctx, v1::GetEventsRequest{});
+  v1::ContainerEventResponse ev;
+  while (reader->Read(&ev)) {
+    on_event(ev);
+    ev.Clear();
+  }
+  grpc::Status st = reader->Finish();
+  stats_.record(CriMethod::kGetContainerEvents, st.error_code());
+  if (st.ok()) {
+    return Error{grpc::StatusCode::UNAVAILABLE, "CRI GetContainerEvents: the runtime ended the stream"};
+  }
+  return Error{st.error_code(), fmt::format("CRI GetContainerEvents failed: {}: {}",
+                                            grpc_code_name(st.error_code()), st.error_message())};
 }
 
 }  // namespace kpleg::cri

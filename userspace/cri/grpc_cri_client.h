@@ -10,8 +10,10 @@
 // UNAVAILABLE instead of queueing until their deadline, so a caller learns of the outage in
 // microseconds and the daemon can report "runtime unreachable" in its health. Meanwhile gRPC
 // keeps reconnecting with jittered exponential backoff (initial .. max backoff below, never
-// giving up), and a watcher thread keeps an idle channel connecting and reports each return
-// to READY through on_reconnect, which is the daemon's cue to relist.
+// giving up), and a watcher thread keeps a connection of its own to the runtime (one that
+// carries no calls, so that it sleeps while they run) connecting, reports its state as the
+// runtime's (state()), and each return to READY through on_reconnect, which is the daemon's
+// cue to relist. The calls' connection reconnects on the next call.
 #pragma once
 
 #include <atomic>
@@ -88,6 +90,15 @@ class GrpcCriClient final : public CriClient {
   Status stop_container(const std::string& container_id, int64_t grace_period_s) override;
   Status remove_container(const std::string& container_id) override;
 
+  // Subscribes to the runtime's GetContainerEvents stream (containerd 1.7 and later) and hands
+  // each event to `on_event`, on the caller's thread, until the stream ends, fails or `ctx` is
+  // cancelled (ClientContext::TryCancel, from another thread); returns how it ended:
+  // UNIMPLEMENTED when the runtime has no event stream (containerd 1.6), CANCELLED after
+  // TryCancel. No deadline: the stream is meant to stay open. Counted in call_stats() once,
+  // when it ends, with that status.
+  Status container_events(grpc::ClientContext& ctx,
+                          const std::function<void(v1::ContainerEventResponse&)>& on_event);
+
   // Current channel state; never triggers a connection attempt itself.
   ConnectionState state() const;
   bool connected() const { return state() == ConnectionState::kReady; }
@@ -107,7 +118,8 @@ class GrpcCriClient final : public CriClient {
 
   const std::string target_;
   const GrpcCriClientOptions options_;
-  std::shared_ptr<grpc::Channel> channel_;
+  std::shared_ptr<grpc::Channel> channel_;        // the calls'
+  std::shared_ptr<grpc::Channel> watch_channel_;  // the watcher's: a connection with no calls
   std::unique_ptr<runtime::v1::RuntimeService::Stub> stub_;
   CallSlots slots_;
   CallStats stats_;

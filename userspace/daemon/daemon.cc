@@ -43,6 +43,7 @@ Result<std::unique_ptr<Daemon>> Daemon::start(const DaemonOptions& opts) {
   co.on_reconnect = [self] {
     spdlog::info("container runtime reachable again");
     if (self->reconciler_) self->reconciler_->request("runtime reconnect");
+    if (self->runtime_events_) self->runtime_events_->retry_now();
   };
   auto cri = cri::GrpcCriClient::create(opts.runtime_endpoint, co);
   if (!cri) return Error{cri.error().code, "bad --runtime-endpoint: " + cri.error().message};
@@ -104,6 +105,10 @@ Status Daemon::start_ebpf() {
     pleg::TrackerStats ts = tracker_->stats();
     metrics_.foreign_containers.set(static_cast<double>(ts.foreign_containers));
     metrics_.tracked_records.set(static_cast<double>(ts.records));
+    metrics_.runtime_events_live.set(ts.runtime_events_live ? 1 : 0);
+    if (runtime_events_) {
+      metrics_.runtime_events.set(static_cast<double>(runtime_events_->stats().events));
+    }
     // The kernel path is the pipeline in ebpf mode: while it is attached and consumed, the
     // pipeline is live now, not only at the last reconcile (every 300 s), which would trip the
     // kubelet's 3-minute staleness alerts.
@@ -123,6 +128,16 @@ Status Daemon::start_ebpf() {
   if (auto st = index_->seed(kernel_->stats().cgroup2_mount); !st) return st;
   if (auto st = reconciler_->start(); !st) {
     spdlog::warn("initial sync failed ({}); retrying in the background", st.error().message);
+  }
+  if (opts_.runtime_events) {
+    // After the initial sync: the stream's backlog then finds the records it may confirm.
+    runtime_events_ = std::make_unique<pleg::RuntimeEvents>(
+        [this](grpc::ClientContext& ctx, const pleg::RuntimeEvents::OnEvent& on_event) {
+          return cri_->container_events(ctx, on_event);
+        },
+        [this](cri::v1::ContainerEventResponse& ev) { tracker_->on_runtime_event(ev); },
+        [this] { tracker_->runtime_events_stopped(); });
+    runtime_events_->start();
   }
   active_ = Mode::kEbpf;
   spdlog::info("running in ebpf mode (reconcile every {} s)",
@@ -149,6 +164,7 @@ Status Daemon::start_relist() {
 void Daemon::stop() {
   if (stopped_.exchange(true)) return;
   if (kernel_) kernel_->stop();
+  if (runtime_events_) runtime_events_->stop();
   if (reconciler_) reconciler_->stop();
   if (tracker_) tracker_->stop();
   if (relist_) relist_->stop();

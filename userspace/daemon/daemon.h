@@ -21,6 +21,7 @@
 #include "metrics/registry.h"
 #include "pleg/generic_relist.h"
 #include "pleg/reconciler.h"
+#include "pleg/runtime_events.h"
 #include "pleg/tracker.h"
 
 namespace kpleg::daemon {
@@ -35,6 +36,8 @@ struct DaemonOptions {
   std::chrono::milliseconds relist_period{std::chrono::seconds(1)};
   std::chrono::milliseconds relist_health_threshold{std::chrono::minutes(3)};
   std::chrono::milliseconds cri_timeout{std::chrono::seconds(2)};
+  // ebpf mode: confirm by the runtime's GetContainerEvents stream where it is served.
+  bool runtime_events = true;
   kernel::KernelSourceOptions kernel;
   bus::EventBusOptions bus;  // its on_publish is the daemon's (metrics)
 };
@@ -62,6 +65,7 @@ class Daemon : public api::StateProvider, public api::HealthProvider, public api
   cri::GrpcCriClient& cri() { return *cri_; }
   pleg::Tracker* tracker() { return tracker_.get(); }
   pleg::Reconciler* reconciler() { return reconciler_.get(); }
+  pleg::RuntimeEvents* runtime_events() { return runtime_events_.get(); }
   pleg::GenericRelist* relist() { return relist_.get(); }
   kernel::BpfKernelSource* kernel_source() { return kernel_.get(); }
 
@@ -88,6 +92,7 @@ class Daemon : public api::StateProvider, public api::HealthProvider, public api
   std::unique_ptr<cgroup::CgroupIndex> index_;
   std::unique_ptr<pleg::Tracker> tracker_;
   std::unique_ptr<pleg::Reconciler> reconciler_;
+  std::unique_ptr<pleg::RuntimeEvents> runtime_events_;
   std::unique_ptr<kernel::BpfKernelSource> kernel_;
   std::unique_ptr<pleg::GenericRelist> relist_;
   std::atomic<bool> stopped_{false};

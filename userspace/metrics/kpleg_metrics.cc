@@ -68,6 +68,14 @@ KplegMetrics::KplegMetrics(Registry& r)
                               "Containers and sandboxes held by the tracker, removed ones "
                               "included until they expire.")
                           .get()),
+      runtime_events(r.counter("kpleg_runtime_events_total",
+                               "Events received on the runtime's GetContainerEvents stream "
+                               "(containerd >= 1.7), which confirm the kernel's signals.")
+                         .get()),
+      runtime_events_live(r.gauge("kpleg_runtime_events_live",
+                                  "1 while the runtime's event stream confirms the kernel's "
+                                  "signals, 0 while targeted looks do.")
+                              .get()),
       uncovered_containers(r.gauge("kpleg_uncovered_containers",
                                    "Running containers and sandboxes the last reconcile listed "
                                    "that the kernel path does not see.")

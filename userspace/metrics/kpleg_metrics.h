@@ -58,6 +58,10 @@ struct KplegMetrics {
   // kpleg_tracked_records: containers and sandboxes the ebpf-mode tracker holds in memory,
   // removed ones included until they expire.
   Gauge& tracked_records;
+  // kpleg_runtime_events_total: events received on the runtime's GetContainerEvents stream;
+  // kpleg_runtime_events_live: 1 while that stream confirms the kernel's signals (ebpf mode).
+  Counter& runtime_events;
+  Gauge& runtime_events_live;
   // kpleg_uncovered_containers: running containers and sandboxes that the last reconcile listed
   // but that the kernel path does not see (their cgroup is not under a tracked root, or they
   // have none on the host: kata, gVisor): their events come from the reconcile alone.
@@ -83,7 +87,7 @@ struct KplegMetrics {
 };
 
 // The metric names, for docs and tests.
-inline constexpr std::array<std::string_view, 17> kMetricNames = {
+inline constexpr std::array<std::string_view, 19> kMetricNames = {
     "kubelet_pleg_relist_duration_seconds",
     "kubelet_pleg_relist_interval_seconds",
     "kubelet_pleg_last_seen_seconds",
@@ -99,6 +103,8 @@ inline constexpr std::array<std::string_view, 17> kMetricNames = {
     "kpleg_mode",
     "kpleg_foreign_containers_total",
     "kpleg_tracked_records",
+    "kpleg_runtime_events_total",
+    "kpleg_runtime_events_live",
     "kpleg_uncovered_containers",
     "kpleg_build_info",
 };

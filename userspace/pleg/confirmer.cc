@@ -57,16 +57,78 @@ void Confirmer::start_chain(Record& rec, const std::string& pod_uid, Anchor anch
   ++rec.pending;
   ++core_.stats.kernel_signals;
   const auto now = Clock::now();
-  const auto first_look = learner(anchor, core_.table.likely_sandbox(rec)).first_look();
+  const Clock::duration first_look = learner(anchor, core_.table.likely_sandbox(rec)).first_look();
   const auto deadline = now + core_.opts.confirm_budget;
-  const std::string id = rec.identity.id;
+  if (core_.runtime_events_live) {
+    // The runtime's event is the confirmation; a look only for an event late or lost.
+    await_event(rec, pod_uid, anchor, chain, now, first_look, deadline);
+    return;
+  }
+  post_look(rec.identity.id, pod_uid, anchor, chain, now, now + first_look, deadline);
+}
+
+void Confirmer::post_look(const std::string& id, const std::string& pod_uid, Anchor anchor,
+                          uint32_t chain, Clock::time_point signal_at, Clock::time_point at,
+                          Clock::time_point deadline) {
   core_.post(
       pod_uid, id,
-      [this, id, anchor, chain, deadline, now] {
-        confirm(id, anchor, chain, core_.opts.confirm_retry_first, deadline, now,
+      [this, id, anchor, chain, deadline, signal_at] {
+        confirm(id, anchor, chain, core_.opts.confirm_retry_first, deadline, signal_at,
                 Clock::duration(-1));
       },
-      now + first_look);
+      at);
+}
+
+bool Confirmer::settled_or_superseded(const Record& rec, Anchor anchor, uint32_t chain) const {
+  const Want want = want_of(anchor);
+  const int want_rank = want == Want::kRunning ? 1 : 2;
+  return rank(rec.reported) >= want_rank || (want == Want::kExited && chain != rec.death_chain);
+}
+
+void Confirmer::await_event(Record& rec, const std::string& pod_uid, Anchor anchor,
+                            uint32_t chain, Clock::time_point signal_at,
+                            Clock::duration first_look, Clock::time_point deadline) {
+  awaiting_.push_back({rec.identity.id, pod_uid, anchor, chain, signal_at,
+                       signal_at + first_look, deadline});
+  schedule_check(signal_at + first_look + core_.opts.runtime_event_grace);
+}
+
+void Confirmer::schedule_check(Clock::time_point at) {
+  at = std::max(at, last_check_ + core_.opts.runtime_event_check);
+  if (check_due_ && *check_due_ <= at) return;
+  check_due_ = at;
+  static const std::string kCheckKey = "\x01runtime-event-check";
+  core_.queue.post(kCheckKey, [this, at] { check_awaiting(at); }, at);
+}
+
+void Confirmer::check_awaiting(Clock::time_point due) {
+  std::lock_guard lk(core_.mu);
+  if (check_due_ != due) return;  // superseded by an earlier check
+  check_due_.reset();
+  const auto now = Clock::now();
+  last_check_ = now;
+  const auto grace = core_.runtime_events_live ? Clock::duration(core_.opts.runtime_event_grace)
+                                               : Clock::duration::zero();
+  std::optional<Clock::time_point> next;
+  std::deque<Awaiting> keep;
+  for (auto& a : awaiting_) {
+    Record* rec = core_.table.find(a.id);
+    if (rec == nullptr || rec->foreign || settled_or_superseded(*rec, a.anchor, a.chain)) {
+      if (rec != nullptr) --rec->pending;  // the event (or another path) settled it
+      continue;
+    }
+    const auto look_at = a.first_look + grace;
+    if (look_at <= now || !core_.runtime_events_live) {
+      // Overdue (or the stream stopped): the look it would have had.
+      post_look(a.id, a.pod_uid, a.anchor, a.chain, a.signal_at, std::max(now, look_at),
+                a.deadline);
+      continue;
+    }
+    next = next ? std::min(*next, look_at) : look_at;
+    keep.push_back(std::move(a));
+  }
+  awaiting_.swap(keep);
+  if (next) schedule_check(*next);
 }
 
 void Confirmer::confirm(const std::string& id, Anchor anchor, uint32_t chain, milliseconds delay,
@@ -129,6 +191,20 @@ void Confirmer::confirm(const std::string& id, Anchor anchor, uint32_t chain, mi
 
   --rec.pending;
   if (rec.pending == 0) rec.confirm_overdue = false;
+  if (core_.runtime_events_live) {
+    // The look came first although the stream is live: its event is late (or lost, or the
+    // stream stalled). Until the next event arrives, signals are looked at without waiting.
+    ++core_.stats.runtime_events_late;
+    set_live(false);
+    uint64_t left_out = 0;
+    if (late_log_.allow(left_out)) {
+      spdlog::info("tracker: the runtime's event for {} came later than a look ({} ms after "
+                   "the kernel's signal); confirming by looks until its next event{}",
+                   id.substr(0, 12),
+                   std::chrono::duration_cast<milliseconds>(now - signal_at).count(),
+                   left_out > 0 ? fmt::format(" ({} more like it not logged)", left_out) : "");
+    }
+  }
   core_.table.adopt_identity(rec, *obs);
   std::optional<milliseconds> miss;
   if (last_miss >= Clock::duration::zero())
@@ -143,6 +219,51 @@ void Confirmer::confirm(const std::string& id, Anchor anchor, uint32_t chain, mi
   Events out;
   if (core_.advance(rec, obs->state, obs->snapshot, EventSource::kKernel, false, out) > 0)
     ++core_.stats.confirmations;
+  core_.publish(lk, out);
+}
+
+void Confirmer::set_live(bool live) {
+  if (core_.runtime_events_live == live) return;
+  core_.runtime_events_live = live;
+  if (!live && !awaiting_.empty()) {
+    // No event will come: every awaited signal gets its look now, or when it usually would.
+    last_check_ = {};
+    schedule_check(Clock::now());
+  }
+  if (core_.on_runtime_events_live) core_.on_runtime_events_live(live);
+}
+
+void Confirmer::on_report(const std::string& id, const Observation& obs) {
+  TrackerCore::Lock lk(core_.mu);
+  set_live(true);
+  Record* rec = core_.table.find(id);
+  if (rec == nullptr || rec->foreign) {
+    // Not one of the kernel path's containers (yet): a container the kernel has not signalled
+    // is found by its signal's look or by the reconcile, never made from an event alone (the
+    // stream starts with a backlog of events about containers long gone).
+    ++core_.stats.runtime_events_unmatched;
+    return;
+  }
+  ++core_.stats.runtime_events;
+  if (rank(obs.state) <= rank(rec->reported)) return;
+  if (obs.state != ContainerState::kNonExistent) core_.table.adopt_identity(*rec, obs);
+  if (rec->pending > 0) {
+    // A signal waits for this: its learner learns when the runtime had it, as from a look.
+    const auto now_ns = realtime_now_ns();
+    if (obs.state == ContainerState::kRunning && rec->kernel_start_ts != 0 &&
+        now_ns > rec->kernel_start_ts) {
+      learner(Anchor::kExec, obs.sandbox)
+          .found_by_other(milliseconds((now_ns - rec->kernel_start_ts) / 1'000'000));
+    } else if (obs.state == ContainerState::kExited &&
+               rec->exit_signal_at != Clock::time_point{}) {
+      learner(Anchor::kExit, obs.sandbox)
+          .found_by_other(
+              std::chrono::duration_cast<milliseconds>(Clock::now() - rec->exit_signal_at));
+    }
+  }
+  Events out;
+  if (core_.advance(*rec, obs.state, obs.snapshot, EventSource::kKernel, false, out) > 0)
+    ++core_.stats.runtime_event_confirmations;
   core_.publish(lk, out);
 }
 

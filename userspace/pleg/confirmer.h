@@ -8,8 +8,11 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
+#include <optional>
 #include <string>
 
+#include "common/log_limiter.h"
 #include "pleg/lag_learner.h"
 #include "pleg/tracker_core.h"
 
@@ -26,6 +29,13 @@ class Confirmer {
   // Never blocks on the runtime.
   void on_signal(const std::string& id, const std::string& pod_uid, Signal signal, uint64_t ts_ns);
 
+  // What the runtime's event stream said of container/sandbox `id` (runtime_events.h): taken
+  // like a look's answer, for a record the tracker holds; the looks of the signals it settles
+  // then find nothing to do. Any report makes the stream live (see set_live()).
+  void on_report(const std::string& id, const Observation& obs);
+  // The event stream started or stopped delivering. Caller holds core_.mu.
+  void set_live(bool live);
+
  private:
   using Clock = std::chrono::steady_clock;
   enum class Want { kRunning, kExited };
@@ -41,12 +51,31 @@ class Confirmer {
   void confirm(const std::string& id, Anchor anchor, uint32_t chain,
                std::chrono::milliseconds delay, Clock::time_point deadline,
                Clock::time_point signal_at, Clock::duration last_miss);
-  // Queues the first look of a new chain, in pod `pod_uid`'s queue. Caller holds core_.mu.
+  // Queues the first look of a new chain, in pod `pod_uid`'s queue, or, while the runtime's
+  // event stream is live, waits for its event. Caller holds core_.mu.
   void start_chain(Record& rec, const std::string& pod_uid, Anchor anchor);
+  void post_look(const std::string& id, const std::string& pod_uid, Anchor anchor,
+                 uint32_t chain, Clock::time_point signal_at, Clock::time_point at,
+                 Clock::time_point deadline);
   // Not settled yet: the next look, backing off past the budget (logged once). Caller holds mu.
   std::chrono::milliseconds next_delay(Record& rec, Want want, std::chrono::milliseconds delay,
                                        Clock::time_point deadline, Clock::time_point signal_at,
                                        bool unknown_start, const Result<Observation>& obs);
+  // A signal whose runtime event is awaited (the stream is live): one check for all of them,
+  // at most every runtime_event_check, posts a look for those whose event is overdue. A look
+  // per signal would wake a worker per signal only to find the event there.
+  struct Awaiting {
+    std::string id, pod_uid;
+    Anchor anchor;
+    uint32_t chain;
+    Clock::time_point signal_at, first_look, deadline;
+  };
+  void await_event(Record& rec, const std::string& pod_uid, Anchor anchor, uint32_t chain,
+                   Clock::time_point signal_at, Clock::duration first_look,
+                   Clock::time_point deadline);
+  void check_awaiting(Clock::time_point due);
+  void schedule_check(Clock::time_point at);  // caller holds core_.mu
+  bool settled_or_superseded(const Record& rec, Anchor anchor, uint32_t chain) const;
   static Want want_of(Anchor a) { return a == Anchor::kExec ? Want::kRunning : Want::kExited; }
   LagLearner& learner(Anchor anchor, bool sandbox) {
     return lag_[static_cast<int>(anchor)][sandbox ? 1 : 0];
@@ -57,6 +86,11 @@ class Confirmer {
   // sandboxes [.][1] apart (containerd lists a sandbox tens of milliseconds after its pause
   // started). Under core_.mu.
   LagLearner lag_[3][2];
+  LogLimiter late_log_{std::chrono::seconds(10)};
+  // Under core_.mu:
+  std::deque<Awaiting> awaiting_;
+  std::optional<Clock::time_point> check_due_;
+  Clock::time_point last_check_{};
 };
 
 }  // namespace kpleg::pleg

@@ -18,12 +18,21 @@ void RemovalWatcher::join(Record& rec) {
   watched_.insert(rec.identity.id);
   joined_ = true;
   const auto now = Clock::now();
-  if (!due_) {
+  if (core_.runtime_events_live) {
+    if (!due_) interval_ = core_.opts.removal_sweep_with_events;
+    schedule(now + core_.opts.removal_sweep_with_events);
+  } else if (!due_) {
     interval_ = core_.opts.removal_sweep_period;
     schedule(now + core_.opts.removal_sweep_first);
   } else {
     schedule(now + core_.opts.removal_sweep_period);  // no later than that
   }
+}
+
+void RemovalWatcher::on_runtime_events_live(bool live) {
+  if (live || watched_.empty()) return;
+  interval_ = core_.opts.removal_sweep_period;
+  schedule(Clock::now() + core_.opts.removal_sweep_first);
 }
 
 void RemovalWatcher::schedule(Clock::time_point at) {
@@ -60,8 +69,9 @@ void RemovalWatcher::sweep(Clock::time_point due) {
     joined = std::exchange(joined_, false);
     for (auto it = watched_.begin(); it != watched_.end();) {
       const Record* rec = core_.table.find(*it);
-      // Removed some other way (a look, a reconcile) since it joined, or forgotten.
-      if (rec == nullptr || !rec->removal_swept) {
+      // Removed some other way (a look, a reconcile, the runtime's event) since it joined, or
+      // forgotten.
+      if (rec == nullptr || !rec->removal_swept || rec->reported == ContainerState::kNonExistent) {
         it = watched_.erase(it);
         continue;
       }
@@ -123,6 +133,8 @@ void RemovalWatcher::sweep(Clock::time_point due) {
     // the kubelet keeps for its logs), less and less often.
     interval_ = removed > 0 || joined ? core_.opts.removal_sweep_period
                                       : std::min(interval_ * 2, core_.opts.removal_sweep_idle_max);
+    if (core_.runtime_events_live)
+      interval_ = std::max(interval_, core_.opts.removal_sweep_with_events);
     schedule(Clock::now() + interval_);
   }
   core_.publish(lk, out);

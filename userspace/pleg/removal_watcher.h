@@ -2,7 +2,9 @@
 // marks. One sweep answers for all of them: a full ListContainers (ListPodSandbox when
 // sandboxes are watched), whatever their number, instead of a call per container; what a full
 // list leaves out the runtime no longer has. Sweeps run every period while containers die and
-// go, and back off while nothing changes (TrackerOptions::removal_sweep_*).
+// go, and back off while nothing changes (TrackerOptions::removal_sweep_*). While the runtime's
+// event stream is live its DELETED events confirm the removals, and the sweep only catches one
+// that was lost (TrackerOptions::removal_sweep_with_events).
 #pragma once
 
 #include <chrono>
@@ -20,6 +22,9 @@ class RemovalWatcher {
 
   // An exited record joins the sweep. Caller holds core.mu.
   void join(Record& rec);
+  // The runtime's event stream started or stopped confirming removals (its DELETED events):
+  // while it does, sweeps are rare; when it stops, one goes soon. Caller holds core.mu.
+  void on_runtime_events_live(bool live);
   // One targeted look at exited `id` (a reconcile no longer lists it): removed if the runtime
   // does not know it any more; otherwise the sweep goes on.
   void check(const std::string& id);

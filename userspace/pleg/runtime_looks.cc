@@ -10,32 +10,40 @@ namespace {
 
 bool is_not_found(const Error& e) { return e.code == grpc::StatusCode::NOT_FOUND; }
 
-Result<Observation> look_container(cri::CriClient& cri, const std::string& id) {
-  auto st = cri.container_status(id);
-  if (!st) return st.error();
+Observation observe(const cri::v1::ContainerStatus& st) {
   Observation obs;
-  obs.snapshot = from_status(*st);
+  obs.snapshot = from_status(st);
   obs.state = obs.snapshot.state;
-  obs.name = container_name(*st);
-  auto pod = pod_identity(*st, nullptr);
+  obs.name = container_name(st);
+  auto pod = pod_identity(st, nullptr);
   obs.pod_uid = pod.uid;
   obs.pod_name = pod.name;
   obs.pod_namespace = pod.namespace_;
   return obs;
 }
 
-Result<Observation> look_sandbox(cri::CriClient& cri, const std::string& id) {
-  auto ps = cri.pod_sandbox_status(id);
-  if (!ps) return ps.error();
+Observation observe(const cri::v1::PodSandboxStatus& ps) {
   Observation obs;
   obs.sandbox = true;
-  obs.snapshot = from_status(*ps);
+  obs.snapshot = from_status(ps);
   obs.state = obs.snapshot.state;
-  auto pod = pod_identity(*ps);
+  auto pod = pod_identity(ps);
   obs.pod_uid = pod.uid;
   obs.pod_name = pod.name;
   obs.pod_namespace = pod.namespace_;
   return obs;
+}
+
+Result<Observation> look_container(cri::CriClient& cri, const std::string& id) {
+  auto st = cri.container_status(id);
+  if (!st) return st.error();
+  return observe(*st);
+}
+
+Result<Observation> look_sandbox(cri::CriClient& cri, const std::string& id) {
+  auto ps = cri.pod_sandbox_status(id);
+  if (!ps) return ps.error();
+  return observe(*ps);
 }
 
 }  // namespace
@@ -68,6 +76,24 @@ Result<Observation> look(cri::CriClient& cri, const std::string& id, bool kind_k
   gone.state = gone.snapshot.state = ContainerState::kNonExistent;
   gone.sandbox = sandbox;
   return gone;
+}
+
+std::optional<std::pair<std::string, Observation>> observation_of(
+    const cri::v1::ContainerEventResponse& ev) {
+  const std::string& id = ev.container_id();
+  if (id.empty() || ev.container_event_type() == cri::v1::CONTAINER_CREATED_EVENT) return {};
+  const bool sandbox = ev.has_pod_sandbox_status() && ev.pod_sandbox_status().id() == id;
+  if (ev.container_event_type() == cri::v1::CONTAINER_DELETED_EVENT) {
+    Observation gone;
+    gone.state = gone.snapshot.state = ContainerState::kNonExistent;
+    gone.sandbox = sandbox;
+    return std::make_pair(id, gone);
+  }
+  if (sandbox) return std::make_pair(id, observe(ev.pod_sandbox_status()));
+  for (const auto& st : ev.containers_statuses()) {
+    if (st.id() == id) return std::make_pair(id, observe(st));
+  }
+  return {};
 }
 
 }  // namespace kpleg::pleg

@@ -3,7 +3,9 @@
 // judged by the tracker.
 #pragma once
 
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/result.h"
@@ -40,5 +42,13 @@ struct Observation {
 // reported kNonExistent.
 Result<Observation> look(cri::CriClient& cri, const std::string& id, bool kind_known,
                          bool sandbox);
+
+// What one event of the runtime's GetContainerEvents stream says of the container or sandbox it
+// names (`container_id`; a sandbox's events name the sandbox itself): the same as a look at it
+// at the moment the runtime sent the event, which it does after recording the change. A DELETED
+// event says kNonExistent. nullopt when the event says nothing a look would (a CREATED event,
+// no id, or a container missing from its pod's statuses).
+std::optional<std::pair<std::string, Observation>> observation_of(
+    const cri::v1::ContainerEventResponse& ev);
 
 }  // namespace kpleg::pleg

@@ -12,6 +12,23 @@ Tracker::Tracker(cri::CriClient& cri, cgroup::CgroupIndex& index, EventSink& sin
       removal_(core_),
       diff_(core_, removal_) {
   core_.on_exited = [this](Record& rec) { removal_.join(rec); };
+  core_.on_runtime_events_live = [this](bool live) { removal_.on_runtime_events_live(live); };
+}
+
+void Tracker::on_runtime_event(const cri::v1::ContainerEventResponse& ev) {
+  auto report = observation_of(ev);
+  if (!report) {
+    std::lock_guard lk(core_.mu);
+    confirmer_.set_live(true);
+    ++core_.stats.runtime_events_unmatched;
+    return;
+  }
+  confirmer_.on_report(report->first, report->second);
+}
+
+void Tracker::runtime_events_stopped() {
+  std::lock_guard lk(core_.mu);
+  confirmer_.set_live(false);
 }
 
 Tracker::~Tracker() { stop(); }
@@ -68,6 +85,7 @@ TrackerStats Tracker::stats() const {
   std::lock_guard lk(core_.mu);
   TrackerStats st = core_.stats;
   st.records = core_.table.size();
+  st.runtime_events_live = core_.runtime_events_live;
   return st;
 }
 

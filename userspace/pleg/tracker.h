@@ -5,7 +5,8 @@
 // signal to its parts, each with one job:
 //
 //   ContainerTable  the records and the kubelet's transition table (pure; container_table.h)
-//   Confirmer       one targeted CRI look per signal, retried until the runtime agrees
+//   Confirmer       one targeted CRI look per signal, retried until the runtime agrees, or the
+//                   runtime's own event when it streams them (GetContainerEvents)
 //   RemovalWatcher  one adaptive list sweep for the removal of every exited container
 //   ReconcileDiff   a full runtime list held against the records (start-up sync, reconcile)
 //   TrackerCore     what they share: the state lock, the pod work queue, the CRI looks, and
@@ -43,6 +44,13 @@ class Tracker {
 
   // Called on the kernel source's thread; never blocks on the runtime.
   void on_kernel_event(const kernel::KernelEvent& ev);
+
+  // An event of the runtime's GetContainerEvents stream (runtime_events.h), on its thread: the
+  // runtime's confirmation of what the kernel signalled, without a look. Never blocks on the
+  // runtime.
+  void on_runtime_event(const cri::v1::ContainerEventResponse& ev);
+  // The stream ended or failed: signals are confirmed by looks alone again.
+  void runtime_events_stopped();
 
   // Applies a full runtime view. `initial` is the start-up sync (its events are ordinary events
   // with source reconcile); later differences are corrections, after a grace-period re-check.

@@ -49,6 +49,13 @@ struct TrackerOptions {
   std::chrono::milliseconds removal_sweep_first{1000};
   std::chrono::milliseconds removal_sweep_period{1000};
   std::chrono::milliseconds removal_sweep_idle_max{10'000};
+  // With the runtime's event stream live (GetContainerEvents, runtime_events.h), its events
+  // confirm the signals and removals: a signal's first look goes runtime_event_grace after the
+  // runtime usually reports the transition, only in case its event is late or lost, and the
+  // removal sweep runs every removal_sweep_with_events at most, in case a DELETED event was.
+  std::chrono::milliseconds runtime_event_grace{100};
+  std::chrono::milliseconds runtime_event_check{250};  // at most one check of overdue events per
+  std::chrono::milliseconds removal_sweep_with_events{30'000};
   // A difference found by a reconcile is re-checked after this grace period (a kernel event in
   // flight is not a missed one) before it becomes a correction.
   std::chrono::milliseconds correction_grace{300};
@@ -72,6 +79,11 @@ struct TrackerStats {
   uint64_t confirm_failures = 0;    // still unsettled after the budget (it keeps looking)
   uint64_t removal_checks = 0;      // targeted removal checks (asked for by a reconcile)
   uint64_t removal_sweeps = 0;      // list calls of the removal sweep
+  uint64_t runtime_events = 0;      // events of the runtime's stream for a known container
+  uint64_t runtime_event_confirmations = 0;  // of those, the ones that changed state
+  uint64_t runtime_events_unmatched = 0;  // for no known container (or saying nothing new to look for)
+  uint64_t runtime_events_late = 0;  // looks that settled a signal while the stream was live
+  bool runtime_events_live = false;  // the runtime's event stream confirms (see runtime_events.h)
   uint64_t foreign_containers = 0;  // started containers the runtime does not know
   uint64_t foreign_signals = 0;     // kernel signals of those, ignored
   size_t records = 0;               // containers and sandboxes held in memory (incl. removed)
@@ -132,6 +144,9 @@ class TrackerCore {
   ContainerTable table;
   TrackerStats stats;
   std::function<void(Record&)> on_exited;  // called with `mu` held
+  // The runtime's event stream is delivering (runtime_events.h): the confirmations wait for it.
+  bool runtime_events_live = false;
+  std::function<void(bool)> on_runtime_events_live;  // called with `mu` held, on each change
 
  private:
   void note_call(const std::string& id, const Error* error);

@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <pthread.h>
@@ -146,6 +147,12 @@ int main(int argc, char** argv) {
   // lookup per lock: 2.8 % of the daemon's perf samples under a 10/s churn). kplegd does not
   // need it.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  // gRPC's poll engine instead of its default epoll1, unless the environment picks one: with
+  // epoll1 every thread that waits on gRPC (the API's server threads, the runtime connection's
+  // watcher) takes turns reading every connection, so a runtime response or event is read by
+  // one thread and handed to the one waiting for it, a second wakeup each time. With poll, the
+  // thread that waits for a response reads it.
+  setenv("GRPC_POLL_STRATEGY", "poll", /*overwrite=*/0);
   CLI::App app{"kplegd: kernel-driven Pod Lifecycle Event Generator"};
   app.set_version_flag("--version", "kplegd 0.1.0");
 
@@ -159,6 +166,7 @@ int main(int argc, char** argv) {
   std::string mode = "auto";
   std::string reconcile_period = "300s", relist_period = "1s", cri_timeout = "2s";
   std::string print_events;
+  std::string runtime_events = "auto";
   std::string log_level = "info";
   std::string log_format = "text";
 
@@ -175,6 +183,12 @@ int main(int argc, char** argv) {
   app.add_option("--relist-period", relist_period, "Relist period in relist mode")
       ->capture_default_str();
   app.add_option("--cri-timeout", cri_timeout, "Deadline of every CRI call")->capture_default_str();
+  app.add_option("--runtime-events", runtime_events,
+                 "ebpf mode: auto: confirm the kernel's signals by the runtime's "
+                 "GetContainerEvents stream where it is served (containerd >= 1.7), by targeted "
+                 "looks otherwise; off: by targeted looks only")
+      ->check(CLI::IsMember({"auto", "off"}))
+      ->capture_default_str();
   app.add_option("--print-events", print_events, "Print every event on stdout (json)")
       ->check(CLI::IsMember({"json"}));
   app.add_flag(
@@ -228,6 +242,7 @@ int main(int argc, char** argv) {
   opts.mode = mode == "ebpf"     ? daemon::Mode::kEbpf
               : mode == "relist" ? daemon::Mode::kRelist
                                  : daemon::Mode::kAuto;
+  opts.runtime_events = runtime_events == "auto";
   if (!roots.empty()) opts.kernel.bpf.root_names = roots;
   opts.kernel.bpf.ringbuf_bytes = ringbuf_kib * 1024;
   if (auto st = kernel::validate(opts.kernel.bpf); !st) {

@@ -1,0 +1,81 @@
+// The runtime event feed's subscription loop, against a scripted subscribe function: events are
+// handed on, a stream that fails is subscribed again after a backoff, and a runtime without the
+// stream (UNIMPLEMENTED) is asked again only when told it came back.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include <grpcpp/support/status_code_enum.h>
+
+#include "pleg/runtime_events.h"
+
+namespace kpleg::pleg {
+namespace {
+
+using namespace std::chrono_literals;
+namespace v1 = ::runtime::v1;
+
+template <typename F>
+bool eventually(F f, std::chrono::milliseconds timeout = 5s) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!f()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(2ms);
+  }
+  return true;
+}
+
+TEST(RuntimeEventsTest, EventsAreHandedOnAndAFailedStreamIsSubscribedAgain) {
+  std::atomic<int> subscriptions{0}, events{0}, stopped{0};
+  RuntimeEvents::Options o;
+  o.retry_first = 10ms;
+  o.retry_max = 20ms;
+  RuntimeEvents feed(
+      [&](grpc::ClientContext&, const RuntimeEvents::OnEvent& on_event) -> Status {
+        ++subscriptions;
+        for (int i = 0; i < 3; ++i) {
+          v1::ContainerEventResponse ev;
+          ev.set_container_id("c" + std::to_string(i));
+          on_event(ev);
+        }
+        return Error{grpc::StatusCode::UNAVAILABLE, "connection reset"};
+      },
+      [&](v1::ContainerEventResponse& ev) {
+        EXPECT_EQ(ev.container_id().size(), 2u);
+        ++events;
+      },
+      [&] { ++stopped; }, o);
+  feed.start();
+  ASSERT_TRUE(eventually([&] { return subscriptions >= 3; }));
+  feed.stop();
+  EXPECT_GE(events.load(), 9);
+  EXPECT_GE(stopped.load(), 3) << "the tracker is told each time a stream ends";
+  auto st = feed.stats();
+  EXPECT_FALSE(st.unimplemented);
+  EXPECT_EQ(st.last_error, "connection reset");
+  EXPECT_GE(st.events, 9u);
+}
+
+TEST(RuntimeEventsTest, ARuntimeWithoutTheStreamIsAskedAgainOnlyAfterItCameBack) {
+  std::atomic<int> subscriptions{0};
+  RuntimeEvents::Options o;
+  o.retry_first = 1ms;
+  RuntimeEvents feed(
+      [&](grpc::ClientContext&, const RuntimeEvents::OnEvent&) -> Status {
+        ++subscriptions;
+        return Error{grpc::StatusCode::UNIMPLEMENTED, "unknown method GetContainerEvents"};
+      },
+      [](v1::ContainerEventResponse&) {}, [] {}, o);
+  feed.start();
+  ASSERT_TRUE(eventually([&] { return subscriptions == 1; }));
+  EXPECT_FALSE(eventually([&] { return subscriptions > 1; }, 200ms)) << "asked again unprompted";
+  EXPECT_TRUE(feed.stats().unimplemented);
+  feed.retry_now();
+  EXPECT_TRUE(eventually([&] { return subscriptions == 2; }));
+  feed.stop();
+}
+
+}  // namespace
+}  // namespace kpleg::pleg
