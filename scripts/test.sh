@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs every kpleg test on this machine: installs the build and test dependencies (Debian
 # packages), builds, runs the CTest suite (unit, bpf, cri, e2e, deploy, bench, vmtest labels)
-# against containerd 1.6, the cri and e2e labels again against containerd 2.x (built from the Go
-# module proxy), fuzzes the cgroup path parser for a bounded time, and takes the local test bed
+# against containerd 1.6, the cri, e2e and bench labels again against containerd 2.x (built from
+# the Go module proxy), fuzzes the cgroup path parser for a bounded time, and takes the local test bed
 # down afterwards.
 #
 # Tests that need root, BPF or containerd skip with a reason when run unprivileged; with
@@ -13,7 +13,7 @@
 #   FUZZ_SECONDS      fuzzing time (default 60; 0 skips fuzzing)
 #   KPLEG_TESTBED_RUNTIME  runtime of the test bed for the whole suite: containerd-1.6
 #                     (default) or containerd-2 (see docs/testbed.md)
-#   KPLEG_TEST_RUNTIMES    runtimes the cri and e2e labels run against once more after the
+#   KPLEG_TEST_RUNTIMES    runtimes the cri, e2e and bench labels run against once more after the
 #                     whole suite (default containerd-2; empty for none)
 set -euo pipefail
 
@@ -33,7 +33,7 @@ mkdir -p "$build/Testing"
 (cd "$build" && ctest --output-on-failure --no-tests=error ${CTEST_ARGS:-}) 2>&1 | tee "$ctest_log" ||
   status=$?
 
-# The cri and e2e suites again on each other runtime the test bed can run (KPLEG_TEST_RUNTIMES,
+# The cri and e2e suites (and the quick benchmark, with its CRI-calls bound) again on each other runtime the test bed can run (KPLEG_TEST_RUNTIMES,
 # default containerd-2; empty for none), when the whole suite ran (no CTEST_ARGS). containerd 2.x
 # is built from the Go module proxy into a cache outside the tree the first time (about 2 min;
 # scripts/runtimes.sh). A runtime that cannot be built is a skip, and a failure when
@@ -51,7 +51,7 @@ if [ -z "${CTEST_ARGS:-}" ]; then
       fi
       continue
     fi
-    (cd "$build" && KPLEG_TESTBED_RUNTIME=$rt ctest --output-on-failure --no-tests=error -L 'cri|e2e') 2>&1 |
+    (cd "$build" && KPLEG_TESTBED_RUNTIME=$rt ctest --output-on-failure --no-tests=error -L 'cri|e2e|bench') 2>&1 |
       tee -a "$ctest_log" || status=1
   done
 fi
