@@ -13,6 +13,7 @@
 #include "cri/grpc_cri_client.h"
 #include "cri/hung_runtime.h"
 #include "cri/testbed.h"
+#include "support/eventually.h"
 
 namespace kpleg::testing {
 namespace {
@@ -23,17 +24,6 @@ using cri::GrpcCriClient;
 using cri::GrpcCriClientOptions;
 using Clock = std::chrono::steady_clock;
 namespace v1 = runtime::v1;
-
-// Polls `done` until it holds or the deadline passes; true when it held.
-bool eventually(const std::function<bool()>& done, std::chrono::milliseconds within,
-                std::chrono::milliseconds every = 50ms) {
-  const auto deadline = Clock::now() + within;
-  while (!done()) {
-    if (Clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(every);
-  }
-  return true;
-}
 
 std::unique_ptr<GrpcCriClient> make_client(const std::string& endpoint, GrpcCriClientOptions o) {
   auto c = GrpcCriClient::create(endpoint, std::move(o));

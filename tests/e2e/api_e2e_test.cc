@@ -15,6 +15,7 @@
 
 #include "api/client.h"
 #include "e2e/e2e_support.h"
+#include "support/eventually.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
 namespace kpleg::testing {
@@ -72,12 +73,8 @@ class ApiE2eTest : public CriTestBedTest {
   }
   template <typename F>
   bool eventually(F f, std::chrono::milliseconds timeout) {
-    auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < deadline) {
-      if (f()) return true;
-      usleep(200'000);  // polling a process exit status; no event to wait on
-    }
-    return f();
+    // Polling a process's exit status or a scrape: no event to wait on.
+    return testing::eventually(f, timeout, 200ms);
   }
 };
 

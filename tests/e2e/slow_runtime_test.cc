@@ -23,6 +23,7 @@
 #include "cri/cri_proxy.h"
 #include "cri/grpc_cri_client.h"
 #include "e2e/e2e_support.h"
+#include "support/eventually.h"
 
 #ifndef KPLEGCTL_BIN
 #error "KPLEGCTL_BIN must name the kplegctl binary"
@@ -166,12 +167,7 @@ class SlowRuntimeTest : public ProxiedTestBedTest,
 
   // Polls a condition over kplegd's log (KplegdProcess::wait_for holds the lock log() takes).
   bool eventually(const std::function<bool()>& pred, std::chrono::milliseconds timeout) {
-    auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (!pred()) {
-      if (std::chrono::steady_clock::now() > deadline) return false;
-      std::this_thread::sleep_for(50ms);
-    }
-    return true;
+    return testing::eventually(pred, timeout, 50ms);
   }
   size_t log_count(const std::string& needle) const {
     auto log = kplegd_->log();

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "cri/fake_cri_client.h"
+#include "support/eventually.h"
 
 namespace kpleg::pleg {
 namespace {
@@ -22,6 +23,7 @@ using cri::CriMethod;
 using cri::FakeCriClient;
 using ET = EventType;
 using namespace std::chrono_literals;
+using kpleg::testing::eventually;
 
 class CollectingSink final : public EventSink {
  public:
@@ -707,16 +709,6 @@ TEST_F(GenericRelistTest, NoEventTwiceAcrossManyRelists) {
 }
 
 // --- the loop ------------------------------------------------------------------------------
-
-template <typename Pred>
-bool eventually(Pred pred, std::chrono::milliseconds deadline = 5s) {
-  auto until = std::chrono::steady_clock::now() + deadline;
-  while (std::chrono::steady_clock::now() < until) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(1ms);
-  }
-  return pred();
-}
 
 TEST(GenericRelistLoop, RelistsEveryPeriodDeliversEventsAndStopsPromptly) {
   FakeCriClient fake;

@@ -10,22 +10,14 @@
 #include <grpcpp/support/status_code_enum.h>
 
 #include "pleg/runtime_events.h"
+#include "support/eventually.h"
 
 namespace kpleg::pleg {
 namespace {
 
 using namespace std::chrono_literals;
+using kpleg::testing::eventually;
 namespace v1 = ::runtime::v1;
-
-template <typename F>
-bool eventually(F f, std::chrono::milliseconds timeout = 5s) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!f()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(2ms);
-  }
-  return true;
-}
 
 TEST(RuntimeEventsTest, EventsAreHandedOnAndAFailedStreamIsSubscribedAgain) {
   std::atomic<int> subscriptions{0}, events{0}, stopped{0};

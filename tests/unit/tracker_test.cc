@@ -18,11 +18,13 @@
 #include "cri/fake_cri_client.h"
 #include "pleg/reconciler.h"
 #include "pleg/tracker.h"
+#include "support/eventually.h"
 
 namespace kpleg::pleg {
 namespace {
 
 using namespace std::chrono_literals;
+using kpleg::testing::eventually;
 namespace v1 = ::runtime::v1;
 
 class CollectingSink : public EventSink {
@@ -368,16 +370,6 @@ TEST_F(TrackerTest, AStormOfSignalsForUnknownCgroupsWritesOneWarning) {
 }
 
 // Polls f until it holds or 5 s pass.
-template <typename F>
-bool eventually(F f, std::chrono::milliseconds timeout = 5s) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!f()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(5ms);
-  }
-  return true;
-}
-
 TEST_F(TrackerTest, AContainerTheRuntimeDoesNotKnowIsForeignNotAnInconsistency) {
   TrackerOptions o;
   o.foreign_after = 100ms;
