@@ -118,12 +118,13 @@ static __always_inline bool cgroup__name_is_root(struct cgroup *cgrp)
 }
 
 static __always_inline void cgroup__emit(struct cgroup *cgrp, const char *path, __u32 type,
-					 __u64 id, __u64 parent_id)
+					 __u64 id, __u64 parent_id, __u16 flags)
 {
 	struct kpleg_cgroup_event *e = event__reserve(sizeof(*e), type);
 
 	if (!e)
 		return;
+	e->hdr.flags |= flags;
 	e->cgroup_id = id;
 	e->parent_cgroup_id = parent_id;
 	e->level = BPF_CORE_READ(cgrp, level);
@@ -161,9 +162,14 @@ int BPF_PROG(cgroup_mkdir, struct cgroup *cgrp, const char *path)
 
 	__u64 id = cgroup__id(cgrp);
 
-	if (bpf_map_update_elem(&tracked_cgroups, &id, &t, BPF_ANY) < 0)
+	__u16 flags = 0;
+
+	if (bpf_map_update_elem(&tracked_cgroups, &id, &t, BPF_ANY) < 0) {
+		/* Full: the cgroup and everything below it go unseen. Userspace is told at once. */
 		counter__inc(KPLEG_CNT_TRACK_FULL);
-	cgroup__emit(cgrp, path, KPLEG_EVENT_CGROUP_MKDIR, id, parent_id);
+		flags = KPLEG_FLAG_UNTRACKED;
+	}
+	cgroup__emit(cgrp, path, KPLEG_EVENT_CGROUP_MKDIR, id, parent_id, flags);
 	return 0;
 }
 
@@ -181,7 +187,7 @@ int BPF_PROG(cgroup_rmdir, struct cgroup *cgrp, const char *path)
 	}
 	struct cgroup *parent = kpleg__cgroup_parent(cgrp);
 
-	cgroup__emit(cgrp, path, KPLEG_EVENT_CGROUP_RMDIR, id, parent ? cgroup__id(parent) : 0);
+	cgroup__emit(cgrp, path, KPLEG_EVENT_CGROUP_RMDIR, id, parent ? cgroup__id(parent) : 0, 0);
 	bpf_map_delete_elem(&tracked_cgroups, &id);
 	return 0;
 }

@@ -11,7 +11,7 @@
 #ifndef KPLEG_EVENTS_H
 #define KPLEG_EVENTS_H
 
-#define KPLEG_ABI_VERSION 4
+#define KPLEG_ABI_VERSION 5
 
 #define KPLEG_CGROUP_PATH_MAX 512 /* systemd paths of nested nodes exceed 256 */
 #define KPLEG_COMM_MAX 16
@@ -33,6 +33,8 @@ enum kpleg_event_flags {
 	KPLEG_FLAG_PATH_TRUNCATED = 1 << 0, /* cgroup path did not fit KPLEG_CGROUP_PATH_MAX */
 	KPLEG_FLAG_CORE_DUMPED = 1 << 1,    /* exit: the process dumped core */
 	KPLEG_FLAG_OOM_KILLED = 1 << 2,     /* exit: the OOM killer killed this process */
+	KPLEG_FLAG_UNTRACKED = 1 << 3,      /* mkdir: the cgroup belongs to a tracked root but the
+					     * tracked-cgroup map is full: nothing in it is seen */
 };
 
 /* Per-CPU counters, indices into the `counters` array map. */

@@ -419,6 +419,96 @@ TEST_F(KernelSourceTest, CgroupsThatExistedBeforeTheLoaderAreTracked) {
   }
 }
 
+TEST_F(KernelSourceTest, AFullTrackedMapFlagsNewCgroupsAndAResyncTracksThemOnceThereIsRoom) {
+  // How many cgroups this machine already has under tracked roots (a runtime's pods): the map
+  // is then sized for them, this test's pod tree (3) and 4 of its 6 containers.
+  size_t existing = 0;
+  {
+    BpfKernelSource probe(KernelSourceOptions{});
+    ASSERT_TRUE(probe.start(KernelSink{}).ok());
+    existing = probe.program()->tracked_count();
+  }
+  KernelSourceOptions opts;
+  opts.bpf.max_tracked_cgroups = std::max<uint32_t>(kMinTrackedCgroups, uint32_t(existing) + 3 + 4);
+  std::mutex mu;
+  std::vector<std::string> untracked_paths;
+  KernelSink sink = collector_.sink();
+  sink.on_untracked = [&](const std::string& path) {
+    std::lock_guard lk(mu);
+    untracked_paths.push_back(path);
+  };
+  source_ = std::make_unique<BpfKernelSource>(opts);
+  ASSERT_TRUE(source_->start(sink).ok());
+  ASSERT_EQ(source_->stats().untracked_cgroups, 0u);
+
+  auto pod = make_tree(base_->path() + "/kubepods/besteffort/pod" + kPodUid);
+  ASSERT_TRUE(pod.ok());
+  ASSERT_TRUE(source_->program()->is_tracked(pod->id()));
+  std::vector<ScratchCgroup> ctrs;
+  std::vector<uint64_t> ids;
+  for (char c : std::string("abcdef")) {
+    auto ctr = ScratchCgroup::create(pod->path() + "/" + hex_id(c));
+    ASSERT_TRUE(ctr.ok()) << ctr.error().message;
+    ids.push_back(ctr->id());
+    ctrs.push_back(std::move(*ctr));
+  }
+  // Every mkdir is reported, tracked or not, and says which it is.
+  ASSERT_TRUE(collector_.wait_for(
+      [&](const auto& evs) { return filter_cgroups(evs, ids).size() == ids.size(); }, kDeadline));
+  std::vector<size_t> tracked, flagged;
+  for (const auto& ev : collector_.for_cgroups(ids)) {
+    const auto& mk = std::get<CgroupMkdir>(ev.body);
+    const size_t i = std::find(ids.begin(), ids.end(), mk.cgroup_id) - ids.begin();
+    EXPECT_EQ(mk.untracked, !source_->program()->is_tracked(mk.cgroup_id)) << mk.path;
+    (mk.untracked ? flagged : tracked).push_back(i);
+  }
+  ASSERT_GE(flagged.size(), 2u) << "the map had room for more than 4 of them";
+  {
+    std::lock_guard lk(mu);
+    EXPECT_EQ(untracked_paths.size(), flagged.size());
+  }
+  auto st = source_->stats();
+  EXPECT_EQ(st.untracked_cgroups, flagged.size());
+  EXPECT_GE(st.bpf.track_full, flagged.size());
+  EXPECT_EQ(st.map_capacity, opts.bpf.max_tracked_cgroups);
+
+  // An untracked container is blind: its init's exec and exit are not seen.
+  const size_t blind = flagged.front();
+  ASSERT_TRUE(run_in_cgroup(ctrs[blind].path(), {"/bin/true"}).ok());
+
+  // Room again: the tracked containers go away. A stale entry (a cgroup id that exists
+  // nowhere, as one removed during the start-up walk leaves behind) takes one slot.
+  for (size_t i : tracked) ASSERT_TRUE(ctrs[i].remove().ok());
+  ASSERT_TRUE(collector_.wait_for(
+      [&](const auto& evs) {
+        std::vector<uint64_t> gone;
+        for (size_t i : tracked) gone.push_back(ids[i]);
+        return count_kind(filter_cgroups(evs, gone), "cgroup_rmdir") == tracked.size();
+      },
+      kDeadline));
+  const uint64_t stale_id = (uint64_t(1) << 62) + 12345;
+  ASSERT_TRUE(source_->program()->track(stale_id, kpleg_tracked_cgroup{KPLEG_TRACKED_DESCENDANT, 0, 0, 0}).ok());
+
+  auto r = source_->resync_tracked();
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_TRUE(r->walk_complete);
+  EXPECT_GE(r->added, flagged.size());
+  EXPECT_EQ(r->still_full, 0u);
+  EXPECT_GE(r->stale, 1u);
+  EXPECT_FALSE(source_->program()->is_tracked(stale_id));
+  for (size_t i : flagged) EXPECT_TRUE(source_->program()->is_tracked(ids[i])) << ctrs[i].path();
+  st = source_->stats();
+  EXPECT_EQ(st.untracked_cgroups, 0u);
+  EXPECT_GE(st.stale_removed, 1u);
+
+  // Now seen: the formerly blind container's init starts and dies.
+  ASSERT_TRUE(run_in_cgroup(ctrs[blind].path(), {"/bin/sh", "-c", "exit 7"}).ok());
+  ASSERT_TRUE(wait_kinds(ids[blind], {"cgroup_mkdir", "exec", "exit"}))
+      << ::testing::PrintToString(kinds_of(collector_.for_cgroups({ids[blind]})));
+  EXPECT_EQ(kinds_of(collector_.for_cgroups({ids[blind]})),
+            (std::vector<std::string>{"cgroup_mkdir", "exec", "exit"}));
+}
+
 TEST_F(KernelSourceTest, TinyRingBufferReportsExactlyWhatWasLost) {
   // A consumer stalled behind a slow sink, as in a daemon that cannot keep up: the first record
   // blocks the consumer thread until the burst is over, so the one-page ring buffer overflows.

@@ -145,6 +145,73 @@ TEST_F(ApiE2eTest, ContainersTheKernelPathCannotSeeAreNamedAndCounted) {
   EXPECT_EQ((*seeing)->stop(), 0);
 }
 
+// A node with more cgroups than the kernel's tracked-cgroup map holds: a pod made while it is
+// full is flagged by the kernel, reconciled at once (its start is not left to the 300 s
+// reconcile), named in health and counted; once there is room, the resync at the next
+// reconcile tracks it and its death comes from the kernel path again.
+TEST_F(ApiE2eTest, AFullTrackedCgroupMapIsNamedCountedAndReconciledUntilThereIsRoom) {
+  // Fillers: the map is sized to exactly the cgroups that exist when kplegd starts.
+  std::vector<LaunchedPod> fillers;
+  for (const char* name : {"filler-a", "filler-b"}) {
+    auto f = launch_pod(endpoint_, namespace_, name, 1, "sleep 600");
+    ASSERT_TRUE(f.ok()) << f.error().message;
+    fillers.push_back(*f);
+  }
+  double existing = 0;
+  {
+    auto probe = start_kplegd(endpoint_, "ebpf");
+    ASSERT_TRUE(probe.ok()) << probe.error().message;
+    existing = value(scrape(metrics_port(**probe)), "kpleg_bpf_tracked_cgroups");
+    EXPECT_EQ((*probe)->stop(), 0);
+  }
+  ASSERT_GE(existing, 8) << "two pods make six cgroups under kubepods";
+  const std::string capacity = std::to_string(int(existing));
+  auto d = start_kplegd(endpoint_, "ebpf",
+                        {"--max-tracked-cgroups", capacity, "--reconcile-period", "3s"});
+  ASSERT_TRUE(d.ok()) << d.error().message;
+  auto& kplegd = **d;
+  const int port = metrics_port(kplegd);
+  ASSERT_GT(port, 0) << kplegd.log();
+  EXPECT_EQ(value(scrape(port), "kpleg_bpf_tracked_cgroups_capacity"), existing);
+
+  auto pod = launch_pod(endpoint_, namespace_, "unmapped", 1, "sleep 1000000");
+  ASSERT_TRUE(pod.ok()) << pod.error().message;
+  const std::string id = pod->container_ids[0];
+  // Its start still comes, from the reconcile the flagged mkdir asked for.
+  ASSERT_TRUE(wait_types(kplegd, id, kStarted)) << kplegd.log();
+  EXPECT_TRUE(kplegd.wait_for_log("not tracked: the tracked-cgroup map is full", 5s)) << kplegd.log();
+  auto text = scrape(port);
+  EXPECT_GE(value(text, "kpleg_bpf_track_full_total"), 1) << text;
+  EXPECT_GE(value(text, "kpleg_untracked_cgroups"), 1) << text;
+  auto health = kplegctl(socket_of(kplegd), {"health"});
+  ASSERT_TRUE(health.ok());
+  EXPECT_EQ(health->exit_code, 0) << "degraded, not failing: " << health->out;
+  EXPECT_NE(health->out.find("tracked-cgroup map is full (--max-tracked-cgroups=" + capacity),
+            std::string::npos)
+      << health->out;
+
+  // Room again: the fillers go. The next reconcile's resync tracks the pod's cgroups.
+  for (const auto& f : fillers) {
+    ASSERT_TRUE(load_op(endpoint_, "stop-pod", f.sandbox_id).ok());
+    ASSERT_TRUE(load_op(endpoint_, "remove-pod", f.sandbox_id).ok());
+  }
+  EXPECT_TRUE(eventually([&] { return value(scrape(port), "kpleg_untracked_cgroups") == 0; }, 20s))
+      << kplegd.log();
+  EXPECT_TRUE(eventually(
+      [&] {
+        auto h = kplegctl(socket_of(kplegd), {"health"});
+        return h.ok() && h->out == "healthy\n";
+      },
+      10s));
+  // Seen by the kernel again: its death is the kernel path's, not a reconcile's.
+  ASSERT_TRUE(load_op(endpoint_, "stop-container", id).ok());
+  ASSERT_TRUE(wait_types(kplegd, id, kDied)) << kplegd.log();
+  for (const auto& e : kplegd.events()) {
+    if (e["container_id"] == id && e["type"] == "ContainerDied") EXPECT_EQ(e["source"], "kernel") << e.dump();
+  }
+  EXPECT_EQ(kplegd.stop(), 0);
+}
+
 // Hole: cgroups nested in a container's (docker-in-docker, systemd in a container, any
 // privileged pod that makes child cgroups). The kernel tracks them as the container's
 // descendants; their execs and exits belong to the container and cost no CRI call and no

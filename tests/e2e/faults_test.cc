@@ -267,6 +267,8 @@ TEST(KplegdFlags, BadFlagsAreRejected) {
            {"--cri-timeout", "-1s"},
            {"--cgroup-root", "a/b"},
            {"--ringbuf-kib", "3"},
+           {"--max-tracked-cgroups", "0"},
+           {"--max-tracked-cgroups", "99999999"},
            {"--no-such-flag"}}) {
     auto p = KplegdProcess::start(args);
     ASSERT_TRUE(p.ok());

@@ -60,6 +60,21 @@ TEST(KernelEventDecode, CgroupRecordPathIsBoundedByPathLen) {
   EXPECT_EQ(m.parent_cgroup_id, 8u);
   EXPECT_EQ(m.level, 3u);
   EXPECT_FALSE(m.path_truncated);
+  EXPECT_FALSE(m.untracked);
+}
+
+TEST(KernelEventDecode, MkdirThatFoundTheTrackedMapFullSaysSo) {
+  kpleg_cgroup_event r{};
+  r.hdr.type = KPLEG_EVENT_CGROUP_MKDIR;
+  r.hdr.size = sizeof(r);
+  r.hdr.flags = KPLEG_FLAG_UNTRACKED;
+  r.cgroup_id = 9;
+  std::strcpy(r.path, "/kubepods/podx");
+  r.path_len = 14;
+  auto ev = decode_event(bytes_of(r));
+  ASSERT_TRUE(ev.ok());
+  EXPECT_TRUE(std::get<CgroupMkdir>(ev->body).untracked);
+  EXPECT_NE(to_json_line(*ev).find("\"untracked\":true"), std::string::npos) << to_json_line(*ev);
 }
 
 TEST(KernelEventDecode, CgroupRecordWithoutTerminatorAndHugePathLen) {

@@ -8,6 +8,9 @@
 
 namespace kpleg::daemon {
 
+// How long health() names a loss of kernel records (the ring buffer was full).
+constexpr std::chrono::minutes kLossReasonFor{5};
+
 const char* to_string(Mode m) {
   switch (m) {
     case Mode::kAuto: return "auto";
@@ -96,8 +99,10 @@ Status Daemon::start_ebpf() {
     if (ok) metrics_.last_seen.set_to_current_time();
     health_changed();
   });
-  reconciler_->set_on_view(
-      [this](const std::vector<pleg::RuntimeContainer>& view) { check_coverage(view); });
+  reconciler_->set_on_view([this](const std::vector<pleg::RuntimeContainer>& view) {
+    resync_kernel();
+    check_coverage(view);
+  });
   tracker_->set_inconsistency_handler(
       [this](const std::string& why) { reconciler_->request("tracker: " + why); });
   metrics_.on_scrape([this] {
@@ -113,6 +118,7 @@ Status Daemon::start_ebpf() {
     // pipeline is live now, not only at the last reconcile (every 300 s), which would trip the
     // kubelet's 3-minute staleness alerts.
     if (kernel_->live()) metrics_.last_seen.set_to_current_time();
+    mirror_kernel_metrics();
   });
 
   kernel_ = std::make_unique<kernel::BpfKernelSource>(opts_.kernel);
@@ -120,7 +126,19 @@ Status Daemon::start_ebpf() {
   sink.on_event = [this](const kernel::KernelEvent& ev) { on_kernel_event(ev); };
   sink.on_loss = [this](uint64_t n) {
     metrics_.lost_events.inc(double(n));
+    const bool first = lost_records_.fetch_add(n) == 0 ||
+                       std::chrono::steady_clock::now().time_since_epoch().count() -
+                               last_loss_ns_.load() >
+                           std::chrono::nanoseconds(kLossReasonFor).count();
+    last_loss_ns_ = std::chrono::steady_clock::now().time_since_epoch().count();
     reconciler_->request("kernel events lost: " + std::to_string(n));
+    if (first) health_changed();
+  };
+  sink.on_untracked = [this](const std::string& path) {
+    // Whatever happens in that cgroup is unseen: the reconcile finds its containers now, and
+    // the resync that follows tracks it as soon as there is room.
+    reconciler_->request("cgroup " + path + " not tracked: the tracked-cgroup map is full");
+    if (!untracked_reported_.exchange(true)) health_changed();
   };
   sink.on_stopped = [this] { health_changed(); };
   if (auto st = kernel_->start(sink); !st) return st;
@@ -248,6 +266,28 @@ api::HealthReport Daemon::health() {
                               .count()) +
            " s ago" + (rs.last_error.empty() ? "" : ": " + rs.last_error));
     }
+    if (const uint64_t untracked = ks.untracked_cgroups; untracked > 0) {
+      // Degraded, not failing: a restart would meet the same tree; the reconcile covers them.
+      r.reasons.push_back("the kernel's tracked-cgroup map is full (--max-tracked-cgroups=" +
+                          std::to_string(ks.map_capacity) + "): " + std::to_string(untracked) +
+                          " cgroups are not tracked and their containers' events come only from "
+                          "the reconcile; raise --max-tracked-cgroups");
+    }
+    if (const uint64_t lost = lost_records_.load(); lost > 0) {
+      const auto since = std::chrono::steady_clock::now() -
+                         std::chrono::steady_clock::time_point(
+                             std::chrono::steady_clock::duration(last_loss_ns_.load()));
+      if (since < kLossReasonFor) {
+        r.reasons.push_back(
+            std::to_string(lost) + " kernel records lost since start, the last " +
+            std::to_string(std::chrono::duration_cast<std::chrono::seconds>(since).count()) +
+            " s ago (ring buffer full); a reconcile recovered their events each time; raise "
+            "--ringbuf-kib if this recurs");
+        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(kLossReasonFor - since) +
+                    std::chrono::milliseconds(1);
+        if (!r.recheck_in || left < *r.recheck_in) r.recheck_in = left;
+      }
+    }
     {
       // Degraded, not failing: those containers' events still come, at reconcile speed.
       std::lock_guard lk(coverage_mu_);
@@ -316,6 +356,55 @@ void Daemon::check_coverage(const std::vector<pleg::RuntimeContainer>& view) {
     spdlog::info("every running container is seen by the kernel path again");
   }
   if ((uncovered > 0) != (before > 0)) health_changed();
+}
+
+void Daemon::resync_kernel() {
+  if (!kernel_ || !kernel_->live()) return;
+  const bool missed = kernel_->stats().untracked_cgroups > 0;
+  if (missed) {
+    // The hook reported no mkdir below an untracked cgroup: the index learns those from the
+    // tree, before the kernel starts reporting their execs and exits.
+    if (auto st = index_->seed(kernel_->stats().cgroup2_mount); !st)
+      spdlog::warn("resync: re-reading the cgroup tree: {}", st.error().message);
+  }
+  auto r = kernel_->resync_tracked();
+  if (!r) {
+    spdlog::warn("resync of the tracked-cgroup map failed: {}", r.error().message);
+    return;
+  }
+  if (r->added > 0 || r->stale > 0) {
+    spdlog::info("resync of the tracked-cgroup map: {} cgroups tracked that were missing, {} "
+                 "entries of vanished cgroups removed",
+                 r->added, r->stale);
+  }
+  if (!r->walk_complete)
+    spdlog::warn("resync: part of the cgroup tree could not be read; stale entries kept");
+  metrics_.stale_tracked_removed.inc(double(r->stale));
+  if (r->still_full == 0 && untracked_reported_.exchange(false)) {
+    spdlog::info("every cgroup under a tracked root is tracked again");
+    health_changed();
+  } else if (r->still_full > 0 && !untracked_reported_.exchange(true)) {
+    health_changed();
+  }
+}
+
+void Daemon::mirror_kernel_metrics() {
+  auto ks = kernel_->stats();
+  const auto& b = ks.bpf;
+  metrics_.bpf_emitted.set(double(b.emitted));
+  metrics_.bpf_filtered.set(double(b.filtered));
+  static const char* kDropTypes[5] = {"cgroup_mkdir", "cgroup_rmdir", "exec", "exit", "oom"};
+  for (int t = 0; t < 5; ++t)
+    metrics_.bpf_ringbuf_drops.with({kDropTypes[t]}).set(double(b.drops_by_type[t]));
+  metrics_.bpf_helper_failures.set(double(b.helper_failures));
+  metrics_.bpf_not_claimed.with({"exec_repeated"}).set(double(b.exec_repeated));
+  metrics_.bpf_not_claimed.with({"exec_runtime_reexec"}).set(double(b.exec_reexec));
+  metrics_.bpf_not_claimed.with({"exec_hook"}).set(double(b.exec_hook));
+  metrics_.bpf_not_claimed.with({"exit_not_init"}).set(double(b.exit_ignored));
+  metrics_.bpf_track_full.set(double(b.track_full));
+  if (auto* p = kernel_->program()) metrics_.bpf_tracked_cgroups.set(double(p->tracked_count()));
+  metrics_.bpf_tracked_cgroups_capacity.set(double(ks.map_capacity));
+  metrics_.untracked_cgroups.set(double(ks.untracked_cgroups));
 }
 
 void Daemon::set_health_listener(std::function<void()> fn) {

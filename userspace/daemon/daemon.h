@@ -79,6 +79,11 @@ class Daemon : public api::StateProvider, public api::HealthProvider, public api
   void health_changed();
   // Which running containers of a reconcile's view the kernel path does not see.
   void check_coverage(const std::vector<pleg::RuntimeContainer>& view);
+  // At each reconcile: the kernel's tracked-cgroup map catches up with the tree (cgroups it
+  // had no room for, entries of vanished cgroups), the index first when cgroups went untracked.
+  void resync_kernel();
+  // The BPF programs' counters and the tracked map, into the metrics (at scrape time).
+  void mirror_kernel_metrics();
 
   DaemonOptions opts_;
   metrics::Registry registry_;
@@ -99,6 +104,10 @@ class Daemon : public api::StateProvider, public api::HealthProvider, public api
   std::mutex coverage_mu_;
   size_t uncovered_ = 0;            // guarded by coverage_mu_
   std::string uncovered_example_;   // one of them, described; guarded by coverage_mu_
+  std::atomic<bool> untracked_reported_{false};  // the map-full reason is in health()
+  // Kernel records lost (ring buffer full): how many, and when last (steady clock, ns).
+  std::atomic<uint64_t> lost_records_{0};
+  std::atomic<int64_t> last_loss_ns_{0};
   std::mutex health_listener_mu_;  // held while the listener runs: unset means never called
   std::function<void()> health_listener_;
 };

@@ -61,7 +61,13 @@ Status validate(const BpfOptions& opts) {
                              " must be a power of two and at least the page size (" +
                              std::to_string(page) + ")"};
   }
-  if (opts.max_tracked_cgroups == 0) return Error{EINVAL, "max tracked cgroups must be > 0"};
+  if (opts.max_tracked_cgroups < kMinTrackedCgroups ||
+      opts.max_tracked_cgroups > kMaxTrackedCgroups) {
+    return Error{EINVAL, "the tracked-cgroup map's capacity " +
+                             std::to_string(opts.max_tracked_cgroups) + " must be between " +
+                             std::to_string(kMinTrackedCgroups) + " and " +
+                             std::to_string(kMaxTrackedCgroups)};
+  }
   if (opts.root_names.empty()) return Error{EINVAL, "at least one cgroup root name is needed"};
   if (opts.root_names.size() > KPLEG_MAX_ROOT_NAMES) {
     return Error{EINVAL, "at most " + std::to_string(KPLEG_MAX_ROOT_NAMES) +
@@ -157,6 +163,28 @@ Status BpfProgram::track(uint64_t cgroup_id, const kpleg_tracked_cgroup& value) 
     return Error::from_errno(errno, "tracking cgroup " + std::to_string(cgroup_id));
   }
   return {};
+}
+
+Result<bool> BpfProgram::untrack(uint64_t cgroup_id) {
+  if (bpf_map_delete_elem(tracked_map_fd(), &cgroup_id) == 0) return true;
+  if (errno == ENOENT) return false;
+  return Error::from_errno(errno, "untracking cgroup " + std::to_string(cgroup_id));
+}
+
+std::vector<uint64_t> BpfProgram::tracked_ids() const {
+  std::vector<uint64_t> ids;
+  uint64_t key = 0, next = 0;
+  uint64_t* prev = nullptr;
+  while (bpf_map_get_next_key(tracked_map_fd(), prev, &next) == 0) {
+    ids.push_back(next);
+    key = next;
+    prev = &key;
+  }
+  return ids;
+}
+
+uint32_t BpfProgram::tracked_capacity() const {
+  return bpf_map__max_entries(skel_->maps.tracked_cgroups);
 }
 
 bool BpfProgram::is_tracked(uint64_t cgroup_id) const {

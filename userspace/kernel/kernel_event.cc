@@ -102,7 +102,9 @@ Result<KernelEvent> decode_event(std::span<const std::byte> rec, DecodeStats* st
       kpleg_cgroup_event raw;
       if (!exact_size(rec, hdr, stats, &raw)) return reject("cgroup record size");
       if (hdr.type == KPLEG_EVENT_CGROUP_MKDIR) {
-        ev.body = cgroup_event<CgroupMkdir>(raw);
+        auto mk = cgroup_event<CgroupMkdir>(raw);
+        mk.untracked = (hdr.flags & KPLEG_FLAG_UNTRACKED) != 0;
+        ev.body = std::move(mk);
       } else {
         ev.body = cgroup_event<CgroupRmdir>(raw);
       }
@@ -157,6 +159,9 @@ std::string to_json_line(const KernelEvent& ev) {
           j["path"] = b.path;
           j["parent_cgroup_id"] = b.parent_cgroup_id;
           if (b.path_truncated) j["path_truncated"] = true;
+          if constexpr (std::is_same_v<T, CgroupMkdir>) {
+            if (b.untracked) j["untracked"] = true;
+          }
         } else if constexpr (std::is_same_v<T, ProcessExec>) {
           j["pid"] = b.pid;
           j["comm"] = b.comm;

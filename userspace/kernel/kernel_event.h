@@ -48,6 +48,9 @@ struct CgroupMkdir {
   uint32_t level = 0;
   std::string path;  // relative to the cgroup2 root
   bool path_truncated = false;
+  // Under a tracked root, but the kernel's tracked-cgroup map was full: nothing that happens in
+  // this cgroup (or below it) reaches userspace until a resync tracks it.
+  bool untracked = false;
 };
 
 struct CgroupRmdir {

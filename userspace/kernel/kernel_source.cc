@@ -118,7 +118,17 @@ Status BpfKernelSource::start(KernelSink sink) {
   // mkdir hook, one made before is in the directory listing.
   if (auto st = program_->attach(); !st)
     return Error{st.error().code, st.error().message + kFallback};
-  if (auto st = seed(cgroup2_mount_); !st) return st;
+  Walk walk;
+  if (auto st = walk_and_track(cgroup2_mount_, walk); !st) return st;
+  seeded_ = walk.added;
+  if (walk.full > 0) {
+    untracked_ += walk.full;
+    untracked_total_ += walk.full;
+    spdlog::warn("kernel source: the tracked-cgroup map (capacity {}) is full: {} existing "
+                 "cgroups are not tracked and their containers' events come only from the "
+                 "reconcile; raise --max-tracked-cgroups",
+                 opts_.bpf.max_tracked_cgroups, walk.full);
+  }
 
   stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (stop_fd_ < 0) return Error::from_errno(errno, "eventfd");
@@ -133,7 +143,7 @@ Status BpfKernelSource::start(KernelSink sink) {
   return {};
 }
 
-Status BpfKernelSource::seed(const std::string& root) {
+Status BpfKernelSource::walk_and_track(const std::string& root, Walk& out) {
   const auto& names = opts_.bpf.root_names;
   // Depth-first, parent before children; `tracked` says whether the dir is at/below a root.
   std::vector<std::pair<fs::path, bool>> stack{{fs::path(root), false}};
@@ -146,6 +156,8 @@ Status BpfKernelSource::seed(const std::string& root) {
       if (parent_tracked || is_root) {
         struct stat st;
         if (stat(dir.c_str(), &st) != 0) continue;  // removed meanwhile
+        uint64_t id = st.st_ino;
+        out.seen.push_back(id);
         kpleg_tracked_cgroup v{};
         v.kind = parent_tracked ? KPLEG_TRACKED_DESCENDANT : KPLEG_TRACKED_ROOT;
         auto pids = read_procs(dir);
@@ -154,11 +166,13 @@ Status BpfKernelSource::seed(const std::string& root) {
           v.exec_seen = 1;
           v.init_tgid = find_init(pids);
         }
-        uint64_t id = st.st_ino;
+        // BPF_NOEXIST: an entry the kernel wrote meanwhile (with what it saw) stays as it is.
         if (bpf_map_update_elem(program_->tracked_map_fd(), &id, &v, BPF_NOEXIST) == 0) {
-          ++seeded_;
+          ++out.added;
+        } else if (errno == E2BIG) {
+          ++out.full;  // the map is full: the walk goes on, a later resync may find room
         } else if (errno != EEXIST) {
-          return Error::from_errno(errno, "seeding tracked cgroup " + dir.string());
+          return Error::from_errno(errno, "tracking cgroup " + dir.string());
         }
         tracked = true;
       }
@@ -169,8 +183,41 @@ Status BpfKernelSource::seed(const std::string& root) {
       if (entry.is_directory(ec2) && !entry.is_symlink(ec2))
         stack.emplace_back(entry.path(), tracked);
     }
+    // A directory that vanished is fine; one that could not be read hides its subtree.
+    if (ec && ec != std::errc::no_such_file_or_directory) out.complete = false;
   }
   return {};
+}
+
+Result<ResyncResult> BpfKernelSource::resync_tracked() {
+  if (!program_) return Error{ENODEV, "the kernel source is not started"};
+  std::lock_guard lk(resync_mu_);
+  // The entries that exist before the walk: only those can be stale. One the kernel adds while
+  // the walk runs (a new cgroup) is not among them, so it is never removed.
+  const auto before = program_->tracked_ids();
+  // Flagged mkdirs counted from here on are made after the walk started: they stay counted.
+  const uint64_t untracked_before = untracked_.exchange(0);
+  Walk walk;
+  if (auto st = walk_and_track(cgroup2_mount_, walk); !st) {
+    untracked_ += untracked_before;
+    return st.error();
+  }
+  ResyncResult r;
+  r.added = walk.added;
+  r.still_full = walk.full;
+  r.walk_complete = walk.complete;
+  untracked_ += walk.full;
+  untracked_total_ += walk.full;
+  if (walk.complete) {
+    std::sort(walk.seen.begin(), walk.seen.end());
+    for (uint64_t id : before) {
+      if (std::binary_search(walk.seen.begin(), walk.seen.end(), id)) continue;
+      // Gone, or removed during the walk (then the kernel already deleted it: ENOENT is fine).
+      if (auto gone = program_->untrack(id); gone.ok() && *gone) ++r.stale;
+    }
+    stale_removed_ += r.stale;
+  }
+  return r;
 }
 
 int BpfKernelSource::on_record(void* ctx, void* data, size_t size) {
@@ -187,6 +234,19 @@ int BpfKernelSource::on_record(void* ctx, void* data, size_t size) {
     return 0;
   }
   self->received_.fetch_add(1, std::memory_order_relaxed);
+  if (const auto* mk = std::get_if<CgroupMkdir>(&ev->body); mk != nullptr && mk->untracked) {
+    self->untracked_.fetch_add(1);
+    self->untracked_total_.fetch_add(1);
+    uint64_t left_out = 0;
+    if (self->untracked_log_.allow(left_out)) {
+      spdlog::warn("kernel source: the tracked-cgroup map (capacity {}) is full: {} is not "
+                   "tracked, its containers' events come only from the reconcile; raise "
+                   "--max-tracked-cgroups{}",
+                   self->opts_.bpf.max_tracked_cgroups, mk->path,
+                   left_out > 0 ? fmt::format(" ({} more not logged)", left_out) : "");
+    }
+    if (self->sink_.on_untracked) self->sink_.on_untracked(mk->path);
+  }
   if (self->sink_.on_event) self->sink_.on_event(*ev);
   return 0;
 }
@@ -267,6 +327,10 @@ KernelSourceStats BpfKernelSource::stats() const {
   s.lost_reported = lost_reported_.load(std::memory_order_relaxed);
   s.consuming = consuming_.load();
   s.seeded_cgroups = seeded_;
+  s.untracked_cgroups = untracked_.load();
+  s.untracked_total = untracked_total_.load();
+  s.stale_removed = stale_removed_.load();
+  s.map_capacity = opts_.bpf.max_tracked_cgroups;
   s.cgroup2_mount = cgroup2_mount_;
   return s;
 }

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -36,6 +37,17 @@ struct KernelSink {
   std::function<void(const KernelEvent&)> on_event;
   std::function<void(uint64_t lost)> on_loss;  // records lost since the last report
   std::function<void()> on_stopped;  // the consuming thread ended on an error
+  // A cgroup under a tracked root was made while the kernel's tracked-cgroup map was full:
+  // nothing in it is seen until resync_tracked() finds room. Called on the consumer thread.
+  std::function<void(const std::string& path)> on_untracked;
+};
+
+// What one resync_tracked() did.
+struct ResyncResult {
+  size_t added = 0;        // cgroups under a tracked root that were missing from the map
+  size_t still_full = 0;   // ... that did not fit: the map is full
+  size_t stale = 0;        // entries of cgroups that no longer exist, removed
+  bool walk_complete = true;  // every directory was read (stale entries are removed only then)
 };
 
 struct KernelSourceStats {
@@ -46,6 +58,12 @@ struct KernelSourceStats {
   bool attached = false;
   bool consuming = false;      // the consumer thread is alive
   size_t seeded_cgroups = 0;
+  // Cgroups under a tracked root that the map had no room for, made since the last resync
+  // (flagged mkdirs) plus those its walk could not place. 0 once a resync placed them all.
+  uint64_t untracked_cgroups = 0;
+  uint64_t untracked_total = 0;  // ever, flagged mkdirs and walks that found the map full
+  uint64_t stale_removed = 0;    // entries removed by resyncs
+  uint32_t map_capacity = 0;     // BpfOptions::max_tracked_cgroups
   std::string cgroup2_mount;
 };
 
@@ -76,8 +94,21 @@ class BpfKernelSource final : public KernelSource {
   // The loaded program, for tests and benchmarks (program stats, tracked map).
   BpfProgram* program() { return program_.get(); }
 
+  // Walks the cgroup2 tree again, as the start-up seed does: tracks every cgroup under a
+  // tracked root that the map lacks (made while it was full, or seen by neither the hook nor
+  // the start-up walk), and removes the entries of cgroups that no longer exist (removed while
+  // the start-up walk ran, before their entry was written). Safe while the programs run: an
+  // entry the kernel adds during the walk is never removed. One resync at a time.
+  Result<ResyncResult> resync_tracked();
+
  private:
-  Status seed(const std::string& cgroup2_root);
+  struct Walk {
+    size_t added = 0;
+    size_t full = 0;
+    bool complete = true;
+    std::vector<uint64_t> seen;  // every cgroup at or below a tracked root
+  };
+  Status walk_and_track(const std::string& cgroup2_root, Walk& out);
   void consume_loop();
   void check_loss();
   static int on_record(void* ctx, void* data, size_t size);
@@ -96,6 +127,11 @@ class BpfKernelSource final : public KernelSource {
   std::atomic<bool> consuming_{false};
   uint64_t drops_seen_ = 0;
   size_t seeded_ = 0;
+  std::mutex resync_mu_;
+  std::atomic<uint64_t> untracked_{0};        // since the last resync
+  std::atomic<uint64_t> untracked_total_{0};
+  std::atomic<uint64_t> stale_removed_{0};
+  LogLimiter untracked_log_{std::chrono::seconds(10)};
 };
 
 }  // namespace kpleg::kernel

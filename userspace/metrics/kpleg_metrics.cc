@@ -80,6 +80,44 @@ KplegMetrics::KplegMetrics(Registry& r)
                                    "Running containers and sandboxes the last reconcile listed "
                                    "that the kernel path does not see.")
                                .get()),
+      bpf_emitted(r.counter("kpleg_bpf_emitted_total",
+                            "Records the BPF programs committed to the ring buffer.")
+                      .get()),
+      bpf_filtered(r.counter("kpleg_bpf_filtered_total",
+                             "BPF hook invocations outside tracked cgroups, dropped in the "
+                             "kernel.")
+                       .get()),
+      bpf_ringbuf_drops(r.counter("kpleg_bpf_ringbuf_drops_total",
+                                  "Kernel records lost because the ring buffer was full, by "
+                                  "record type.",
+                                  {"type"})),
+      bpf_helper_failures(r.counter("kpleg_bpf_helper_failures_total",
+                                    "BPF helper calls that returned an error.")
+                              .get()),
+      bpf_not_claimed(r.counter("kpleg_bpf_not_claimed_total",
+                                "Execs and exits in tracked cgroups that are not a container's "
+                                "start or death, by what they were.",
+                                {"what"})),
+      bpf_track_full(r.counter("kpleg_bpf_track_full_total",
+                               "Cgroups under a tracked root that the BPF tracked-cgroup map "
+                               "had no room for.")
+                         .get()),
+      bpf_tracked_cgroups(r.gauge("kpleg_bpf_tracked_cgroups",
+                                  "Entries in the BPF tracked-cgroup map.")
+                              .get()),
+      bpf_tracked_cgroups_capacity(r.gauge("kpleg_bpf_tracked_cgroups_capacity",
+                                           "Capacity of the BPF tracked-cgroup map "
+                                           "(--max-tracked-cgroups).")
+                                       .get()),
+      untracked_cgroups(r.gauge("kpleg_untracked_cgroups",
+                                "Cgroups under a tracked root that are not tracked because the "
+                                "map was full; their containers' events come from the "
+                                "reconcile alone.")
+                            .get()),
+      stale_tracked_removed(r.counter("kpleg_stale_tracked_cgroups_removed_total",
+                                      "Entries of cgroups that no longer exist, removed from the "
+                                      "tracked-cgroup map at reconcile.")
+                                .get()),
       registry_(r) {
   r.gauge("kpleg_build_info", "kpleg's version; always 1.", {"version"})
       .with({KPLEG_VERSION})

@@ -67,6 +67,29 @@ struct KplegMetrics {
   // have none on the host: kata, gVisor): their events come from the reconcile alone.
   Gauge& uncovered_containers;
 
+  // The BPF programs' own counters (ebpf mode), copied in at scrape time:
+  // kpleg_bpf_emitted_total: records committed to the ring buffer;
+  // kpleg_bpf_filtered_total: hook invocations outside tracked cgroups, dropped in the kernel;
+  // kpleg_bpf_ringbuf_drops_total{type}: records lost because the ring buffer was full;
+  // kpleg_bpf_helper_failures_total: BPF helpers that returned an error;
+  // kpleg_bpf_not_claimed_total{what}: execs and exits in tracked cgroups that are not a
+  //   container's start or death (exec_repeated, exec_runtime_reexec, exec_hook, exit_not_init);
+  // kpleg_bpf_track_full_total: cgroups the tracked-cgroup map had no room for;
+  // kpleg_bpf_tracked_cgroups / kpleg_bpf_tracked_cgroups_capacity: the map's entries and size;
+  // kpleg_untracked_cgroups: cgroups under a tracked root not tracked now (0 after a resync
+  //   placed them all); kpleg_stale_tracked_cgroups_removed_total: entries of vanished cgroups
+  //   removed at reconcile.
+  Counter& bpf_emitted;
+  Counter& bpf_filtered;
+  Family<Counter>& bpf_ringbuf_drops;
+  Counter& bpf_helper_failures;
+  Family<Counter>& bpf_not_claimed;
+  Counter& bpf_track_full;
+  Gauge& bpf_tracked_cgroups;
+  Gauge& bpf_tracked_cgroups_capacity;
+  Gauge& untracked_cgroups;
+  Counter& stale_tracked_removed;
+
   void set_mode(std::string_view active);
 
   // For EventBusOptions::on_publish: counts the event and, when the kernel saw the

@@ -202,6 +202,12 @@ int main(int argc, char** argv) {
   app.add_option("--ringbuf-kib", ringbuf_kib, "Ring buffer size in KiB (power of two)")
       ->check(CLI::Range(4u, 1u << 20))
       ->capture_default_str();
+  app.add_option("--max-tracked-cgroups", opts.kernel.bpf.max_tracked_cgroups,
+                 "Capacity of the kernel's map of tracked cgroups (roots, QoS levels, pods, "
+                 "containers and the cgroups they nest); when full, new cgroups go unseen "
+                 "until a reconcile finds room, and health says so")
+      ->check(CLI::Range(kernel::kMinTrackedCgroups, kernel::kMaxTrackedCgroups))
+      ->capture_default_str();
   app.add_option("--kernel-btf", opts.kernel.bpf.btf_path,
                  "BTF file of the running kernel (default: /sys/kernel/btf/vmlinux)");
   app.add_option("--cgroup-fs", opts.kernel.cgroup_base,
