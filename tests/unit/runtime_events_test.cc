@@ -25,7 +25,7 @@ TEST(RuntimeEventsTest, EventsAreHandedOnAndAFailedStreamIsSubscribedAgain) {
   o.retry_first = 10ms;
   o.retry_max = 20ms;
   RuntimeEvents feed(
-      [&](grpc::ClientContext&, const RuntimeEvents::OnEvent& on_event) -> Status {
+      [&](cri::CancelToken&, const RuntimeEvents::OnEvent& on_event) -> Status {
         ++subscriptions;
         for (int i = 0; i < 3; ++i) {
           v1::ContainerEventResponse ev;
@@ -55,7 +55,7 @@ TEST(RuntimeEventsTest, ARuntimeWithoutTheStreamIsAskedAgainOnlyAfterItCameBack)
   RuntimeEvents::Options o;
   o.retry_first = 1ms;
   RuntimeEvents feed(
-      [&](grpc::ClientContext&, const RuntimeEvents::OnEvent&) -> Status {
+      [&](cri::CancelToken&, const RuntimeEvents::OnEvent&) -> Status {
         ++subscriptions;
         return Error{grpc::StatusCode::UNIMPLEMENTED, "unknown method GetContainerEvents"};
       },

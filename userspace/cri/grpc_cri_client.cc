@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "cri/endpoint.h"
+#include "cri/h2_stream.h"
 
 namespace kpleg::cri {
 namespace {
@@ -362,20 +363,24 @@ Status GrpcCriClient::remove_container(const std::string& container_id) {
 }
 
 Status GrpcCriClient::container_events(
-    grpc::ClientContext& ctx, const std::function<void(v1::ContainerEventResponse&)>& on_event) {
-  auto reader = stub_->GetContainerEvents(&ctx, v1::GetEventsRequest{});
+    CancelToken& cancel, const std::function<void(v1::ContainerEventResponse&)>& on_event) {
+  // Read over nghttp2 on this thread rather than with grpc++'s reader: see h2_stream.h.
   v1::ContainerEventResponse ev;
-  while (reader->Read(&ev)) {
-    on_event(ev);
-    ev.Clear();
-  }
-  grpc::Status st = reader->Finish();
-  stats_.record(CriMethod::kGetContainerEvents, st.error_code());
-  if (st.ok()) {
+  auto st = h2_server_stream(
+      socket_path_of(target_), "/runtime.v1.RuntimeService/GetContainerEvents",
+      v1::GetEventsRequest{}.SerializeAsString(), cancel, [&](std::string_view message) {
+        ev.Clear();
+        if (!ev.ParseFromArray(message.data(), int(message.size()))) return false;
+        on_event(ev);
+        return true;
+      });
+  const int code = st ? int(grpc::StatusCode::OK) : st.error().code;
+  stats_.record(CriMethod::kGetContainerEvents, code);
+  if (st) {
     return Error{grpc::StatusCode::UNAVAILABLE, "CRI GetContainerEvents: the runtime ended the stream"};
   }
-  return Error{st.error_code(), fmt::format("CRI GetContainerEvents failed: {}: {}",
-                                            grpc_code_name(st.error_code()), st.error_message())};
+  return Error{code, fmt::format("CRI GetContainerEvents failed: {}: {}", grpc_code_name(code),
+                                 st.error().message)};
 }
 
 }  // namespace kpleg::cri

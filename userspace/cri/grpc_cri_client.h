@@ -33,6 +33,7 @@
 #include "cri/api.grpc.pb.h"
 #include "cri/call_slots.h"
 #include "cri/call_stats.h"
+#include "cri/cancel_token.h"
 #include "cri/cri_client.h"
 
 namespace kpleg::cri {
@@ -91,12 +92,12 @@ class GrpcCriClient final : public CriClient {
   Status remove_container(const std::string& container_id) override;
 
   // Subscribes to the runtime's GetContainerEvents stream (containerd 1.7 and later) and hands
-  // each event to `on_event`, on the caller's thread, until the stream ends, fails or `ctx` is
-  // cancelled (ClientContext::TryCancel, from another thread); returns how it ended:
-  // UNIMPLEMENTED when the runtime has no event stream (containerd 1.6), CANCELLED after
-  // TryCancel. No deadline: the stream is meant to stay open. Counted in call_stats() once,
-  // when it ends, with that status.
-  Status container_events(grpc::ClientContext& ctx,
+  // each event to `on_event`, on the caller's thread, until the stream ends, fails or `cancel`
+  // is cancelled (from another thread); returns how it ended: UNIMPLEMENTED when the runtime
+  // has no event stream (containerd 1.6), CANCELLED after cancel(). No deadline: the stream is
+  // meant to stay open. Read on its own connection with nghttp2 (h2_stream.h), not grpc++.
+  // Counted in call_stats() once, when it ends, with that status.
+  Status container_events(CancelToken& cancel,
                           const std::function<void(v1::ContainerEventResponse&)>& on_event);
 
   // Current channel state; never triggers a connection attempt itself.

@@ -150,8 +150,8 @@ Status Daemon::start_ebpf() {
   if (opts_.runtime_events) {
     // After the initial sync: the stream's backlog then finds the records it may confirm.
     runtime_events_ = std::make_unique<pleg::RuntimeEvents>(
-        [this](grpc::ClientContext& ctx, const pleg::RuntimeEvents::OnEvent& on_event) {
-          return cri_->container_events(ctx, on_event);
+        [this](cri::CancelToken& cancel, const pleg::RuntimeEvents::OnEvent& on_event) {
+          return cri_->container_events(cancel, on_event);
         },
         [this](cri::v1::ContainerEventResponse& ev) { tracker_->on_runtime_event(ev); },
         [this] { tracker_->runtime_events_stopped(); });

@@ -30,7 +30,7 @@ void RuntimeEvents::stop() {
   {
     std::lock_guard lk(mu_);
     stopping_ = true;
-    if (ctx_ != nullptr) ctx_->TryCancel();
+    if (cancel_ != nullptr) cancel_->cancel();
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
@@ -52,16 +52,16 @@ RuntimeEventsStats RuntimeEvents::stats() const {
 void RuntimeEvents::loop() {
   auto backoff = opts_.retry_first;
   while (true) {
-    grpc::ClientContext ctx;
+    cri::CancelToken cancel;
     uint64_t received = 0;
     {
       std::lock_guard lk(mu_);
       if (stopping_) return;
-      ctx_ = &ctx;
+      cancel_ = &cancel;
       retry_ = false;
       ++stats_.subscriptions;
     }
-    Status st = subscribe_(ctx, [&](cri::v1::ContainerEventResponse& ev) {
+    Status st = subscribe_(cancel, [&](cri::v1::ContainerEventResponse& ev) {
       if (received++ == 0) {
         spdlog::info("runtime events: subscribed to the runtime's GetContainerEvents stream; "
                      "its events confirm the kernel's signals");
@@ -76,7 +76,7 @@ void RuntimeEvents::loop() {
     bool unimplemented = false;
     {
       std::lock_guard lk(mu_);
-      ctx_ = nullptr;
+      cancel_ = nullptr;
       if (stopping_) return;
       stats_.last_error = st ? std::string("the stream ended") : st.error().message;
       unimplemented = !st && st.error().code == grpc::StatusCode::UNIMPLEMENTED;

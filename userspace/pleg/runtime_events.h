@@ -20,9 +20,8 @@
 #include <string>
 #include <thread>
 
-#include <grpcpp/client_context.h>
-
 #include "common/result.h"
+#include "cri/cancel_token.h"
 #include "cri/cri_client.h"
 
 namespace kpleg::pleg {
@@ -38,7 +37,7 @@ class RuntimeEvents {
  public:
   using OnEvent = std::function<void(cri::v1::ContainerEventResponse&)>;
   // Opens the stream and reads it until it ends (GrpcCriClient::container_events).
-  using Subscribe = std::function<Status(grpc::ClientContext&, const OnEvent&)>;
+  using Subscribe = std::function<Status(cri::CancelToken&, const OnEvent&)>;
 
   struct Options {
     std::chrono::milliseconds retry_first{1000};
@@ -72,7 +71,7 @@ class RuntimeEvents {
   std::condition_variable cv_;
   bool stopping_ = false;
   bool retry_ = false;
-  grpc::ClientContext* ctx_ = nullptr;  // the open stream's, for stop()
+  cri::CancelToken* cancel_ = nullptr;  // the open stream's, for stop()
   RuntimeEventsStats stats_;
   std::thread thread_;
 };

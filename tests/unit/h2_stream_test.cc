@@ -1,0 +1,231 @@
+// The nghttp2 reader of a server stream against a real grpc++ server on a unix socket: every
+// message in order (large ones spanning frames included), the server's status and message,
+// UNIMPLEMENTED for a server without the method, cancellation of a read that waits, a server
+// that is not there or never answers, and the message size limit.
+#include <gtest/gtest.h>
+#include <grpcpp/grpcpp.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "cri/api.grpc.pb.h"
+#include "cri/h2_stream.h"
+#include "support/eventually.h"
+
+namespace kpleg::cri {
+namespace {
+
+using namespace std::chrono_literals;
+namespace v1 = ::runtime::v1;
+constexpr std::string_view kMethod = "/runtime.v1.RuntimeService/GetContainerEvents";
+
+// What the test server's GetContainerEvents does.
+struct Script {
+  int events = 0;
+  size_t big_label_bytes = 0;      // one more event with a label this large
+  bool wait_for_cancel = false;    // then block until the client goes away
+  grpc::Status end = grpc::Status::OK;
+};
+
+class EventsService final : public v1::RuntimeService::Service {
+ public:
+  explicit EventsService(Script s) : s_(std::move(s)) {}
+  grpc::Status GetContainerEvents(grpc::ServerContext* ctx, const v1::GetEventsRequest*,
+                                  grpc::ServerWriter<v1::ContainerEventResponse>* w) override {
+    for (int i = 0; i < s_.events; ++i) {
+      v1::ContainerEventResponse ev;
+      ev.set_container_id("c" + std::to_string(i));
+      ev.set_container_event_type(v1::CONTAINER_STOPPED_EVENT);
+      ev.set_created_at(1000 + i);
+      auto* st = ev.add_containers_statuses();
+      st->set_id(ev.container_id());
+      st->set_exit_code(i % 256);
+      (*st->mutable_labels())["io.kubernetes.pod.uid"] = "uid-" + std::to_string(i);
+      if (!w->Write(ev)) return grpc::Status::CANCELLED;
+    }
+    if (s_.big_label_bytes > 0) {
+      v1::ContainerEventResponse ev;
+      ev.set_container_id("big");
+      (*ev.add_containers_statuses()->mutable_labels())["big"] = std::string(s_.big_label_bytes, 'x');
+      w->Write(ev);
+    }
+    while (s_.wait_for_cancel && !ctx->IsCancelled()) std::this_thread::sleep_for(5ms);
+    return s_.end;
+  }
+
+ private:
+  Script s_;
+};
+
+std::string socket_path() {
+  static int n = 0;
+  return "/tmp/kpleg-h2-test-" + std::to_string(getpid()) + "-" + std::to_string(n++) + ".sock";
+}
+
+struct Server {
+  std::string path = socket_path();
+  std::unique_ptr<v1::RuntimeService::Service> service;
+  std::unique_ptr<grpc::Server> server;
+  // Without a script: the generated service's own GetContainerEvents, which is UNIMPLEMENTED.
+  explicit Server(std::optional<Script> script) {
+    grpc::ServerBuilder b;
+    b.AddListeningPort("unix://" + path, grpc::InsecureServerCredentials());
+    if (script) {
+      service = std::make_unique<EventsService>(*script);
+    } else {
+      service = std::make_unique<v1::RuntimeService::Service>();
+    }
+    b.RegisterService(service.get());
+    server = b.BuildAndStart();
+  }
+  ~Server() {
+    server->Shutdown(std::chrono::system_clock::now() + 1s);
+    unlink(path.c_str());
+  }
+};
+
+struct Read {
+  std::vector<v1::ContainerEventResponse> events;
+  Status status;
+};
+
+Read read_all(const std::string& path, CancelToken& cancel, H2StreamOptions opts = {},
+              std::function<void()> after_each = {}) {
+  Read r;
+  r.status = h2_server_stream(
+      path, kMethod, v1::GetEventsRequest{}.SerializeAsString(), cancel,
+      [&](std::string_view m) {
+        v1::ContainerEventResponse ev;
+        if (!ev.ParseFromArray(m.data(), int(m.size()))) return false;
+        r.events.push_back(std::move(ev));
+        if (after_each) after_each();
+        return true;
+      },
+      opts);
+  return r;
+}
+
+TEST(H2StreamTest, EveryMessageArrivesInOrderThenTheServersStatusAndMessage) {
+  Script s;
+  s.events = 2000;
+  s.big_label_bytes = 200 * 1024;  // spans many HTTP/2 frames
+  s.end = grpc::Status(grpc::StatusCode::UNAVAILABLE, "going away: 100% done");
+  Server server(s);
+  CancelToken cancel;
+  auto r = read_all(server.path, cancel);
+  ASSERT_EQ(r.events.size(), 2001u);
+  for (int i = 0; i < 2000; ++i) {
+    const auto& ev = r.events[i];
+    ASSERT_EQ(ev.container_id(), "c" + std::to_string(i));
+    EXPECT_EQ(ev.created_at(), 1000 + i);
+    EXPECT_EQ(ev.container_event_type(), v1::CONTAINER_STOPPED_EVENT);
+    ASSERT_EQ(ev.containers_statuses_size(), 1);
+    EXPECT_EQ(ev.containers_statuses(0).exit_code(), i % 256);
+    EXPECT_EQ(ev.containers_statuses(0).labels().at("io.kubernetes.pod.uid"), "uid-" + std::to_string(i));
+  }
+  EXPECT_EQ(r.events.back().containers_statuses(0).labels().at("big").size(), 200u * 1024);
+  ASSERT_FALSE(r.status.ok());
+  EXPECT_EQ(r.status.error().code, int(grpc::StatusCode::UNAVAILABLE));
+  EXPECT_EQ(r.status.error().message, "going away: 100% done");
+}
+
+TEST(H2StreamTest, AStreamTheServerEndsWithOkIsOk) {
+  Script s;
+  s.events = 3;
+  Server server(s);
+  CancelToken cancel;
+  auto r = read_all(server.path, cancel);
+  EXPECT_EQ(r.events.size(), 3u);
+  EXPECT_TRUE(r.status.ok()) << r.status.error().message;
+}
+
+TEST(H2StreamTest, AServerWithoutTheMethodIsUnimplemented) {
+  Server server(std::nullopt);
+  CancelToken cancel;
+  auto r = read_all(server.path, cancel);
+  EXPECT_TRUE(r.events.empty());
+  ASSERT_FALSE(r.status.ok());
+  EXPECT_EQ(r.status.error().code, int(grpc::StatusCode::UNIMPLEMENTED)) << r.status.error().message;
+}
+
+TEST(H2StreamTest, CancelEndsAReadThatWaitsForTheNextMessage) {
+  Script s;
+  s.events = 1;
+  s.wait_for_cancel = true;
+  Server server(s);
+  CancelToken cancel;
+  std::atomic<bool> got{false};
+  std::thread canceller([&] {
+    kpleg::testing::eventually([&] { return got.load(); }, 10s);
+    cancel.cancel();
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = read_all(server.path, cancel, {}, [&] { got = true; });
+  canceller.join();
+  EXPECT_EQ(r.events.size(), 1u);
+  ASSERT_FALSE(r.status.ok());
+  EXPECT_EQ(r.status.error().code, int(grpc::StatusCode::CANCELLED));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+}
+
+TEST(H2StreamTest, NoServerIsUnavailableAndNamesTheSocket) {
+  CancelToken cancel;
+  auto r = read_all("/tmp/kpleg-h2-test-nonexistent.sock", cancel);
+  ASSERT_FALSE(r.status.ok());
+  EXPECT_EQ(r.status.error().code, int(grpc::StatusCode::UNAVAILABLE));
+  EXPECT_NE(r.status.error().message.find("/tmp/kpleg-h2-test-nonexistent.sock"), std::string::npos)
+      << r.status.error().message;
+}
+
+TEST(H2StreamTest, AServerThatNeverAnswersRunsIntoTheResponseTimeout) {
+  const std::string path = socket_path();
+  int lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(lfd, 0);
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strcpy(a.sun_path, path.c_str());
+  ASSERT_EQ(bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(listen(lfd, 4), 0);  // accepted by the kernel, never read or answered
+  CancelToken cancel;
+  H2StreamOptions o;
+  o.response_timeout = 200ms;
+  auto r = read_all(path, cancel, o);
+  close(lfd);
+  unlink(path.c_str());
+  ASSERT_FALSE(r.status.ok());
+  EXPECT_EQ(r.status.error().code, int(grpc::StatusCode::DEADLINE_EXCEEDED)) << r.status.error().message;
+}
+
+TEST(H2StreamTest, AMessageOverTheLimitEndsTheCall) {
+  Script s;
+  s.events = 2;
+  s.big_label_bytes = 64 * 1024;
+  Server server(s);
+  CancelToken cancel;
+  H2StreamOptions o;
+  o.max_message_bytes = 16 * 1024;
+  auto r = read_all(server.path, cancel, o);
+  EXPECT_EQ(r.events.size(), 2u) << "the messages before it arrive";
+  ASSERT_FALSE(r.status.ok());
+  EXPECT_EQ(r.status.error().code, int(grpc::StatusCode::RESOURCE_EXHAUSTED)) << r.status.error().message;
+}
+
+TEST(H2StreamTest, AMessageThatDoesNotParseEndsTheCall) {
+  Script s;
+  s.events = 5;
+  Server server(s);
+  CancelToken cancel;
+  int seen = 0;
+  auto st = h2_server_stream(server.path, kMethod, "", cancel,
+                             [&](std::string_view) { return ++seen < 3; });
+  EXPECT_EQ(seen, 3);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().code, int(grpc::StatusCode::INTERNAL));
+}
+
+}  // namespace
+}  // namespace kpleg::cri

@@ -1,0 +1,323 @@
+#include "cri/h2_stream.h"
+
+#include <grpcpp/support/status_code_enum.h>
+#include <nghttp2/nghttp2.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <iterator>
+#include <optional>
+
+namespace kpleg::cri {
+namespace {
+
+using grpc::StatusCode;
+using Clock = std::chrono::steady_clock;
+
+// Percent-decoding of grpc-message (the gRPC HTTP/2 protocol's only escaping).
+std::string percent_decode(std::string_view in) {
+  std::string out;
+  out.reserve(in.size());
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (in[i] == '%' && i + 2 < in.size()) {
+      auto hex = [](char c) -> int {
+        if (c >= '0' && c <= '9') return c - '0';
+        if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+        if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+        return -1;
+      };
+      int hi = hex(in[i + 1]), lo = hex(in[i + 2]);
+      if (hi >= 0 && lo >= 0) {
+        out.push_back(static_cast<char>(hi * 16 + lo));
+        i += 2;
+        continue;
+      }
+    }
+    out.push_back(in[i]);
+  }
+  return out;
+}
+
+// The gRPC code for a response that carried no grpc-status (the gRPC HTTP/2 protocol's table).
+int code_for_http_status(int http) {
+  switch (http) {
+    case 400: return StatusCode::INTERNAL;
+    case 401: return StatusCode::UNAUTHENTICATED;
+    case 403: return StatusCode::PERMISSION_DENIED;
+    case 404: return StatusCode::UNIMPLEMENTED;
+    case 429:
+    case 502:
+    case 503:
+    case 504: return StatusCode::UNAVAILABLE;
+    default: return StatusCode::UNKNOWN;
+  }
+}
+
+struct Call {
+  int fd = -1;
+  nghttp2_session* session = nullptr;
+  int32_t stream_id = -1;
+  std::string body;  // the request, framed
+  size_t body_sent = 0;
+  std::string pending;  // received bytes of messages not complete yet
+  bool headers_seen = false;
+  int http_status = 0;
+  std::optional<int> grpc_status;
+  std::string grpc_message;
+  bool closed = false;
+  uint32_t reset_code = 0;
+  std::optional<Error> failure;  // the first local reason to end the call
+  size_t max_message = 0;
+  const std::function<bool(std::string_view)>* on_message = nullptr;
+
+  void fail(int code, std::string message) {
+    if (!failure) failure = Error{code, std::move(message)};
+  }
+};
+
+ssize_t on_send(nghttp2_session*, const uint8_t* data, size_t len, int, void* user) {
+  auto* c = static_cast<Call*>(user);
+  ssize_t n = send(c->fd, data, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+  if (n >= 0) return n;
+  if (errno == EAGAIN || errno == EWOULDBLOCK) return NGHTTP2_ERR_WOULDBLOCK;
+  if (errno == EINTR) return NGHTTP2_ERR_WOULDBLOCK;
+  c->fail(StatusCode::UNAVAILABLE, std::string("writing to the runtime: ") + std::strerror(errno));
+  return NGHTTP2_ERR_CALLBACK_FAILURE;
+}
+
+int on_header(nghttp2_session*, const nghttp2_frame* frame, const uint8_t* name, size_t namelen,
+              const uint8_t* value, size_t valuelen, uint8_t, void* user) {
+  auto* c = static_cast<Call*>(user);
+  if (frame->hd.stream_id != c->stream_id) return 0;
+  std::string_view n(reinterpret_cast<const char*>(name), namelen);
+  std::string_view v(reinterpret_cast<const char*>(value), valuelen);
+  if (n == ":status") {
+    c->http_status = std::atoi(std::string(v).c_str());
+  } else if (n == "grpc-status") {
+    c->grpc_status = std::atoi(std::string(v).c_str());
+  } else if (n == "grpc-message") {
+    c->grpc_message = percent_decode(v);
+  }
+  return 0;
+}
+
+int on_frame(nghttp2_session*, const nghttp2_frame* frame, void* user) {
+  auto* c = static_cast<Call*>(user);
+  if (frame->hd.type == NGHTTP2_HEADERS && frame->hd.stream_id == c->stream_id)
+    c->headers_seen = true;
+  return 0;
+}
+
+int on_data(nghttp2_session* session, uint8_t, int32_t stream_id, const uint8_t* data, size_t len,
+            void* user) {
+  auto* c = static_cast<Call*>(user);
+  if (stream_id != c->stream_id || c->failure) return 0;
+  c->pending.append(reinterpret_cast<const char*>(data), len);
+  // gRPC's framing: a compressed flag (1 byte), the length (4 bytes, big-endian), the message.
+  size_t at = 0;
+  while (c->pending.size() - at >= 5) {
+    const auto* p = reinterpret_cast<const uint8_t*>(c->pending.data() + at);
+    const uint32_t size = (uint32_t(p[1]) << 24) | (uint32_t(p[2]) << 16) |
+                          (uint32_t(p[3]) << 8) | uint32_t(p[4]);
+    if (p[0] != 0) {
+      c->fail(StatusCode::INTERNAL, "the runtime sent a compressed message, which was not asked for");
+    } else if (size > c->max_message) {
+      c->fail(StatusCode::RESOURCE_EXHAUSTED,
+              "the runtime sent a message of " + std::to_string(size) + " bytes, over the limit of " +
+                  std::to_string(c->max_message));
+    }
+    if (c->failure) {
+      nghttp2_submit_rst_stream(session, NGHTTP2_FLAG_NONE, c->stream_id, NGHTTP2_CANCEL);
+      c->pending.clear();
+      return 0;
+    }
+    if (c->pending.size() - at - 5 < size) break;
+    if (!(*c->on_message)(std::string_view(c->pending.data() + at + 5, size))) {
+      c->fail(StatusCode::INTERNAL, "the runtime sent a message that does not parse");
+      nghttp2_submit_rst_stream(session, NGHTTP2_FLAG_NONE, c->stream_id, NGHTTP2_CANCEL);
+      c->pending.clear();
+      return 0;
+    }
+    at += 5 + size;
+  }
+  c->pending.erase(0, at);
+  return 0;
+}
+
+int on_close(nghttp2_session*, int32_t stream_id, uint32_t error_code, void* user) {
+  auto* c = static_cast<Call*>(user);
+  if (stream_id != c->stream_id) return 0;
+  c->closed = true;
+  c->reset_code = error_code;
+  return 0;
+}
+
+ssize_t read_body(nghttp2_session*, int32_t, uint8_t* buf, size_t len, uint32_t* flags,
+                  nghttp2_data_source*, void* user) {
+  auto* c = static_cast<Call*>(user);
+  const size_t n = std::min(len, c->body.size() - c->body_sent);
+  std::memcpy(buf, c->body.data() + c->body_sent, n);
+  c->body_sent += n;
+  if (c->body_sent == c->body.size()) *flags |= NGHTTP2_DATA_FLAG_EOF;
+  return static_cast<ssize_t>(n);
+}
+
+nghttp2_nv header(const char* name, std::string_view value) {
+  return nghttp2_nv{reinterpret_cast<uint8_t*>(const_cast<char*>(name)),
+                    reinterpret_cast<uint8_t*>(const_cast<char*>(value.data())),
+                    std::strlen(name), value.size(), NGHTTP2_NV_FLAG_NONE};
+}
+
+// How the call ended, once the loop is over.
+Status outcome(const Call& c) {
+  if (c.failure) return *c.failure;
+  if (!c.closed) return Error{StatusCode::UNAVAILABLE, "the runtime closed the connection"};
+  if (c.grpc_status) {
+    if (*c.grpc_status == 0) return {};
+    return Error{*c.grpc_status, c.grpc_message.empty() ? "(no message)" : c.grpc_message};
+  }
+  if (c.reset_code != 0) {
+    return Error{c.reset_code == NGHTTP2_REFUSED_STREAM ? int(StatusCode::UNAVAILABLE)
+                                                        : int(StatusCode::INTERNAL),
+                 "the runtime reset the stream (HTTP/2 error " +
+                     std::string(nghttp2_http2_strerror(c.reset_code)) + ")"};
+  }
+  if (c.http_status != 200) {
+    return Error{code_for_http_status(c.http_status),
+                 "the runtime answered HTTP status " + std::to_string(c.http_status)};
+  }
+  return Error{StatusCode::INTERNAL, "the stream ended without a gRPC status"};
+}
+
+struct SessionGuard {
+  Call& c;
+  ~SessionGuard() {
+    if (c.session) nghttp2_session_del(c.session);
+    if (c.fd >= 0) close(c.fd);
+  }
+};
+
+}  // namespace
+
+Status h2_server_stream(const std::string& socket_path, std::string_view method,
+                        std::string_view request, CancelToken& cancel,
+                        const std::function<bool(std::string_view message)>& on_message,
+                        const H2StreamOptions& opts) {
+  Call c;
+  SessionGuard guard{c};
+  c.max_message = opts.max_message_bytes;
+  c.on_message = &on_message;
+
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (socket_path.size() >= sizeof(addr.sun_path))
+    return Error{StatusCode::INVALID_ARGUMENT, "socket path too long: " + socket_path};
+  std::memcpy(addr.sun_path, socket_path.c_str(), socket_path.size() + 1);
+  c.fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (c.fd < 0) return Error{StatusCode::UNAVAILABLE, std::string("socket: ") + std::strerror(errno)};
+  if (connect(c.fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return Error{StatusCode::UNAVAILABLE,
+                 "connecting to " + socket_path + ": " + std::strerror(errno)};
+  }
+
+  nghttp2_session_callbacks* cbs = nullptr;
+  if (nghttp2_session_callbacks_new(&cbs) != 0) return Error{StatusCode::INTERNAL, "nghttp2: out of memory"};
+  nghttp2_session_callbacks_set_send_callback(cbs, on_send);
+  nghttp2_session_callbacks_set_on_header_callback(cbs, on_header);
+  nghttp2_session_callbacks_set_on_frame_recv_callback(cbs, on_frame);
+  nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cbs, on_data);
+  nghttp2_session_callbacks_set_on_stream_close_callback(cbs, on_close);
+  const int rv = nghttp2_session_client_new(&c.session, cbs, &c);
+  nghttp2_session_callbacks_del(cbs);
+  if (rv != 0) return Error{StatusCode::INTERNAL, std::string("nghttp2: ") + nghttp2_strerror(rv)};
+
+  nghttp2_settings_entry settings[] = {
+      {NGHTTP2_SETTINGS_ENABLE_PUSH, 0},
+      {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, uint32_t(opts.window_bytes)},
+  };
+  nghttp2_submit_settings(c.session, NGHTTP2_FLAG_NONE, settings, 2);
+  nghttp2_session_set_local_window_size(c.session, NGHTTP2_FLAG_NONE, 0, opts.window_bytes);
+
+  c.body.assign(5, '\0');
+  const auto size = uint32_t(request.size());
+  c.body[1] = char(size >> 24);
+  c.body[2] = char(size >> 16);
+  c.body[3] = char(size >> 8);
+  c.body[4] = char(size);
+  c.body.append(request);
+  const nghttp2_nv headers[] = {
+      header(":method", "POST"),
+      header(":scheme", "http"),
+      header(":path", method),
+      header(":authority", "localhost"),
+      header("content-type", "application/grpc"),
+      header("te", "trailers"),
+      header("user-agent", "kplegd"),
+  };
+  nghttp2_data_provider body{};
+  body.read_callback = read_body;
+  c.stream_id = nghttp2_submit_request(c.session, nullptr, headers, std::size(headers), &body, &c);
+  if (c.stream_id < 0) {
+    return Error{StatusCode::INTERNAL, std::string("nghttp2: ") + nghttp2_strerror(c.stream_id)};
+  }
+
+  const auto response_deadline = Clock::now() + opts.response_timeout;
+  char buf[64 * 1024];
+  while (!c.closed && !c.failure) {
+    if (cancel.cancelled()) return Error{StatusCode::CANCELLED, "cancelled"};
+    if (int r = nghttp2_session_send(c.session); r != 0) {
+      c.fail(StatusCode::UNAVAILABLE, std::string("sending to the runtime: ") + nghttp2_strerror(r));
+      break;
+    }
+    pollfd fds[2] = {{c.fd, short(POLLIN | (nghttp2_session_want_write(c.session) ? POLLOUT : 0)), 0},
+                     {cancel.fd(), POLLIN, 0}};
+    int timeout = -1;
+    if (!c.headers_seen) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(response_deadline - Clock::now());
+      if (left.count() <= 0) {
+        return Error{StatusCode::DEADLINE_EXCEEDED,
+                     "no response from the runtime within " +
+                         std::to_string(opts.response_timeout.count()) + " ms"};
+      }
+      timeout = int(left.count());
+    }
+    int n = poll(fds, cancel.fd() >= 0 ? 2 : 1, timeout);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      c.fail(StatusCode::INTERNAL, std::string("poll: ") + std::strerror(errno));
+      break;
+    }
+    if (n == 0) continue;  // the response deadline is checked at the top
+    if (cancel.fd() >= 0 && (fds[1].revents & POLLIN)) return Error{StatusCode::CANCELLED, "cancelled"};
+    if ((fds[0].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
+    // Everything the socket has, in as few reads as it takes.
+    while (!c.closed && !c.failure) {
+      ssize_t got = recv(c.fd, buf, sizeof(buf), MSG_DONTWAIT);
+      if (got < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+        c.fail(StatusCode::UNAVAILABLE, std::string("reading from the runtime: ") + std::strerror(errno));
+        break;
+      }
+      if (got == 0) {
+        if (!c.closed) c.fail(StatusCode::UNAVAILABLE, "the runtime closed the connection");
+        break;
+      }
+      ssize_t used = nghttp2_session_mem_recv(c.session, reinterpret_cast<const uint8_t*>(buf), size_t(got));
+      if (used < 0) {
+        c.fail(StatusCode::INTERNAL,
+               std::string("HTTP/2 from the runtime: ") + nghttp2_strerror(int(used)));
+        break;
+      }
+      if (size_t(got) < sizeof(buf)) break;  // drained (a full buffer may have more behind it)
+    }
+  }
+  return outcome(c);
+}
+
+}  // namespace kpleg::cri

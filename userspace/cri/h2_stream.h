@@ -1,0 +1,45 @@
+// One gRPC server-streaming call over HTTP/2 without TLS (h2c) on a unix socket, read on the
+// calling thread: poll(2) on the socket and a CancelToken, nghttp2 for the framing, and each
+// message handed on as its serialized bytes.
+//
+// Why not grpc++'s reader: the runtime's event stream (GetContainerEvents) sends a message for
+// every container change, and with grpc++'s synchronous reader each one cost about 270 us of
+// daemon CPU under churn (call machinery, a WINDOW_UPDATE per message, wakeups of gRPC's own
+// threads), more than everything else kplegd does for that change. Here a message costs one
+// wakeup, a recv and nghttp2's parse; the windows are large, so flow-control updates are rare.
+// Unary calls stay on grpc++.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <string_view>
+
+#include "common/result.h"
+#include "cri/cancel_token.h"
+
+namespace kpleg::cri {
+
+struct H2StreamOptions {
+  // Until the response headers arrive (a runtime that accepts but never answers).
+  std::chrono::milliseconds response_timeout{10'000};
+  // A larger message ends the call (RESOURCE_EXHAUSTED), like grpc++'s default receive limit.
+  size_t max_message_bytes = 4u << 20;
+  // HTTP/2 flow-control window, stream and connection: a WINDOW_UPDATE per this much data.
+  int32_t window_bytes = 16 << 20;
+};
+
+// Calls `method` ("/package.Service/Method") on the server listening on the unix socket
+// `socket_path` with the serialized request `request`, and hands each response message to
+// `on_message` on this thread until the stream ends (or `on_message` returns false: INTERNAL, the
+// message does not parse). Returns OK when the server ended it with
+// status OK; otherwise the gRPC status code and message the server sent (UNIMPLEMENTED for an
+// unknown method), UNAVAILABLE when the connection failed or broke, CANCELLED after
+// cancel.cancel(), INTERNAL for a protocol error. Never throws.
+Status h2_server_stream(const std::string& socket_path, std::string_view method,
+                        std::string_view request, CancelToken& cancel,
+                        const std::function<bool(std::string_view message)>& on_message,
+                        const H2StreamOptions& opts = {});
+
+}  // namespace kpleg::cri
