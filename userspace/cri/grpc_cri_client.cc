@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "cri/endpoint.h"
+#include "cri/event_decoder.h"
 #include "cri/h2_stream.h"
 
 namespace kpleg::cri {
@@ -369,8 +370,8 @@ Status GrpcCriClient::container_events(
   auto st = h2_server_stream(
       socket_path_of(target_), "/runtime.v1.RuntimeService/GetContainerEvents",
       v1::GetEventsRequest{}.SerializeAsString(), cancel, [&](std::string_view message) {
-        ev.Clear();
-        if (!ev.ParseFromArray(message.data(), int(message.size()))) return false;
+        // Only what kpleg reads of it (event_decoder.h).
+        if (!decode_container_event(message, ev)) return false;
         on_event(ev);
         return true;
       });

@@ -1,0 +1,26 @@
+// A selective decoder for the runtime's GetContainerEvents messages.
+//
+// Each event carries the pod's full sandbox status and the status of every container of the pod
+// (annotations, mounts, image, resources, network...), of which kpleg reads a few fields of one
+// container. The generated parser decodes all of it: about 65 us of CPU per event on a daemon
+// that sleeps between events (measured under 10/s churn on containerd 2.4.2), more than reading
+// the event off the socket. This decoder reads only what pleg::observation_of() uses:
+//   container_id, container_event_type, created_at;
+//   pod_sandbox_status: id, metadata, state, created_at, labels;
+//   containers_statuses: only the entry of container_id, with id, metadata, state, created_at,
+//     started_at, finished_at, exit_code, reason, message, labels;
+// and skips every other field (unknown ones included) without copying it.
+#pragma once
+
+#include <string_view>
+
+#include "cri/api.pb.h"
+
+namespace kpleg::cri {
+
+// Clears `out` and fills the fields above from the serialized ContainerEventResponse `wire`.
+// False when `wire` is not a well-formed message (truncated, bad varint or length); `out` is
+// then unspecified. For CREATED events only the first three fields are read.
+bool decode_container_event(std::string_view wire, runtime::v1::ContainerEventResponse& out);
+
+}  // namespace kpleg::cri
