@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets with clang in their own build directory and runs the cgroup path
-# fuzzer for a bounded time. Exits non-zero when the fuzzer finds a crash, a sanitizer error or
-# a broken invariant; the input that did it is kept under <build>/fuzz-work/*/artifacts/.
+# Builds the libFuzzer targets with clang in their own build directory and runs each for a
+# bounded time: the cgroup path parser, and the runtime event decoder against the generated
+# protobuf parser. Exits non-zero when a fuzzer finds a crash, a sanitizer error or a broken
+# invariant; the input that did it is kept under <build>/fuzz-work/*/artifacts/.
 #
-#   FUZZ_SECONDS   how long to fuzz (default 60)
+#   FUZZ_SECONDS   how long to fuzz each target (default 60)
 #   FUZZ_BUILD_DIR build directory (default <repo>/build-fuzz)
 #   FUZZ_JOBS      parallel build jobs (default 2)
 set -euo pipefail
@@ -14,18 +15,26 @@ seconds=${FUZZ_SECONDS:-60}
 
 cmake -S "$repo" -B "$build" -G Ninja \
   -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DKPLEG_FUZZ=ON >/dev/null
-cmake --build "$build" --target cgroup_path_fuzz -j "${FUZZ_JOBS:-2}"
+cmake --build "$build" --target cgroup_path_fuzz event_decoder_fuzz -j "${FUZZ_JOBS:-2}"
 
-work=$build/fuzz-work/cgroup_path
-mkdir -p "$work/corpus" "$work/artifacts"
-# New inputs go to the first corpus directory (the build's), never into the checked-in seeds.
+# run_fuzzer NAME [libFuzzer flags...]: fuzzes NAME for $seconds from its checked-in seeds.
+run_fuzzer() {
+  local name=$1 work
+  shift
+  work=$build/fuzz-work/$name
+  mkdir -p "$work/corpus" "$work/artifacts"
+  # New inputs go to the first corpus directory (the build's), never into the checked-in seeds.
+  if ! "$build/fuzz/${name}_fuzz" \
+    -max_total_time="$seconds" -print_final_stats=1 "$@" \
+    -artifact_prefix="$work/artifacts/" \
+    "$work/corpus" "$repo/tests/fuzz/corpus/$name"; then
+    echo "fuzz.sh: ${name}_fuzz failed; reproducer(s) in $work/artifacts/" >&2
+    exit 1
+  fi
+  echo "fuzz.sh: ${name}_fuzz ran ${seconds}s without a failure"
+}
+
 # max_len goes just past the parser's 4096-byte limit so both sides of it are exercised.
-if ! "$build/fuzz/cgroup_path_fuzz" \
-  -max_total_time="$seconds" -max_len=4160 -print_final_stats=1 \
-  -dict="$repo/tests/fuzz/cgroup_path.dict" \
-  -artifact_prefix="$work/artifacts/" \
-  "$work/corpus" "$repo/tests/fuzz/corpus/cgroup_path"; then
-  echo "fuzz.sh: cgroup_path_fuzz failed; reproducer(s) in $work/artifacts/" >&2
-  exit 1
-fi
-echo "fuzz.sh: cgroup_path_fuzz ran ${seconds}s without a failure"
+run_fuzzer cgroup_path -max_len=4160 -dict="$repo/tests/fuzz/cgroup_path.dict"
+# Runtime events are a few KiB; the generated parser's logging of invalid UTF-8 is noise here.
+run_fuzzer event_decoder -max_len=8192 -close_fd_mask=2

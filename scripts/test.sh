@@ -2,7 +2,8 @@
 # Runs every kpleg test on this machine: installs the build and test dependencies (Debian
 # packages), builds, runs the CTest suite (unit, bpf, cri, e2e, deploy, bench, vmtest labels)
 # against containerd 1.6, the cri, e2e and bench labels again against containerd 2.x (built from
-# the Go module proxy), fuzzes the cgroup path parser for a bounded time, and takes the local test bed
+# the Go module proxy), fuzzes the cgroup path parser and the runtime event decoder for a bounded
+# time each, and takes the local test bed
 # down afterwards.
 #
 # Tests that need root, BPF or containerd skip with a reason when run unprivileged; with
@@ -10,7 +11,7 @@
 #
 #   KPLEG_BUILD_DIR   build directory (default <repo>/build)
 #   CTEST_ARGS        extra ctest arguments (e.g. "-L unit")
-#   FUZZ_SECONDS      fuzzing time (default 60; 0 skips fuzzing)
+#   FUZZ_SECONDS      fuzzing time per target (default 60; 0 skips fuzzing)
 #   KPLEG_TESTBED_RUNTIME  runtime of the test bed for the whole suite: containerd-1.6
 #                     (default) or containerd-2 (see docs/testbed.md)
 #   KPLEG_TEST_RUNTIMES    runtimes the cri, e2e and bench labels run against once more after the

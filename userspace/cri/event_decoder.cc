@@ -139,12 +139,14 @@ bool decode_sandbox_status(std::string_view wire, v1::PodSandboxStatus& s) {
   return f.ok();
 }
 
-// The id (field 1) of a serialized ContainerStatus, without decoding the rest.
+// The id (field 1, its last occurrence, as the generated parser keeps it) of a serialized
+// ContainerStatus, without decoding the rest.
 bool status_id(std::string_view wire, std::string_view& id) {
   Fields f(wire);
   id = {};
+  std::string_view v;
   while (int n = f.next()) {
-    if (n == 1 && f.bytes(id)) return true;
+    if (n == 1 && f.bytes(v)) id = v;
   }
   return f.ok();
 }
@@ -191,8 +193,8 @@ bool decode_container_event(std::string_view wire, v1::ContainerEventResponse& o
   out.Clear();
   Fields f(wire);
   uint64_t v = 0;
-  std::string_view sandbox;
-  bool has_sandbox = false;
+  // A message field that occurs more than once is merged, in order, as the generated parser does.
+  std::vector<std::string_view> sandboxes;
   // Views of the statuses: the one of container_id is decoded once the whole event was read
   // (the fields may come in any order).
   std::vector<std::string_view> statuses;
@@ -205,9 +207,11 @@ bool decode_container_event(std::string_view wire, v1::ContainerEventResponse& o
       case 3:
         if (f.varint(v)) out.set_created_at(int64_t(v));
         break;
-      case 4:
-        if (f.bytes(sandbox)) has_sandbox = true;
+      case 4: {
+        std::string_view s;
+        if (f.bytes(s)) sandboxes.push_back(s);
         break;
+      }
       case 5: {
         std::string_view s;
         if (f.bytes(s)) statuses.push_back(s);
@@ -218,7 +222,8 @@ bool decode_container_event(std::string_view wire, v1::ContainerEventResponse& o
   }
   if (!f.ok()) return false;
   if (out.container_event_type() == v1::CONTAINER_CREATED_EVENT) return true;
-  if (has_sandbox && !decode_sandbox_status(sandbox, *out.mutable_pod_sandbox_status())) return false;
+  for (auto s : sandboxes)
+    if (!decode_sandbox_status(s, *out.mutable_pod_sandbox_status())) return false;
   for (auto s : statuses) {
     std::string_view id;
     if (!status_id(s, id)) return false;
