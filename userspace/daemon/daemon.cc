@@ -126,13 +126,13 @@ Status Daemon::start_ebpf() {
   sink.on_event = [this](const kernel::KernelEvent& ev) { on_kernel_event(ev); };
   sink.on_loss = [this](uint64_t n) {
     metrics_.lost_events.inc(double(n));
-    const bool first = lost_records_.fetch_add(n) == 0 ||
-                       std::chrono::steady_clock::now().time_since_epoch().count() -
-                               last_loss_ns_.load() >
-                           std::chrono::nanoseconds(kLossReasonFor).count();
-    last_loss_ns_ = std::chrono::steady_clock::now().time_since_epoch().count();
+    lost_records_ += n;
+    const int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
+    const int64_t before = last_loss_ns_.exchange(now);
     reconciler_->request("kernel events lost: " + std::to_string(n));
-    if (first) health_changed();
+    // The health reason appears (it stays kLossReasonFor after the last loss).
+    if (before == 0 || now - before >= std::chrono::nanoseconds(kLossReasonFor).count())
+      health_changed();
   };
   sink.on_untracked = [this](const std::string& path) {
     // Whatever happens in that cgroup is unseen: the reconcile finds its containers now, and
@@ -360,11 +360,11 @@ void Daemon::check_coverage(const std::vector<pleg::RuntimeContainer>& view) {
 
 void Daemon::resync_kernel() {
   if (!kernel_ || !kernel_->live()) return;
-  const bool missed = kernel_->stats().untracked_cgroups > 0;
-  if (missed) {
+  const auto ks = kernel_->stats();
+  if (ks.untracked_cgroups > 0) {
     // The hook reported no mkdir below an untracked cgroup: the index learns those from the
     // tree, before the kernel starts reporting their execs and exits.
-    if (auto st = index_->seed(kernel_->stats().cgroup2_mount); !st)
+    if (auto st = index_->seed(ks.cgroup2_mount); !st)
       spdlog::warn("resync: re-reading the cgroup tree: {}", st.error().message);
   }
   auto r = kernel_->resync_tracked();
