@@ -72,6 +72,7 @@ set_paths() {
   CNI_CONF_DIR=$TB/cni/net.d
   IMAGE_DIR=$TB/image
   RUNTIMEFILE=$TB/runtime
+  HOOKED_SPEC=$TB/hooked-spec.json
   ENDPOINT=unix://$SOCK
   # sun_path holds 108 bytes; containerd fails later with a confusing bind error otherwise.
   [ "${#SOCK}" -lt 100 ] || die "socket path too long (${#SOCK} bytes): $SOCK; set a shorter KPLEG_TESTBED_DIR"
@@ -351,6 +352,13 @@ write_config() {
         }]
       }' >"$CNI_CONF_DIR/10-kpleg-testbed.conflist"
   fi
+  # The runtime handler "runc-hooked" runs OCI hooks inside each container's cgroup before its
+  # entrypoint, like NVIDIA's CDI hook: a createContainer hook (runc init runs it before
+  # pivot_root, so /bin/sh is the host's) and a startContainer hook (after it, the image's).
+  "$CTR" oci spec | jq '.hooks = {
+      createContainer: [{path: "/bin/sh", args: ["sh", "-c", "sleep 0.1"]}],
+      startContainer: [{path: "/bin/sh", args: ["sh", "-c", "sleep 0.1"]}]
+    }' >"$HOOKED_SPEC" || die "writing the hooked runtime's base spec failed"
   case $RUNTIME in
     containerd-1.6) config_v2 ;;
     containerd-2) config_v3 ;;
@@ -427,6 +435,15 @@ disabled_plugins = [
           Root = "$RUNC_ROOT"
           SystemdCgroup = false
 
+      # runc with OCI hooks in every container (see write_config).
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc-hooked]
+        runtime_type = "io.containerd.runc.v2"
+        base_runtime_spec = "$HOOKED_SPEC"
+
+        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc-hooked.options]
+          Root = "$RUNC_ROOT"
+          SystemdCgroup = false
+
     [plugins."io.containerd.grpc.v1.cri".registry]
       config_path = "$TB/certs.d"
 EOF
@@ -489,6 +506,15 @@ disabled_plugins = [
         runtime_type = "io.containerd.runc.v2"
 
         [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+          Root = "$RUNC_ROOT"
+          SystemdCgroup = false
+
+      # runc with OCI hooks in every container (see write_config).
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc-hooked]
+        runtime_type = "io.containerd.runc.v2"
+        base_runtime_spec = "$HOOKED_SPEC"
+
+        [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc-hooked.options]
           Root = "$RUNC_ROOT"
           SystemdCgroup = false
 

@@ -2,10 +2,12 @@
 // kernel: each asserts the exact per-container event sequence in both modes.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <set>
 
+#include "cri/grpc_cri_client.h"
 #include "e2e/e2e_support.h"
 
 namespace kpleg::testing {
@@ -193,6 +195,33 @@ TEST_P(LifecycleTest, ExecsInsideTheContainerAreNoStarts) {
   auto barrier = launch("barrier", 1, "sh -c 'sleep 3; exit 0'");  // relist sees it run
   ASSERT_TRUE(wait_types(*kplegd_, barrier.container_ids[0], kDied));
   EXPECT_EQ(kplegd_->types_for(pod.container_ids[0]), kStarted);
+}
+
+// Hole 5: runc runs OCI hooks (here a createContainer and a startContainer hook, each a shell
+// that sleeps 100 ms, from the test bed's "runc-hooked" handler) inside the container's cgroup
+// before its entrypoint. Neither the hooks' execs nor their exits are the container's start or
+// death: the events' kernel timestamps are the entrypoint's, as the runtime records them.
+TEST_P(LifecycleTest, OciHooksBeforeTheEntrypointAreNeitherItsStartNorItsDeath) {
+  auto pod = launch("hooked", 1, "sh -c 'sleep 2; exit 3'", {"--runtime-handler", "runc-hooked"});
+  const std::string id = pod.container_ids.empty() ? "" : pod.container_ids[0];
+  ASSERT_FALSE(id.empty());
+  ASSERT_TRUE(wait_types(*kplegd_, id, kDied, 30s));
+  auto cri = cri::GrpcCriClient::create(endpoint_);
+  ASSERT_TRUE(cri.ok()) << cri.error().message;
+  auto st = (*cri)->container_status(id);
+  ASSERT_TRUE(st.ok()) << st.error().message;
+  ASSERT_EQ(st->exit_code(), 3);
+  for (const auto& e : kplegd_->events()) {
+    if (e["container_id"] != id) continue;
+    EXPECT_EQ(e["source"], ebpf() ? "kernel" : "relist") << e.dump();
+    if (!ebpf()) continue;
+    // The runtime's started_at/finished_at and the kernel's timestamps of the entrypoint's exec
+    // and exit are milliseconds apart; a hook's are 100 ms to 2 s off.
+    const auto kernel_ts = int64_t(e["kernel_ts_ns"].get<uint64_t>());
+    const int64_t runtime_ts = e["type"] == "ContainerStarted" ? st->started_at() : st->finished_at();
+    EXPECT_LT(std::abs(kernel_ts - runtime_ts), 50'000'000) << e.dump();
+    if (e["type"] == "ContainerDied") EXPECT_EQ(e["exit_code"], 3) << e.dump();
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, LifecycleTest, ::testing::Values("ebpf", "relist"),

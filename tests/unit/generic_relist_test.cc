@@ -84,8 +84,9 @@ class InterposingCri final : public cri::CriClient {
     hook(CriMethod::kContainerStatus);
     return f_.container_status(id);
   }
-  Result<std::string> run_pod_sandbox(const v1::PodSandboxConfig& c) override {
-    return f_.run_pod_sandbox(c);
+  Result<std::string> run_pod_sandbox(const v1::PodSandboxConfig& c,
+                                      const std::string& handler = {}) override {
+    return f_.run_pod_sandbox(c, handler);
   }
   Status stop_pod_sandbox(const std::string& id) override { return f_.stop_pod_sandbox(id); }
   Status remove_pod_sandbox(const std::string& id) override { return f_.remove_pod_sandbox(id); }

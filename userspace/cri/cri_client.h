@@ -37,7 +37,9 @@ class CriClient {
 
   // Workload calls, as the kubelet makes them. kplegd never calls these; kpleg-load and the
   // tests do. Each returns the id the runtime assigned.
-  virtual Result<std::string> run_pod_sandbox(const v1::PodSandboxConfig& config) = 0;
+  // `runtime_handler`: the runtime configuration to run it with (RuntimeClass); "" the default.
+  virtual Result<std::string> run_pod_sandbox(const v1::PodSandboxConfig& config,
+                                              const std::string& runtime_handler = {}) = 0;
   virtual Status stop_pod_sandbox(const std::string& pod_sandbox_id) = 0;
   virtual Status remove_pod_sandbox(const std::string& pod_sandbox_id) = 0;
   virtual Result<std::string> create_container(const std::string& pod_sandbox_id,

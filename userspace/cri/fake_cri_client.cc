@@ -163,7 +163,8 @@ Result<v1::ContainerStatus> FakeCriClient::container_status(const std::string& c
       });
 }
 
-Result<std::string> FakeCriClient::run_pod_sandbox(const v1::PodSandboxConfig& config) {
+Result<std::string> FakeCriClient::run_pod_sandbox(const v1::PodSandboxConfig& config,
+                                                   const std::string& /*runtime_handler*/) {
   return call<Result<std::string>>(CriMethod::kRunPodSandbox, [&]() -> Result<std::string> {
     std::string id = next_id();
     Pod pod;

@@ -271,9 +271,11 @@ Result<v1::ContainerStatus> GrpcCriClient::container_status(const std::string& c
   return std::move(*r->mutable_status());
 }
 
-Result<std::string> GrpcCriClient::run_pod_sandbox(const v1::PodSandboxConfig& config) {
+Result<std::string> GrpcCriClient::run_pod_sandbox(const v1::PodSandboxConfig& config,
+                                                   const std::string& runtime_handler) {
   v1::RunPodSandboxRequest req;
   *req.mutable_config() = config;
+  req.set_runtime_handler(runtime_handler);
   auto r = invoke<v1::RunPodSandboxResponse>(
       CriMethod::kRunPodSandbox, options_.call_timeout,
       [&](grpc::ClientContext* c, v1::RunPodSandboxResponse* resp) {

@@ -81,7 +81,8 @@ class GrpcCriClient final : public CriClient {
   Result<std::vector<v1::Container>> list_containers(const v1::ContainerFilter& filter) override;
   Result<v1::ContainerStatus> container_status(const std::string& container_id) override;
 
-  Result<std::string> run_pod_sandbox(const v1::PodSandboxConfig& config) override;
+  Result<std::string> run_pod_sandbox(const v1::PodSandboxConfig& config,
+                                      const std::string& runtime_handler = {}) override;
   Status stop_pod_sandbox(const std::string& pod_sandbox_id) override;
   Status remove_pod_sandbox(const std::string& pod_sandbox_id) override;
   Result<std::string> create_container(const std::string& pod_sandbox_id,

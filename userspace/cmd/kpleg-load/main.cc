@@ -55,6 +55,7 @@ struct PodOptions {
   int64_t memory_limit = 0;
   bool pod_network = false;
   std::string log_root = default_log_root();
+  std::string runtime_handler;  // "" the runtime's default
 };
 
 // A pod this process created: enough to create its containers and to tear it down.
@@ -83,7 +84,7 @@ class Load {
                    "creating log directory " + pod.spec.log_directory + ": " + ec.message()};
     }
     pod.config = sandbox_config(pod.spec);
-    auto id = cri_.run_pod_sandbox(pod.config);
+    auto id = cri_.run_pod_sandbox(pod.config, o.runtime_handler);
     if (!id) {
       (void)remove_pod_leftovers(pod.spec.uid, pod.spec.log_directory);
       return id.error();
@@ -453,6 +454,9 @@ void add_pod_options(CLI::App* cmd, PodOptions& o) {
                 "Give pods their own network namespace (needs CNI) instead of the host's");
   cmd->add_option("--log-root", o.log_root, "Directory under which pod log directories are made")
       ->capture_default_str();
+  cmd->add_option("--runtime-handler", o.runtime_handler,
+                  "Runtime handler of the pods (a RuntimeClass's handler; default: the runtime's "
+                  "default)");
 }
 
 }  // namespace
