@@ -815,6 +815,18 @@ def write_summary(cfg, results):
         L.append(f"| {c['n']} | {c['rate']} | {mode} | {fmt(c.get('lifecycles'))} | "
                  f"{fmt(d.get('cri_calls_delta'))} | {fmt(d.get('cri_calls_per_lifecycle'), 2)} | "
                  f"{fmt(per_tr, 2)} |")
+    L.append("\n### Where ebpf's daemon CPU goes (churn windows)\n")
+    L.append("Per thread of the ebpf daemon, from /proc/<pid>/task/*/schedstat over the window: CPU ms per "
+             "minute and times scheduled in per second (the four busiest thread names; `kpleg-ringbuf` the "
+             "kernel's records, `kpleg-cri-event` the runtime's event stream, `kpleg-work` CRI looks, "
+             "`grpcpp_sync_ser` the Watch consumer's stream).\n")
+    for c, mode, d in churn_rows(results):
+        th = d.get("threads") or {}
+        if mode != "ebpf" or not th:
+            continue
+        L.append(f"- N={c['n']}, {c['rate']}/s: " + ", ".join(
+            f"{name}×{g['threads']} {g['cpu_ms_per_min']:.1f} ms/min {g['wakeups_per_s']:.1f}/s"
+            for name, g in list(th.items())[:4]))
     L.append("\n### Where the latency goes (churn windows)\n")
     L.append("ms, p50/p99. *from kernel*: kernel timestamp of the transition to the consumer. *after call*: "
              "from the return of the CRI call that made the transition (StartContainer returns once containerd "
