@@ -275,6 +275,32 @@ TEST_F(ApiE2eTest, CgroupsNestedInAContainerCostNothingAndItsDeathIsStillSeen) {
 // Where the runtime serves GetContainerEvents (containerd 2.x), its events confirm what the
 // kernel signalled: a container's whole lifecycle (start, death with its exit code, removal)
 // costs no CRI call. containerd 1.6 does not serve it: the targeted looks confirm instead.
+// A quiet runtime sends nothing on its event stream, not even the response headers (grpc-go
+// sends them with the first message): the stream must stay open. A first kplegd takes the
+// runtime's backlog of events, so the second one subscribes to a silent stream; the stream was
+// once given up after 10 s of silence and subscribed again, over and over. Without the stream
+// (containerd 1.6) the runtime is asked once.
+TEST_F(ApiE2eTest, AQuietRuntimesEventStreamStaysOpen) {
+  {
+    auto drain = start_kplegd(endpoint_, "ebpf");
+    ASSERT_TRUE(drain.ok()) << drain.error().message;
+    EXPECT_EQ((*drain)->stop(), 0);
+  }
+  auto d = start_kplegd(endpoint_, "ebpf");
+  ASSERT_TRUE(d.ok()) << d.error().message;
+  auto& kplegd = **d;
+  EXPECT_FALSE(kplegd.wait_for_log("runtime events: CRI GetContainerEvents failed", 12s))
+      << kplegd.log();
+  if (TestBed::instance().runtime() == "containerd-1.6") {
+    const std::string log = kplegd.log();
+    const std::string once = "does not serve GetContainerEvents";
+    const auto first = log.find(once);
+    EXPECT_NE(first, std::string::npos) << log;
+    EXPECT_EQ(log.find(once, first + 1), std::string::npos) << "asked again: " << log;
+  }
+  EXPECT_EQ(kplegd.stop(), 0);
+}
+
 TEST_F(ApiE2eTest, TheRuntimesEventStreamConfirmsWhereItIsServed) {
   auto d = start_kplegd(endpoint_, "ebpf");
   ASSERT_TRUE(d.ok()) << d.error().message;

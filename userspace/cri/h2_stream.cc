@@ -17,7 +17,6 @@ namespace kpleg::cri {
 namespace {
 
 using grpc::StatusCode;
-using Clock = std::chrono::steady_clock;
 
 // Percent-decoding of grpc-message (the gRPC HTTP/2 protocol's only escaping).
 std::string percent_decode(std::string_view in) {
@@ -65,7 +64,6 @@ struct Call {
   std::string body;  // the request, framed
   size_t body_sent = 0;
   std::string pending;  // received bytes of messages not complete yet
-  bool headers_seen = false;
   int http_status = 0;
   std::optional<int> grpc_status;
   std::string grpc_message;
@@ -103,13 +101,6 @@ int on_header(nghttp2_session*, const nghttp2_frame* frame, const uint8_t* name,
   } else if (n == "grpc-message") {
     c->grpc_message = percent_decode(v);
   }
-  return 0;
-}
-
-int on_frame(nghttp2_session*, const nghttp2_frame* frame, void* user) {
-  auto* c = static_cast<Call*>(user);
-  if (frame->hd.type == NGHTTP2_HEADERS && frame->hd.stream_id == c->stream_id)
-    c->headers_seen = true;
   return 0;
 }
 
@@ -229,7 +220,6 @@ Status h2_server_stream(const std::string& socket_path, std::string_view method,
   if (nghttp2_session_callbacks_new(&cbs) != 0) return Error{StatusCode::INTERNAL, "nghttp2: out of memory"};
   nghttp2_session_callbacks_set_send_callback(cbs, on_send);
   nghttp2_session_callbacks_set_on_header_callback(cbs, on_header);
-  nghttp2_session_callbacks_set_on_frame_recv_callback(cbs, on_frame);
   nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cbs, on_data);
   nghttp2_session_callbacks_set_on_stream_close_callback(cbs, on_close);
   const int rv = nghttp2_session_client_new(&c.session, cbs, &c);
@@ -266,7 +256,6 @@ Status h2_server_stream(const std::string& socket_path, std::string_view method,
     return Error{StatusCode::INTERNAL, std::string("nghttp2: ") + nghttp2_strerror(c.stream_id)};
   }
 
-  const auto response_deadline = Clock::now() + opts.response_timeout;
   char buf[64 * 1024];
   while (!c.closed && !c.failure) {
     if (cancel.cancelled()) return Error{StatusCode::CANCELLED, "cancelled"};
@@ -276,23 +265,12 @@ Status h2_server_stream(const std::string& socket_path, std::string_view method,
     }
     pollfd fds[2] = {{c.fd, short(POLLIN | (nghttp2_session_want_write(c.session) ? POLLOUT : 0)), 0},
                      {cancel.fd(), POLLIN, 0}};
-    int timeout = -1;
-    if (!c.headers_seen) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(response_deadline - Clock::now());
-      if (left.count() <= 0) {
-        return Error{StatusCode::DEADLINE_EXCEEDED,
-                     "no response from the runtime within " +
-                         std::to_string(opts.response_timeout.count()) + " ms"};
-      }
-      timeout = int(left.count());
-    }
-    int n = poll(fds, cancel.fd() >= 0 ? 2 : 1, timeout);
+    int n = poll(fds, cancel.fd() >= 0 ? 2 : 1, -1);
     if (n < 0) {
       if (errno == EINTR) continue;
       c.fail(StatusCode::INTERNAL, std::string("poll: ") + std::strerror(errno));
       break;
     }
-    if (n == 0) continue;  // the response deadline is checked at the top
     if (cancel.fd() >= 0 && (fds[1].revents & POLLIN)) return Error{StatusCode::CANCELLED, "cancelled"};
     if ((fds[0].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
     // Everything the socket has, in as few reads as it takes.

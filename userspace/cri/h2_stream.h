@@ -10,7 +10,6 @@
 // Unary calls stay on grpc++.
 #pragma once
 
-#include <chrono>
 #include <cstddef>
 #include <functional>
 #include <string>
@@ -21,9 +20,10 @@
 
 namespace kpleg::cri {
 
+// No deadline: a server-streaming call's server sends its response headers with its first
+// message (grpc-go does), so a quiet runtime says nothing for as long as nothing happens. A
+// runtime that goes away closes the connection (UNAVAILABLE); CancelToken ends the wait.
 struct H2StreamOptions {
-  // Until the response headers arrive (a runtime that accepts but never answers).
-  std::chrono::milliseconds response_timeout{10'000};
   // A larger message ends the call (RESOURCE_EXHAUSTED), like grpc++'s default receive limit.
   size_t max_message_bytes = 4u << 20;
   // HTTP/2 flow-control window, stream and connection: a WINDOW_UPDATE per this much data.
