@@ -356,8 +356,8 @@ write_config() {
   # entrypoint, like NVIDIA's CDI hook: a createContainer hook (runc init runs it before
   # pivot_root, so /bin/sh is the host's) and a startContainer hook (after it, the image's).
   "$CTR" oci spec | jq '.hooks = {
-      createContainer: [{path: "/bin/sh", args: ["sh", "-c", "sleep 0.1"]}],
-      startContainer: [{path: "/bin/sh", args: ["sh", "-c", "sleep 0.1"]}]
+      createContainer: [{path: "/bin/sh", args: ["sh", "-c", "sleep 0.3"]}],
+      startContainer: [{path: "/bin/sh", args: ["sh", "-c", "sleep 0.3"]}]
     }' >"$HOOKED_SPEC" || die "writing the hooked runtime's base spec failed"
   case $RUNTIME in
     containerd-1.6) config_v2 ;;

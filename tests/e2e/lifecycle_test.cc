@@ -198,7 +198,7 @@ TEST_P(LifecycleTest, ExecsInsideTheContainerAreNoStarts) {
 }
 
 // Hole 5: runc runs OCI hooks (here a createContainer and a startContainer hook, each a shell
-// that sleeps 100 ms, from the test bed's "runc-hooked" handler) inside the container's cgroup
+// that sleeps 300 ms, from the test bed's "runc-hooked" handler) inside the container's cgroup
 // before its entrypoint. Neither the hooks' execs nor their exits are the container's start or
 // death: the events' kernel timestamps are the entrypoint's, as the runtime records them.
 TEST_P(LifecycleTest, OciHooksBeforeTheEntrypointAreNeitherItsStartNorItsDeath) {
@@ -216,10 +216,10 @@ TEST_P(LifecycleTest, OciHooksBeforeTheEntrypointAreNeitherItsStartNorItsDeath) 
     EXPECT_EQ(e["source"], ebpf() ? "kernel" : "relist") << e.dump();
     if (!ebpf()) continue;
     // The runtime's started_at/finished_at and the kernel's timestamps of the entrypoint's exec
-    // and exit are milliseconds apart; a hook's are 100 ms to 2 s off.
+    // and exit are milliseconds apart (tens on a busy machine); a hook's are 300 ms to 2 s off.
     const auto kernel_ts = int64_t(e["kernel_ts_ns"].get<uint64_t>());
     const int64_t runtime_ts = e["type"] == "ContainerStarted" ? st->started_at() : st->finished_at();
-    EXPECT_LT(std::abs(kernel_ts - runtime_ts), 50'000'000) << e.dump();
+    EXPECT_LT(std::abs(kernel_ts - runtime_ts), 200'000'000) << e.dump();
     if (e["type"] == "ContainerDied") EXPECT_EQ(e["exit_code"], 3) << e.dump();
   }
 }
