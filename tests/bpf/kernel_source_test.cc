@@ -421,7 +421,8 @@ TEST_F(KernelSourceTest, CgroupsThatExistedBeforeTheLoaderAreTracked) {
 
 TEST_F(KernelSourceTest, AFullTrackedMapFlagsNewCgroupsAndAResyncTracksThemOnceThereIsRoom) {
   // How many cgroups this machine already has under tracked roots (a runtime's pods): the map
-  // is then sized for them, this test's pod tree (3) and 4 of its 6 containers.
+  // is then sized for them, this test's pod tree (3) and `room` (at least 4) of its room + 2
+  // containers.
   size_t existing = 0;
   {
     BpfKernelSource probe(KernelSourceOptions{});
@@ -430,6 +431,8 @@ TEST_F(KernelSourceTest, AFullTrackedMapFlagsNewCgroupsAndAResyncTracksThemOnceT
   }
   KernelSourceOptions opts;
   opts.bpf.max_tracked_cgroups = std::max<uint32_t>(kMinTrackedCgroups, uint32_t(existing) + 3 + 4);
+  // Room for the pod tree and `room` containers; two more than that are made.
+  const size_t room = opts.bpf.max_tracked_cgroups - existing - 3;
   std::mutex mu;
   std::vector<std::string> untracked_paths;
   KernelSink sink = collector_.sink();
@@ -446,7 +449,7 @@ TEST_F(KernelSourceTest, AFullTrackedMapFlagsNewCgroupsAndAResyncTracksThemOnceT
   ASSERT_TRUE(source_->program()->is_tracked(pod->id()));
   std::vector<ScratchCgroup> ctrs;
   std::vector<uint64_t> ids;
-  for (char c : std::string("abcdef")) {
+  for (char c : std::string("abcdefghijkl").substr(0, room + 2)) {
     auto ctr = ScratchCgroup::create(pod->path() + "/" + hex_id(c));
     ASSERT_TRUE(ctr.ok()) << ctr.error().message;
     ids.push_back(ctr->id());
@@ -462,7 +465,7 @@ TEST_F(KernelSourceTest, AFullTrackedMapFlagsNewCgroupsAndAResyncTracksThemOnceT
     EXPECT_EQ(mk.untracked, !source_->program()->is_tracked(mk.cgroup_id)) << mk.path;
     (mk.untracked ? flagged : tracked).push_back(i);
   }
-  ASSERT_GE(flagged.size(), 2u) << "the map had room for more than 4 of them";
+  ASSERT_GE(flagged.size(), 2u) << "the map had room for more than " << room << " of them";
   {
     std::lock_guard lk(mu);
     EXPECT_EQ(untracked_paths.size(), flagged.size());
