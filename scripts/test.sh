@@ -23,6 +23,21 @@ build=${KPLEG_BUILD_DIR:-$repo/build}
 cd "$repo"
 
 bash scripts/install-deps.sh
+# virtme-ng from PyPI (pinned, cached outside the tree): the VM tests boot their kernels with it.
+if vng_bin=$(bash scripts/vng.sh); then
+  export PATH=$vng_bin:$PATH
+elif [ "${KPLEG_REQUIRE_PRIVILEGED:-0}" = 1 ]; then
+  echo "FAIL: cannot install virtme-ng (KPLEG_REQUIRE_PRIVILEGED=1)"
+  exit 1
+else
+  echo "virtme-ng could not be installed: the VM tests use the plain qemu runner"
+fi
+# virtiofsd from crates.io (pinned, cached): vng boots the cloud kernels, which have no 9p, with it.
+if vfsd_bin=$(bash scripts/virtiofsd.sh); then
+  export PATH=$vfsd_bin:$PATH
+else
+  echo "virtiofsd could not be built: the VM tests of cloud kernels skip (and fail in CI)"
+fi
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
 cmake --build "$build" -j "$(nproc)"
 

@@ -50,7 +50,13 @@ if [ "$runner" = auto ]; then
   if command -v vng >/dev/null; then runner=vng; else runner=qemu; fi
 fi
 case "$runner" in
-  vng) command -v vng >/dev/null || skip "vng is not installed" ;;
+  vng)
+    command -v vng >/dev/null || skip "vng is not installed (scripts/vng.sh)"
+    # Without virtiofsd vng shares the root over 9p, which cloud kernels do not have.
+    if [ "$flavour" = cloud ] && ! command -v virtiofsd >/dev/null; then
+      skip "kernel $name is a cloud kernel: vng needs virtiofsd on PATH to boot it (scripts/virtiofsd.sh)"
+    fi
+    ;;
   qemu)
     command -v qemu-system-x86_64 >/dev/null || skip "qemu-system-x86_64 is not installed (scripts/install-deps.sh)"
     [ "$(uname -m)" = x86_64 ] || skip "the qemu runner boots x86_64 kernels only"
