@@ -23,7 +23,7 @@ PACKAGES=(
   # deploy/ manifest check
   python3-yaml
   # virtme-ng (scripts/vng.sh) is installed from PyPI into a virtual environment; virtiofsd
-  # (scripts/virtiofsd.sh), which it needs for cloud kernels, is built from crates.io
+  # (scripts/virtiofsd.sh), which it needs for cloud kernels, is built from the Rust crate registry
   python3-venv libseccomp-dev libcap-ng-dev
   # throwaway CA and certificates for the API's TLS tests
   openssl

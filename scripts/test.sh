@@ -32,7 +32,14 @@ elif [ "${KPLEG_REQUIRE_PRIVILEGED:-0}" = 1 ]; then
 else
   echo "virtme-ng could not be installed: the VM tests use the plain qemu runner"
 fi
-# virtiofsd from crates.io (pinned, cached): vng boots the cloud kernels, which have no 9p, with it.
+# crictl from the Go module proxy (pinned by tools/crictl, cached): the CRI tests use it as users
+# do; without it its test skips (and fails in CI, naming scripts/crictl.sh).
+if crictl_bin=$(bash scripts/crictl.sh); then
+  export PATH=$crictl_bin:$PATH
+else
+  echo "crictl could not be built (see above)"
+fi
+# virtiofsd from the Rust crate registry (pinned, cached): vng boots the cloud kernels, which have no 9p, with it.
 if vfsd_bin=$(bash scripts/virtiofsd.sh); then
   export PATH=$vfsd_bin:$PATH
 else

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds virtiofsd (the Rust one), at a pinned version, from crates.io with cargo into a cache
+# Builds virtiofsd (the Rust one), at a pinned version, from the Rust crate registry with cargo into a cache
 # outside the source tree, and prints the directory that holds `virtiofsd`. A second run finds
 # the cache and costs nothing (the first build takes a few minutes on two cores).
 #
@@ -16,7 +16,7 @@
 #   CARGO               the cargo command (default: cargo on PATH, else ~/.cargo/bin/cargo)
 set -euo pipefail
 
-# Pinned: a virtiofsd release on crates.io that builds with the machine's Rust toolchain.
+# Pinned: a virtiofsd release in the Rust crate registry that builds with the machine's Rust toolchain.
 VIRTIOFSD_VERSION=1.13.2
 
 CACHE=${KPLEG_TOOLS_CACHE:-/var/cache/kpleg/tools}
@@ -37,7 +37,7 @@ if [ -z "$cargo" ]; then
   elif [ -x "$HOME/.cargo/bin/cargo" ]; then
     cargo=$HOME/.cargo/bin/cargo
   else
-    die "no cargo (Rust toolchain): virtiofsd is built from crates.io; install Rust, or set CARGO"
+    die "no cargo (Rust toolchain): virtiofsd is built from the Rust crate registry; install Rust, or set CARGO"
   fi
 fi
 
