@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs virtme-ng (`vng`), at a pinned version, from PyPI into a Python virtual environment in
-# a cache outside the source tree, and prints the directory that holds `vng`. A second run finds
-# the cache and costs nothing. vmtests/ boots its kernels with vng whenever it is on PATH.
+# a cache outside the source tree, and prints a directory that holds `vng` and virtme-ng's other
+# commands, and no Python: the environment's own bin/ would put its python3 first on PATH. A
+# second run finds the cache and costs nothing. vmtests/ boots its kernels with vng whenever it
+# is on PATH.
 #
 #   scripts/vng.sh            install if missing; print the bin directory
 #
@@ -19,8 +21,8 @@ dir=$CACHE/virtme-ng-$VNG_VERSION
 log() { echo "vng.sh: $*" >&2; }
 die() { echo "vng.sh: error: $*" >&2; exit 1; }
 
-if [ -f "$dir/ok" ] && [ -x "$dir/bin/vng" ]; then
-  echo "$dir/bin"
+if [ -f "$dir/ok" ] && [ -x "$dir/commands/vng" ]; then
+  echo "$dir/commands"
   exit 0
 fi
 
@@ -36,6 +38,12 @@ if ! "$dir/bin/pip" install --quiet --disable-pip-version-check "virtme-ng==$VNG
   die "pip could not install virtme-ng==$VNG_VERSION from PyPI"
 fi
 "$dir/bin/vng" --version >/dev/null || { rm -rf "$dir"; die "the installed vng does not run"; }
+# vng runs virtme-run and its helpers by name: they go on PATH with it (their scripts name the
+# environment's interpreter themselves).
+mkdir -p "$dir/commands"
+for cmd in "$dir"/bin/vng "$dir"/bin/virtme-*; do
+  ln -s "$cmd" "$dir/commands/${cmd##*/}"
+done
 touch "$dir/ok"
 log "installed virtme-ng $VNG_VERSION in $dir in $(($(date +%s) - start)) s"
-echo "$dir/bin"
+echo "$dir/commands"

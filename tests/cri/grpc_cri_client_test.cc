@@ -12,6 +12,7 @@
 
 #include "cri/grpc_cri_client.h"
 #include "cri/hung_runtime.h"
+#include "support/eventually.h"
 #include "cri/testbed.h"
 #include "support/eventually.h"
 
@@ -148,7 +149,8 @@ TEST_F(GrpcCriClientTestBed, TalksToTheRealRuntime) {
     if (c.type() == "RuntimeReady") runtime_ready = c.status();
   }
   EXPECT_TRUE(runtime_ready);
-  EXPECT_TRUE(client->connected());
+  // The watcher's connection is made beside the calls' and may still be coming up.
+  EXPECT_TRUE(kpleg::testing::eventually([&] { return client->connected(); }, 5s));
 
   auto missing = client->container_status(std::string(64, 'f'));
   ASSERT_FALSE(missing.ok());

@@ -123,10 +123,8 @@ GrpcCriClient::~GrpcCriClient() {
 }
 
 ConnectionState GrpcCriClient::state() const {
-  // The watcher's connection is made beside the calls' and may still be connecting while a call
-  // has just been answered: either being READY means the runtime is reachable now. Both leave
-  // READY when the runtime goes away.
-  if (channel_->GetState(/*try_to_connect=*/false) == GRPC_CHANNEL_READY) return ConnectionState::kReady;
+  // The watcher's connection only: the calls' connection is read only while a call waits, so
+  // it would still say READY long after the runtime went away.
   return from_grpc(watch_channel_->GetState(/*try_to_connect=*/false));
 }
 
