@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <cstdint>
-#include <utility>
 
 namespace kpleg::cri {
 
@@ -15,7 +14,6 @@ CancelToken::~CancelToken() {
 }
 
 void CancelToken::cancel() {
-  // The hook runs under the lock: once set_hook({}) returned, it is never running.
   std::lock_guard lk(mu_);
   if (cancelled_) return;
   cancelled_ = true;
@@ -23,18 +21,11 @@ void CancelToken::cancel() {
     uint64_t one = 1;
     (void)!write(fd_, &one, sizeof(one));
   }
-  if (hook_) hook_();
 }
 
 bool CancelToken::cancelled() const {
   std::lock_guard lk(mu_);
   return cancelled_;
-}
-
-void CancelToken::set_hook(std::function<void()> hook) {
-  std::lock_guard lk(mu_);
-  hook_ = std::move(hook);
-  if (cancelled_ && hook_) hook_();
 }
 
 }  // namespace kpleg::cri

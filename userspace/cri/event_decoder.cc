@@ -114,27 +114,37 @@ bool decode_sandbox_metadata(std::string_view wire, v1::PodSandboxMetadata& m) {
   return f.ok();
 }
 
-bool decode_sandbox_status(std::string_view wire, v1::PodSandboxStatus& s) {
-  Fields f(wire);
+// Fields 1 to 4 mean the same in both statuses: id, metadata, state, created_at. Decodes field
+// `n`, one of them; false only when its metadata is malformed.
+template <typename State, typename Status, typename DecodeMetadata>
+bool decode_status_head(Fields& f, int n, Status& s, DecodeMetadata decode_metadata) {
   uint64_t v = 0;
   std::string_view sub;
+  switch (n) {
+    case 1: f.string(s.mutable_id()); break;
+    case 2:
+      if (f.bytes(sub) && !decode_metadata(sub, *s.mutable_metadata())) return false;
+      break;
+    case 3:
+      if (f.varint(v)) s.set_state(static_cast<State>(int(v)));
+      break;
+    case 4:
+      if (f.varint(v)) s.set_created_at(int64_t(v));
+      break;
+    default: break;
+  }
+  return true;
+}
+
+bool decode_sandbox_status(std::string_view wire, v1::PodSandboxStatus& s) {
+  Fields f(wire);
+  std::string_view sub;
   while (int n = f.next()) {
-    switch (n) {
-      case 1: f.string(s.mutable_id()); break;
-      case 2:
-        if (f.bytes(sub) && !decode_sandbox_metadata(sub, *s.mutable_metadata())) return false;
-        break;
-      case 3:
-        if (f.varint(v)) s.set_state(static_cast<v1::PodSandboxState>(int(v)));
-        break;
-      case 4:
-        if (f.varint(v)) s.set_created_at(int64_t(v));
-        break;
-      case 7:
-        if (f.bytes(sub) && !decode_label(sub, *s.mutable_labels())) return false;
-        break;
-      default: break;  // network, linux, annotations, runtime_handler, ...
-    }
+    if (n <= 4) {
+      if (!decode_status_head<v1::PodSandboxState>(f, n, s, decode_sandbox_metadata)) return false;
+    } else if (n == 7) {
+      if (f.bytes(sub) && !decode_label(sub, *s.mutable_labels())) return false;
+    }  // else network, linux, annotations, runtime_handler, ...: skipped
   }
   return f.ok();
 }
@@ -156,17 +166,11 @@ bool decode_container_status(std::string_view wire, v1::ContainerStatus& s) {
   uint64_t v = 0;
   std::string_view sub;
   while (int n = f.next()) {
+    if (n <= 4) {
+      if (!decode_status_head<v1::ContainerState>(f, n, s, decode_container_metadata)) return false;
+      continue;
+    }
     switch (n) {
-      case 1: f.string(s.mutable_id()); break;
-      case 2:
-        if (f.bytes(sub) && !decode_container_metadata(sub, *s.mutable_metadata())) return false;
-        break;
-      case 3:
-        if (f.varint(v)) s.set_state(static_cast<v1::ContainerState>(int(v)));
-        break;
-      case 4:
-        if (f.varint(v)) s.set_created_at(int64_t(v));
-        break;
       case 5:
         if (f.varint(v)) s.set_started_at(int64_t(v));
         break;

@@ -2,9 +2,9 @@
 //
 // Each event carries the pod's full sandbox status and the status of every container of the pod
 // (annotations, mounts, image, resources, network...), of which kpleg reads a few fields of one
-// container. The generated parser decodes all of it: about 65 us of CPU per event on a daemon
-// that sleeps between events (measured under 10/s churn on containerd 2.4.2), more than reading
-// the event off the socket. This decoder reads only what pleg::observation_of() uses:
+// container. The generated parser decodes all of it, and on a daemon that sleeps between events
+// that cost more than reading the event off the socket. This decoder reads only what
+// pleg::observation_of() uses:
 //   container_id, container_event_type, created_at;
 //   pod_sandbox_status: id, metadata, state, created_at, labels;
 //   containers_statuses: only the entry of container_id, with id, metadata, state, created_at,

@@ -3,9 +3,9 @@
 // message handed on as its serialized bytes.
 //
 // Why not grpc++'s reader: the runtime's event stream (GetContainerEvents) sends a message for
-// every container change, and with grpc++'s synchronous reader each one cost about 270 us of
-// daemon CPU under churn (call machinery, a WINDOW_UPDATE per message, wakeups of gRPC's own
-// threads), more than everything else kplegd does for that change. Here a message costs one
+// every container change, and with grpc++'s synchronous reader each one cost more daemon CPU
+// under churn (call machinery, a WINDOW_UPDATE per message, wakeups of gRPC's own threads) than
+// everything else kplegd does for that change. Here a message costs one
 // wakeup, a recv and nghttp2's parse; the windows are large, so flow-control updates are rare.
 // Unary calls stay on grpc++.
 #pragma once

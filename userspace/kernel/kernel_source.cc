@@ -123,7 +123,6 @@ Status BpfKernelSource::start(KernelSink sink) {
   seeded_ = walk.added;
   if (walk.full > 0) {
     untracked_ += walk.full;
-    untracked_total_ += walk.full;
     spdlog::warn("kernel source: the tracked-cgroup map (capacity {}) is full: {} existing "
                  "cgroups are not tracked and their containers' events come only from the "
                  "reconcile; raise --max-tracked-cgroups",
@@ -207,7 +206,6 @@ Result<ResyncResult> BpfKernelSource::resync_tracked() {
   r.still_full = walk.full;
   r.walk_complete = walk.complete;
   untracked_ += walk.full;
-  untracked_total_ += walk.full;
   if (walk.complete) {
     std::sort(walk.seen.begin(), walk.seen.end());
     for (uint64_t id : before) {
@@ -236,7 +234,6 @@ int BpfKernelSource::on_record(void* ctx, void* data, size_t size) {
   self->received_.fetch_add(1, std::memory_order_relaxed);
   if (const auto* mk = std::get_if<CgroupMkdir>(&ev->body); mk != nullptr && mk->untracked) {
     self->untracked_.fetch_add(1);
-    self->untracked_total_.fetch_add(1);
     uint64_t left_out = 0;
     if (self->untracked_log_.allow(left_out)) {
       spdlog::warn("kernel source: the tracked-cgroup map (capacity {}) is full: {} is not "
@@ -328,7 +325,6 @@ KernelSourceStats BpfKernelSource::stats() const {
   s.consuming = consuming_.load();
   s.seeded_cgroups = seeded_;
   s.untracked_cgroups = untracked_.load();
-  s.untracked_total = untracked_total_.load();
   s.stale_removed = stale_removed_.load();
   s.map_capacity = opts_.bpf.max_tracked_cgroups;
   s.cgroup2_mount = cgroup2_mount_;

@@ -61,7 +61,6 @@ struct KernelSourceStats {
   // Cgroups under a tracked root that the map had no room for, made since the last resync
   // (flagged mkdirs) plus those its walk could not place. 0 once a resync placed them all.
   uint64_t untracked_cgroups = 0;
-  uint64_t untracked_total = 0;  // ever, flagged mkdirs and walks that found the map full
   uint64_t stale_removed = 0;    // entries removed by resyncs
   uint32_t map_capacity = 0;     // BpfOptions::max_tracked_cgroups
   std::string cgroup2_mount;
@@ -129,7 +128,6 @@ class BpfKernelSource final : public KernelSource {
   size_t seeded_ = 0;
   std::mutex resync_mu_;
   std::atomic<uint64_t> untracked_{0};        // since the last resync
-  std::atomic<uint64_t> untracked_total_{0};
   std::atomic<uint64_t> stale_removed_{0};
   LogLimiter untracked_log_{std::chrono::seconds(10)};
 };
