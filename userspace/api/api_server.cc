@@ -7,7 +7,9 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -116,6 +118,25 @@ class PodLifecycleService final : public v1::PodLifecycle::Service {
     resp->set_cri_calls(d.cri_calls);
     resp->set_relists(d.relists);
     resp->set_last_reconcile_ns(d.last_reconcile_ns);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status InflightCalls(grpc::ServerContext*, const v1::InflightCallsRequest* req,
+                             v1::InflightCallsResponse* resp) override {
+    const auto min_age = std::chrono::milliseconds(
+        std::min<uint64_t>(req->min_age_ms(), uint64_t(INT64_MAX)));
+    for (const auto& c : stats_.inflight_calls(min_age)) {
+      auto* out = resp->add_calls();
+      out->set_method(c.method);
+      out->set_origin(c.origin);
+      out->set_pod_uid(c.pod_uid);
+      out->set_pod_name(c.pod_name);
+      out->set_pod_namespace(c.pod_namespace);
+      out->set_id(c.id);
+      out->set_container_name(c.container_name);
+      out->set_age_ms(uint64_t(c.age.count()));
+      out->set_description(c.description);
+    }
     return grpc::Status::OK;
   }
 

@@ -82,10 +82,23 @@ struct DaemonStats {
   uint64_t cri_calls = 0;          // CRI calls made since start, all methods
 };
 
+// A CRI call in flight (cri/inflight_calls.h), as the InflightCalls RPC reports it.
+struct InflightCallRecord {
+  std::string method, origin;
+  std::string pod_uid, pod_name, pod_namespace, id, container_name;
+  std::chrono::milliseconds age{0};
+  std::string description;
+};
+
 class StatsProvider {
  public:
   virtual ~StatsProvider() = default;
   virtual DaemonStats stats() = 0;
+  // Calls in flight at least `min_age`, oldest first.
+  virtual std::vector<InflightCallRecord> inflight_calls(std::chrono::milliseconds min_age) {
+    (void)min_age;
+    return {};
+  }
 };
 
 }  // namespace kpleg::api

@@ -3,15 +3,12 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/resource_quota.h>
 #include <spdlog/spdlog.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <condition_variable>
-#include <cstring>
 #include <deque>
 #include <mutex>
 #include <unordered_map>
@@ -49,36 +46,6 @@ std::string label_or_empty(const google::protobuf::Map<std::string, std::string>
   return it == labels.end() ? std::string() : it->second;
 }
 
-// A stale socket file (its server died) is replaced; a live one or a non-socket is an error.
-kpleg::Status prepare_socket_path(const std::string& path) {
-  if (path.size() >= sizeof(sockaddr_un::sun_path)) {
-    return Error{ENAMETOOLONG, "CRI proxy: socket path " + path + " is longer than " +
-                                   std::to_string(sizeof(sockaddr_un::sun_path) - 1) + " bytes"};
-  }
-  struct stat st {};
-  const std::string dir = path.substr(0, path.rfind('/'));
-  if (!dir.empty() && stat(dir.c_str(), &st) != 0) {
-    return Error::from_errno(errno, "CRI proxy: directory " + dir + " of the listening socket");
-  }
-  if (lstat(path.c_str(), &st) != 0) {
-    if (errno == ENOENT) return {};
-    return Error::from_errno(errno, "CRI proxy: stat " + path);
-  }
-  if (!S_ISSOCK(st.st_mode)) {
-    return Error{EEXIST, "CRI proxy: " + path + " exists and is not a socket"};
-  }
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return Error::from_errno(errno, "CRI proxy: socket");
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-  bool live = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
-  close(fd);
-  if (live) return Error{EADDRINUSE, "CRI proxy: something already listens on " + path};
-  if (unlink(path.c_str()) != 0) return Error::from_errno(errno, "CRI proxy: removing stale " + path);
-  return {};
-}
-
 }  // namespace
 
 class CriProxy::Impl final : public v1::RuntimeService::Service {
@@ -96,7 +63,7 @@ class CriProxy::Impl final : public v1::RuntimeService::Service {
 
   kpleg::Status serve() {
     const std::string path = socket_path_of(listen_target_);
-    if (auto st = prepare_socket_path(path); !st) return st;
+    if (auto st = prepare_listen_socket(path, "CRI proxy"); !st) return st;
     grpc::ServerBuilder builder;
     builder.AddListeningPort(listen_target_, grpc::InsecureServerCredentials());
     builder.RegisterService(this);

@@ -20,4 +20,9 @@ Result<std::string> grpc_target_for_endpoint(std::string_view endpoint);
 // The filesystem path of the socket a target names ("unix:///a/b" -> "/a/b").
 std::string socket_path_of(std::string_view grpc_target);
 
+// Readies `path` for a server to listen on: a stale socket file (its server died) is removed;
+// a live socket, a non-socket, a missing directory or a path too long for a unix socket is an
+// error naming `who` ("CRI endpoint") and the cause.
+Status prepare_listen_socket(const std::string& path, std::string_view who);
+
 }  // namespace kpleg::cri

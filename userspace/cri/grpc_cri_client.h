@@ -35,6 +35,7 @@
 #include "cri/call_stats.h"
 #include "cri/cancel_token.h"
 #include "cri/cri_client.h"
+#include "cri/inflight_calls.h"
 
 namespace kpleg::cri {
 
@@ -57,6 +58,8 @@ struct GrpcCriClientOptions {
   // Called on the watcher thread after every change of the channel's state (state() then
   // reports the new one); same rules as on_reconnect.
   std::function<void()> on_state_change;
+  // Where every call registers while in flight (the stuck-call watchdog); none: not tracked.
+  std::shared_ptr<InflightCalls> inflight;
 };
 
 // The gRPC channel's connectivity state.
@@ -116,7 +119,8 @@ class GrpcCriClient final : public CriClient {
   GrpcCriClient(std::string target, GrpcCriClientOptions options);
   void watch_connectivity();
   template <typename Response, typename Invoke>
-  Result<Response> invoke(CriMethod method, std::chrono::milliseconds timeout, Invoke&& rpc);
+  Result<Response> invoke(CriMethod method, std::chrono::milliseconds timeout,
+                          const std::string& subject_id, Invoke&& rpc);
 
   const std::string target_;
   const GrpcCriClientOptions options_;

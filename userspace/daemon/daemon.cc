@@ -43,6 +43,8 @@ Result<std::unique_ptr<Daemon>> Daemon::start(const DaemonOptions& opts) {
   cri::GrpcCriClientOptions co;
   co.call_timeout = opts.cri_timeout;
   co.on_state_change = [self] { self->health_changed(); };
+  co.inflight = d->inflight_;
+  d->inflight_->set_resolver([self](const std::string& id) { return self->identify(id); });
   co.on_reconnect = [self] {
     spdlog::info("container runtime reachable again");
     if (self->reconciler_) self->reconciler_->request("runtime reconnect");
@@ -60,14 +62,38 @@ Result<std::unique_ptr<Daemon>> Daemon::start(const DaemonOptions& opts) {
                  v->runtime_version(), v->runtime_api_version(), opts.runtime_endpoint);
   }
 
+  d->metrics_.on_scrape([self] {
+    for (const auto& m : self->inflight_->by_method()) {
+      const std::vector<std::string> labels{m.method, cri::to_string(m.origin)};
+      self->metrics_.cri_calls_in_flight.with(labels).set(double(m.count));
+      self->metrics_.cri_call_oldest_seconds.with(labels).set(
+          std::chrono::duration<double>(m.oldest).count());
+    }
+    if (self->cri_endpoint_) {
+      auto es = self->cri_endpoint_->stats();
+      for (const auto& [key, n] : es.calls)
+        self->metrics_.cri_endpoint_calls
+            .with({key.first, std::string(cri::grpc_code_name(key.second))})
+            .set(double(n));
+      self->metrics_.cri_endpoint_event_streams.set(double(es.event_streams));
+    }
+    if (self->event_feed_) {
+      auto fs = self->event_feed_->stats();
+      self->metrics_.cri_endpoint_events.set(double(fs.sent));
+      self->metrics_.cri_endpoint_events_dropped.set(double(fs.dropped));
+    }
+  });
+
   if (opts.mode == Mode::kRelist) {
     if (auto st = d->start_relist(); !st) return st.error();
     d->metrics_.set_mode("relist");
+    if (auto es = d->start_cri_endpoint(); !es) return es.error();
     return d;
   }
   auto st = d->start_ebpf();
   if (st) {
     d->metrics_.set_mode("ebpf");
+    if (auto es = d->start_cri_endpoint(); !es) return es.error();
     return d;
   }
   if (opts.mode == Mode::kEbpf) return st.error();
@@ -81,7 +107,59 @@ Result<std::unique_ptr<Daemon>> Daemon::start(const DaemonOptions& opts) {
   d->index_.reset();
   if (auto rs = d->start_relist(); !rs) return rs.error();
   d->metrics_.set_mode("relist");
+  if (auto es = d->start_cri_endpoint(); !es) return es.error();
   return d;
+}
+
+Status Daemon::start_cri_endpoint() {
+  if (opts_.cri_listen.empty()) return {};
+  if (opts_.cri_serve_events) {
+    event_feed_ = std::make_unique<criendpoint::ContainerEventFeed>(*cri_, *bus_);
+    event_feed_->start();
+  }
+  criendpoint::CriEndpointOptions eo;
+  eo.listen_endpoint = opts_.cri_listen;
+  eo.upstream_endpoint = opts_.runtime_endpoint;
+  eo.serve_container_events = opts_.cri_serve_events;
+  eo.inflight = inflight_;
+  auto ep = criendpoint::CriEndpoint::start(eo, event_feed_.get());
+  if (!ep) return ep.error();
+  cri_endpoint_ = std::move(*ep);
+  return {};
+}
+
+std::optional<cri::PodIdentity> Daemon::identify(const std::string& id) {
+  if (stopped_) return std::nullopt;
+  for (const auto& pod : snapshot().pods) {
+    for (const auto& c : pod.containers) {
+      if (c.id != id) continue;
+      return cri::PodIdentity{pod.uid, pod.name, pod.pod_namespace, c.sandbox ? "" : c.name,
+                              c.sandbox};
+    }
+  }
+  return std::nullopt;
+}
+
+std::vector<api::InflightCallRecord> Daemon::inflight_calls(std::chrono::milliseconds min_age) {
+  std::vector<api::InflightCallRecord> out;
+  for (const auto& c : inflight_->older_than(min_age)) {
+    const auto& s = c.subject;
+    out.push_back(api::InflightCallRecord{c.method, cri::to_string(c.origin), s.pod_uid,
+                                          s.pod_name, s.pod_namespace, s.id, s.container_name,
+                                          c.age, cri::describe(c)});
+  }
+  return out;
+}
+
+void Daemon::report_stuck_calls(api::HealthReport& r) {
+  const auto threshold = opts_.stuck_call_threshold;
+  // Degraded, not failing: kpleg's events still flow; the call is the runtime's problem (or a
+  // CNI plugin's), and naming it, before the kubelet's PLEG gives up, is the point.
+  for (const auto& c : inflight_->older_than(threshold)) r.reasons.push_back(cri::describe(c));
+  if (auto left = inflight_->until_one_reaches(threshold)) {
+    *left += std::chrono::milliseconds(1);
+    if (!r.recheck_in || *left < *r.recheck_in) r.recheck_in = *left;
+  }
 }
 
 void Daemon::on_kernel_event(const kernel::KernelEvent& ev) {
@@ -181,6 +259,8 @@ Status Daemon::start_relist() {
 
 void Daemon::stop() {
   if (stopped_.exchange(true)) return;
+  if (cri_endpoint_) cri_endpoint_->stop();
+  if (event_feed_) event_feed_->stop();
   if (kernel_) kernel_->stop();
   if (runtime_events_) runtime_events_->stop();
   if (reconciler_) reconciler_->stop();
@@ -321,6 +401,7 @@ api::HealthReport Daemon::health() {
     // Relist mode polls the runtime anyway: its health follows the relist period.
     r.recheck_in = opts_.relist_period;
   }
+  report_stuck_calls(r);
   return r;
 }
 

@@ -16,6 +16,9 @@
 #include "cgroup/cgroup_index.h"
 #include "common/result.h"
 #include "cri/grpc_cri_client.h"
+#include "cri/inflight_calls.h"
+#include "criendpoint/container_event_feed.h"
+#include "criendpoint/cri_endpoint.h"
 #include "kernel/kernel_source.h"
 #include "metrics/kpleg_metrics.h"
 #include "metrics/registry.h"
@@ -38,6 +41,12 @@ struct DaemonOptions {
   std::chrono::milliseconds cri_timeout{std::chrono::seconds(2)};
   // ebpf mode: confirm by the runtime's GetContainerEvents stream where it is served.
   bool runtime_events = true;
+  // The CRI endpoint for the kubelet (--cri-listen): "" off.
+  std::string cri_listen;
+  // Answer the endpoint's GetContainerEvents from kpleg's events (else forward the runtime's).
+  bool cri_serve_events = true;
+  // A CRI call in flight this long is named in health, kplegctl stuck and the log.
+  std::chrono::milliseconds stuck_call_threshold{std::chrono::seconds(60)};
   kernel::KernelSourceOptions kernel;
   bus::EventBusOptions bus;  // its on_publish is the daemon's (metrics)
 };
@@ -60,6 +69,7 @@ class Daemon : public api::StateProvider, public api::HealthProvider, public api
   api::HealthReport health() override;
   void set_health_listener(std::function<void()> fn) override;
   api::DaemonStats stats() override;
+  std::vector<api::InflightCallRecord> inflight_calls(std::chrono::milliseconds min_age) override;
 
   // Components, for metrics and tests.
   cri::GrpcCriClient& cri() { return *cri_; }
@@ -84,6 +94,12 @@ class Daemon : public api::StateProvider, public api::HealthProvider, public api
   void resync_kernel();
   // The BPF programs' counters and the tracked map, into the metrics (at scrape time).
   void mirror_kernel_metrics();
+  Status start_cri_endpoint();
+  // The pod a sandbox or container id belongs to, from kpleg's state (for the watchdog).
+  std::optional<cri::PodIdentity> identify(const std::string& id);
+  // Health reasons for calls in flight longer than the threshold; sets recheck_in for the
+  // youngest call that will cross it.
+  void report_stuck_calls(api::HealthReport& r);
 
   DaemonOptions opts_;
   metrics::Registry registry_;
@@ -100,6 +116,9 @@ class Daemon : public api::StateProvider, public api::HealthProvider, public api
   std::unique_ptr<pleg::RuntimeEvents> runtime_events_;
   std::unique_ptr<kernel::BpfKernelSource> kernel_;
   std::unique_ptr<pleg::GenericRelist> relist_;
+  std::shared_ptr<cri::InflightCalls> inflight_ = std::make_shared<cri::InflightCalls>();
+  std::unique_ptr<criendpoint::ContainerEventFeed> event_feed_;
+  std::unique_ptr<criendpoint::CriEndpoint> cri_endpoint_;
   std::atomic<bool> stopped_{false};
   std::mutex coverage_mu_;
   size_t uncovered_ = 0;            // guarded by coverage_mu_

@@ -118,6 +118,29 @@ KplegMetrics::KplegMetrics(Registry& r)
                                       "Entries of cgroups that no longer exist, removed from the "
                                       "tracked-cgroup map at reconcile.")
                                 .get()),
+      cri_calls_in_flight(r.gauge("kpleg_cri_calls_in_flight",
+                                  "CRI calls in flight now, by method and origin (kplegd: its "
+                                  "own; endpoint: a client of --cri-listen, forwarded).",
+                                  {"method", "origin"})),
+      cri_call_oldest_seconds(r.gauge("kpleg_cri_call_oldest_in_flight_seconds",
+                                      "Age of the oldest CRI call in flight, by method and "
+                                      "origin; 0 when none is.",
+                                      {"method", "origin"})),
+      cri_endpoint_calls(r.counter("kpleg_cri_endpoint_calls_total",
+                                   "Calls forwarded through the CRI endpoint (--cri-listen), "
+                                   "by method and the runtime's gRPC status code.",
+                                   {"method", "code"})),
+      cri_endpoint_event_streams(r.gauge("kpleg_cri_endpoint_event_streams",
+                                         "GetContainerEvents streams open on the CRI endpoint.")
+                                     .get()),
+      cri_endpoint_events(r.counter("kpleg_cri_endpoint_events_total",
+                                    "Container events built for the CRI endpoint's "
+                                    "GetContainerEvents subscribers.")
+                              .get()),
+      cri_endpoint_events_dropped(r.counter("kpleg_cri_endpoint_events_dropped_total",
+                                            "Container events the CRI endpoint could not build "
+                                            "(the runtime's calls failed every attempt).")
+                                      .get()),
       registry_(r) {
   r.gauge("kpleg_build_info", "kpleg's version; always 1.", {"version"})
       .with({KPLEG_VERSION})

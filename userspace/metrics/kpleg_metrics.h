@@ -89,6 +89,14 @@ struct KplegMetrics {
   Gauge& bpf_tracked_cgroups_capacity;
   Gauge& untracked_cgroups;
   Counter& stale_tracked_removed;
+  // The stuck-call watchdog (cri/inflight_calls.h): by method and origin (kplegd, endpoint).
+  Family<Gauge>& cri_calls_in_flight;
+  Family<Gauge>& cri_call_oldest_seconds;
+  // The CRI endpoint (--cri-listen).
+  Family<Counter>& cri_endpoint_calls;
+  Gauge& cri_endpoint_event_streams;
+  Counter& cri_endpoint_events;
+  Counter& cri_endpoint_events_dropped;
 
   void set_mode(std::string_view active);
 

@@ -1,8 +1,8 @@
-// kplegctl: the command-line consumer of kplegd's API (watch, list, health, stats).
+// kplegctl: the command-line consumer of kplegd's API (watch, list, health, stats, stuck).
 //
-// Exit status: 0 success (health: healthy); 1 an RPC failed, a watch ended with an error, or
-// health says unhealthy; 2 kplegd cannot be reached (not running, socket not accessible,
-// unavailable).
+// Exit status: 0 success (health: healthy; stuck: no call that old); 1 an RPC failed, a watch
+// ended with an error, health says unhealthy, or stuck found calls; 2 kplegd cannot be reached
+// (not running, socket not accessible, unavailable).
 #include <grpcpp/grpcpp.h>
 
 #include <CLI/CLI.hpp>
@@ -12,6 +12,7 @@
 #include <string>
 
 #include "api/client.h"
+#include "common/duration.h"
 #include "cmd/kplegctl/output.h"
 #include "kpleg/v1/pleg.grpc.pb.h"
 
@@ -159,7 +160,29 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"text", "json"}))
       ->capture_default_str();
 
+  std::string stuck_output = "table", stuck_age = "30s";
+  auto* stuck_cmd = app.add_subcommand(
+      "stuck", "CRI calls in flight longer than --older-than (kplegd's own and the kubelet's "
+               "through kplegd --cri-listen), oldest first; exit 1 when there are any");
+  stuck_cmd->add_option("--older-than", stuck_age, "Minimum age (e.g. 500ms, 30s, 2m); 0 lists all")
+      ->capture_default_str();
+  stuck_cmd->add_option("-o,--output", stuck_output, "table or json (one object per line)")
+      ->check(CLI::IsMember({"table", "json"}))
+      ->capture_default_str();
+
   CLI11_PARSE(app, argc, argv);
+
+  std::chrono::milliseconds stuck_min_age{0};
+  if (*stuck_cmd) {
+    if (stuck_age != "0") {
+      auto age = parse_duration(stuck_age);
+      if (!age) {
+        std::fprintf(stderr, "kplegctl: --older-than: %s\n", age.error().message.c_str());
+        return kExitFailed;
+      }
+      stuck_min_age = *age;
+    }
+  }
 
   auto channel = api::connect_channel(conn);
   if (!channel) {
@@ -169,6 +192,24 @@ int main(int argc, char** argv) {
   auto stub = v1::PodLifecycle::NewStub(*channel);
 
   if (*watch_cmd) return watch(*stub, wa, conn);
+
+  if (*stuck_cmd) {
+    v1::InflightCallsRequest req;
+    req.set_min_age_ms(uint64_t(stuck_min_age.count()));
+    v1::InflightCallsResponse resp;
+    grpc::ClientContext ctx;
+    set_deadline(ctx, timeout_s);
+    if (auto st = stub->InflightCalls(&ctx, req, &resp); !st.ok())
+      return report_rpc_error("stuck", st, conn);
+    if (stuck_output == "json") {
+      print_text(kplegctl::inflight_json(resp));
+    } else if (resp.calls_size() == 0) {
+      print_line("no CRI call in flight for " + stuck_age + " or longer");
+    } else {
+      print_text(kplegctl::inflight_table(resp));
+    }
+    return resp.calls_size() == 0 ? 0 : kExitFailed;
+  }
 
   if (*list_cmd) {
     v1::ListRequest req;

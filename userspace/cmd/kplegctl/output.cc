@@ -200,6 +200,64 @@ std::string list_table(const v1::ListResponse& resp) {
   return out;
 }
 
+namespace {
+
+std::string age_text(uint64_t ms) {
+  const uint64_t s = ms / 1000;
+  if (s >= 3600) return fmt::format("{}h{}m{}s", s / 3600, (s / 60) % 60, s % 60);
+  if (s >= 60) return fmt::format("{}m{}s", s / 60, s % 60);
+  if (s >= 1) return fmt::format("{}.{}s", s, (ms % 1000) / 100);
+  return fmt::format("{}ms", ms);
+}
+
+}  // namespace
+
+std::string inflight_table(const v1::InflightCallsResponse& resp) {
+  std::vector<std::array<std::string, 5>> rows;
+  rows.push_back({"AGE", "METHOD", "NAMESPACE/POD", "CONTAINER", "ORIGIN"});
+  for (const auto& c : resp.calls()) {
+    std::string pod = c.pod_uid().empty() && c.pod_name().empty()
+                          ? std::string("-")
+                          : pod_ref(c.pod_namespace(), c.pod_name(), c.pod_uid());
+    std::string container = !c.container_name().empty()
+                                ? c.container_name() +
+                                      (c.id().empty() ? "" : " (" + c.id().substr(0, 12) + ")")
+                                : (c.id().empty() ? "-" : c.id().substr(0, 12));
+    rows.push_back({age_text(c.age_ms()), c.method(), pod, container, c.origin()});
+  }
+  std::array<size_t, 5> width{};
+  for (const auto& r : rows)
+    for (size_t i = 0; i < r.size(); ++i) width[i] = std::max(width[i], r[i].size());
+  std::string out;
+  for (const auto& r : rows) {
+    std::string line;
+    for (size_t i = 0; i < r.size(); ++i) {
+      line += r[i];
+      if (i + 1 < r.size()) line += std::string(width[i] - r[i].size() + 2, ' ');
+    }
+    out += line + "\n";
+  }
+  return out;
+}
+
+std::string inflight_json(const v1::InflightCallsResponse& resp) {
+  std::string out;
+  for (const auto& c : resp.calls()) {
+    ordered_json j;
+    j["method"] = c.method();
+    j["origin"] = c.origin();
+    j["pod_uid"] = c.pod_uid();
+    j["pod_name"] = c.pod_name();
+    j["pod_namespace"] = c.pod_namespace();
+    j["id"] = c.id();
+    j["container_name"] = c.container_name();
+    j["age_ms"] = c.age_ms();
+    j["description"] = c.description();
+    out += j.dump() + "\n";
+  }
+  return out;
+}
+
 std::string stats_json(const v1::StatsResponse& r) {
   ordered_json j;
   j["instance_id"] = r.instance_id();

@@ -22,6 +22,10 @@ std::string list_table(const v1::ListResponse& resp);
 std::string stats_json(const v1::StatsResponse& resp);
 std::string stats_text(const v1::StatsResponse& resp);
 
+// `kplegctl stuck`: a table of calls (AGE, METHOD, POD, CONTAINER, ORIGIN) or JSON lines.
+std::string inflight_table(const v1::InflightCallsResponse& resp);
+std::string inflight_json(const v1::InflightCallsResponse& resp);
+
 // "15:04:05.123" in local time; "-" for 0.
 std::string clock_time(uint64_t unix_ns);
 

@@ -167,6 +167,8 @@ int main(int argc, char** argv) {
   std::string reconcile_period = "300s", relist_period = "1s", cri_timeout = "2s";
   std::string print_events;
   std::string runtime_events = "auto";
+  std::string cri_events = "kpleg";
+  std::string stuck_call_threshold = "60s";
   std::string log_level = "info";
   std::string log_format = "text";
 
@@ -188,6 +190,21 @@ int main(int argc, char** argv) {
                  "GetContainerEvents stream where it is served (containerd >= 1.7), by targeted "
                  "looks otherwise; off: by targeted looks only")
       ->check(CLI::IsMember({"auto", "off"}))
+      ->capture_default_str();
+  app.add_option("--cri-listen", opts.cri_listen,
+                 "Serve the CRI (RuntimeService, ImageService) on this unix socket for the "
+                 "kubelet (--container-runtime-endpoint), forwarding every call to "
+                 "--runtime-endpoint, tracking each in the stuck-call watchdog, and answering "
+                 "GetContainerEvents from kpleg's events (see --cri-events)");
+  app.add_option("--cri-events", cri_events,
+                 "With --cri-listen: kpleg: answer GetContainerEvents from kpleg's confirmed "
+                 "events (works with runtimes that have no event stream); runtime: forward it to "
+                 "the runtime like any call")
+      ->check(CLI::IsMember({"kpleg", "runtime"}))
+      ->capture_default_str();
+  app.add_option("--stuck-call-threshold", stuck_call_threshold,
+                 "A CRI call in flight this long (kplegd's own, or the kubelet's through "
+                 "--cri-listen) is named in health and by kplegctl stuck")
       ->capture_default_str();
   app.add_option("--print-events", print_events, "Print every event on stdout (json)")
       ->check(CLI::IsMember({"json"}));
@@ -236,7 +253,8 @@ int main(int argc, char** argv) {
     std::chrono::milliseconds& out;
   } durations[] = {{"--reconcile-period", reconcile_period, opts.reconcile_period},
                    {"--relist-period", relist_period, opts.relist_period},
-                   {"--cri-timeout", cri_timeout, opts.cri_timeout}};
+                   {"--cri-timeout", cri_timeout, opts.cri_timeout},
+                   {"--stuck-call-threshold", stuck_call_threshold, opts.stuck_call_threshold}};
   for (auto& d : durations) {
     auto v = parse_duration(d.text);
     if (!v) {
@@ -249,6 +267,11 @@ int main(int argc, char** argv) {
               : mode == "relist" ? daemon::Mode::kRelist
                                  : daemon::Mode::kAuto;
   opts.runtime_events = runtime_events == "auto";
+  opts.cri_serve_events = cri_events == "kpleg";
+  if (opts.stuck_call_threshold <= std::chrono::milliseconds::zero()) {
+    std::cerr << "kplegd: --stuck-call-threshold must be positive" << std::endl;
+    return 2;
+  }
   if (!roots.empty()) opts.kernel.bpf.root_names = roots;
   opts.kernel.bpf.ringbuf_bytes = ringbuf_kib * 1024;
   if (auto st = kernel::validate(opts.kernel.bpf); !st) {

@@ -1,0 +1,192 @@
+// The CRI endpoint's logic without sockets: what a request is about (the watchdog's subject),
+// and the GetContainerEvents events built from kpleg's lifecycle events, against the in-memory
+// runtime. The endpoint itself, forwarding to the real containerd, is tested in
+// tests/kubelet/cri_endpoint_test.cc.
+#include <gtest/gtest.h>
+
+#include "cri/api.pb.h"
+#include "cri/fake_cri_client.h"
+#include "criendpoint/container_event_feed.h"
+#include "criendpoint/request_subject.h"
+
+namespace kpleg::criendpoint {
+namespace {
+
+constexpr const char* kUidLabel = "io.kubernetes.pod.uid";
+
+TEST(RequestSubject, RunPodSandboxNamesItsPod) {
+  v1::RunPodSandboxRequest req;
+  auto* md = req.mutable_config()->mutable_metadata();
+  md->set_name("web-0");
+  md->set_namespace_("shop");
+  md->set_uid("u-1");
+  auto s = request_subject("/runtime.v1.RuntimeService/RunPodSandbox", req.SerializeAsString());
+  EXPECT_EQ(s.pod_uid, "u-1");
+  EXPECT_EQ(s.pod_name, "web-0");
+  EXPECT_EQ(s.pod_namespace, "shop");
+  EXPECT_TRUE(s.id.empty());
+}
+
+TEST(RequestSubject, CreateContainerNamesPodSandboxAndContainer) {
+  v1::CreateContainerRequest req;
+  req.set_pod_sandbox_id("sb-9");
+  req.mutable_config()->mutable_metadata()->set_name("app");
+  req.mutable_sandbox_config()->mutable_metadata()->set_uid("u-2");
+  req.mutable_sandbox_config()->mutable_metadata()->set_name("api");
+  auto s = request_subject("/runtime.v1.RuntimeService/CreateContainer", req.SerializeAsString());
+  EXPECT_EQ(s.id, "sb-9");
+  EXPECT_EQ(s.pod_uid, "u-2");
+  EXPECT_EQ(s.pod_name, "api");
+  EXPECT_EQ(s.container_name, "app");
+}
+
+TEST(RequestSubject, IdMethodsNameTheirFirstField) {
+  v1::StopPodSandboxRequest stop;
+  stop.set_pod_sandbox_id("sb-1");
+  EXPECT_EQ(request_subject("/runtime.v1.RuntimeService/StopPodSandbox", stop.SerializeAsString()).id,
+            "sb-1");
+  v1::ContainerStatusRequest cs;
+  cs.set_container_id("c-1");
+  EXPECT_EQ(request_subject("/runtime.v1.RuntimeService/ContainerStatus", cs.SerializeAsString()).id,
+            "c-1");
+  // ExecSync is not in kpleg's copy of the API; its field 1 is the container id all the same.
+  v1::ContainerStatusRequest exec_like;
+  exec_like.set_container_id("c-2");
+  EXPECT_EQ(request_subject("/runtime.v1.RuntimeService/ExecSync", exec_like.SerializeAsString()).id,
+            "c-2");
+}
+
+TEST(RequestSubject, UnknownMethodsAndGarbageHaveNoSubject) {
+  v1::ContainerStatusRequest cs;
+  cs.set_container_id("c-1");
+  EXPECT_TRUE(request_subject("/runtime.v1.RuntimeService/SomethingNew", cs.SerializeAsString()).id.empty());
+  EXPECT_TRUE(request_subject("/runtime.v1.ImageService/PullImage", cs.SerializeAsString()).id.empty());
+  auto s = request_subject("/runtime.v1.RuntimeService/StopPodSandbox", std::string("\xff\xff\xff", 3));
+  EXPECT_TRUE(s.id.empty());
+  EXPECT_EQ(short_method("/runtime.v1.ImageService/PullImage"), "PullImage");
+  EXPECT_EQ(short_method("/other.Service/Call"), "/other.Service/Call");
+}
+
+class ContainerEventBuild : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    v1::PodSandboxConfig pc;
+    pc.mutable_metadata()->set_name("web");
+    pc.mutable_metadata()->set_namespace_("default");
+    pc.mutable_metadata()->set_uid("uid-1");
+    (*pc.mutable_labels())[kUidLabel] = "uid-1";
+    sandbox_config = pc;
+    sandbox = *cri.run_pod_sandbox(pc);
+    for (const char* name : {"app", "sidecar"}) {
+      v1::ContainerConfig cc;
+      cc.mutable_metadata()->set_name(name);
+      (*cc.mutable_labels())[kUidLabel] = "uid-1";
+      auto id = *cri.create_container(sandbox, cc, pc);
+      ASSERT_TRUE(cri.start_container(id));
+      containers.push_back(id);
+    }
+  }
+  pleg::PodLifecycleEvent event(pleg::EventType type, const std::string& id, bool is_sandbox) {
+    pleg::PodLifecycleEvent ev;
+    ev.type = type;
+    ev.pod_uid = "uid-1";
+    ev.pod_name = "web";
+    ev.pod_namespace = "default";
+    ev.container_id = id;
+    ev.sandbox = is_sandbox;
+    return ev;
+  }
+  cri::FakeCriClient cri;
+  v1::PodSandboxConfig sandbox_config;
+  std::string sandbox;
+  std::vector<std::string> containers;
+  PodMemory memory;
+};
+
+TEST_F(ContainerEventBuild, ADeathCarriesTheSandboxAndEveryContainerOfThePod) {
+  ASSERT_TRUE(cri.exit_container(containers[0], 3));
+  auto built = build_container_event(cri, event(pleg::EventType::kContainerDied, containers[0], false),
+                                     memory, 5000);
+  ASSERT_TRUE(built) << built.error().message;
+  ASSERT_TRUE(built->has_value());
+  const auto& ev = **built;
+  EXPECT_EQ(ev.container_id(), containers[0]);
+  EXPECT_EQ(ev.container_event_type(), v1::CONTAINER_STOPPED_EVENT);
+  EXPECT_EQ(ev.created_at(), 5000);
+  EXPECT_EQ(ev.pod_sandbox_status().id(), sandbox);
+  EXPECT_EQ(ev.pod_sandbox_status().metadata().uid(), "uid-1");
+  EXPECT_EQ(ev.pod_sandbox_status().state(), v1::SANDBOX_READY);
+  ASSERT_EQ(ev.containers_statuses_size(), 2);
+  for (const auto& cs : ev.containers_statuses()) {
+    if (cs.id() == containers[0]) {
+      EXPECT_EQ(cs.state(), v1::CONTAINER_EXITED);
+      EXPECT_EQ(cs.exit_code(), 3);
+    } else {
+      EXPECT_EQ(cs.state(), v1::CONTAINER_RUNNING);
+    }
+  }
+}
+
+TEST_F(ContainerEventBuild, CreatedAtIncreasesPerPodEvenWhenTheClockDoesNot) {
+  auto a = build_container_event(cri, event(pleg::EventType::kContainerStarted, containers[0], false),
+                                 memory, 7000);
+  auto b = build_container_event(cri, event(pleg::EventType::kContainerStarted, containers[1], false),
+                                 memory, 7000);
+  auto c = build_container_event(cri, event(pleg::EventType::kContainerStarted, containers[1], false),
+                                 memory, 6000);
+  ASSERT_TRUE(a && b && c);
+  EXPECT_EQ((*a)->created_at(), 7000);
+  EXPECT_EQ((*b)->created_at(), 7001);
+  EXPECT_EQ((*c)->created_at(), 7002);
+}
+
+TEST_F(ContainerEventBuild, ARemovedSandboxIsReportedWithItsLastStatusNotReady) {
+  ASSERT_TRUE(build_container_event(cri, event(pleg::EventType::kContainerStarted, sandbox, true),
+                                    memory, 100));
+  for (const auto& id : containers) {
+    ASSERT_TRUE(cri.stop_container(id, 0));
+    ASSERT_TRUE(cri.remove_container(id));
+  }
+  ASSERT_TRUE(cri.stop_pod_sandbox(sandbox));
+  ASSERT_TRUE(cri.remove_pod_sandbox(sandbox));
+  auto built = build_container_event(cri, event(pleg::EventType::kContainerRemoved, sandbox, true),
+                                     memory, 200);
+  ASSERT_TRUE(built) << built.error().message;
+  const auto& ev = **built;
+  EXPECT_EQ(ev.container_event_type(), v1::CONTAINER_DELETED_EVENT);
+  EXPECT_EQ(ev.container_id(), sandbox);
+  EXPECT_EQ(ev.pod_sandbox_status().id(), sandbox);
+  EXPECT_EQ(ev.pod_sandbox_status().metadata().name(), "web");
+  EXPECT_EQ(ev.pod_sandbox_status().metadata().uid(), "uid-1");
+  EXPECT_EQ(ev.pod_sandbox_status().state(), v1::SANDBOX_NOTREADY);
+  EXPECT_EQ(ev.containers_statuses_size(), 0);
+}
+
+TEST_F(ContainerEventBuild, APodNeverSeenStillGetsASandboxStatusWithItsUid) {
+  auto ev = event(pleg::EventType::kContainerRemoved, "gone", false);
+  ev.pod_uid = "uid-never";
+  auto built = build_container_event(cri, ev, memory, 1);
+  ASSERT_TRUE(built) << built.error().message;
+  EXPECT_EQ((**built).pod_sandbox_status().metadata().uid(), "uid-never");
+  EXPECT_EQ((**built).pod_sandbox_status().metadata().name(), "web");
+}
+
+TEST_F(ContainerEventBuild, EventsTheCriStreamDoesNotCarryBuildNothing) {
+  for (auto t : {pleg::EventType::kPodSync, pleg::EventType::kContainerChanged,
+                 pleg::EventType::kResync}) {
+    auto built = build_container_event(cri, event(t, containers[0], false), memory, 1);
+    ASSERT_TRUE(built);
+    EXPECT_FALSE(built->has_value());
+  }
+}
+
+TEST_F(ContainerEventBuild, AFailedCallIsAnErrorNotAnIncompleteList) {
+  cri.fail_next(cri::CriMethod::kContainerStatus,
+                Error{4 /* DEADLINE_EXCEEDED */, "CRI ContainerStatus failed: DEADLINE_EXCEEDED"});
+  auto built = build_container_event(cri, event(pleg::EventType::kContainerStarted, containers[0], false),
+                                     memory, 1);
+  EXPECT_FALSE(built);
+}
+
+}  // namespace
+}  // namespace kpleg::criendpoint

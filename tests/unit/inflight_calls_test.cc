@@ -1,0 +1,125 @@
+// InflightCalls: what the stuck-call watchdog knows of the calls in flight.
+#include "cri/inflight_calls.h"
+
+#include <gtest/gtest.h>
+
+#include <thread>
+
+namespace kpleg::cri {
+namespace {
+
+using namespace std::chrono_literals;
+
+CallSubject id_subject(std::string id) {
+  CallSubject s;
+  s.id = std::move(id);
+  return s;
+}
+
+TEST(InflightCalls, ACallIsListedWhileItRunsAndGoneWhenItsTicketEnds) {
+  InflightCalls calls;
+  {
+    auto t = calls.begin("StopPodSandbox", CallOrigin::kEndpoint, id_subject("sb1"));
+    auto listed = calls.older_than(0ms);
+    ASSERT_EQ(listed.size(), 1u);
+    EXPECT_EQ(listed[0].method, "StopPodSandbox");
+    EXPECT_EQ(listed[0].origin, CallOrigin::kEndpoint);
+    EXPECT_EQ(listed[0].subject.id, "sb1");
+  }
+  EXPECT_TRUE(calls.older_than(0ms).empty());
+  EXPECT_EQ(calls.size(), 0u);
+}
+
+TEST(InflightCalls, OnlyCallsOldEnoughAreListedOldestFirst) {
+  InflightCalls calls;
+  auto old1 = calls.begin("RunPodSandbox", CallOrigin::kEndpoint, {});
+  auto old2 = calls.begin("PodSandboxStatus", CallOrigin::kDaemon, id_subject("x"));
+  std::this_thread::sleep_for(60ms);  // ages the calls; not a synchronisation
+  auto young = calls.begin("ContainerStatus", CallOrigin::kDaemon, id_subject("y"));
+  auto listed = calls.older_than(50ms);
+  ASSERT_EQ(listed.size(), 2u);
+  EXPECT_EQ(listed[0].method, "RunPodSandbox");
+  EXPECT_EQ(listed[1].method, "PodSandboxStatus");
+  EXPECT_GE(listed[0].age, 50ms);
+  EXPECT_EQ(calls.older_than(0ms).size(), 3u);
+  auto left = calls.until_one_reaches(50ms);
+  ASSERT_TRUE(left.has_value());
+  EXPECT_LE(*left, 50ms);
+  young.end();
+  old1.end();
+  old2.end();
+  EXPECT_FALSE(calls.until_one_reaches(50ms).has_value());
+}
+
+TEST(InflightCalls, IdsAreResolvedToPodsOnlyWhenListed) {
+  InflightCalls calls;
+  int lookups = 0;
+  calls.set_resolver([&](const std::string& id) -> std::optional<PodIdentity> {
+    ++lookups;
+    if (id != "c1") return std::nullopt;
+    return PodIdentity{"uid-1", "web", "default", "app", false};
+  });
+  auto t1 = calls.begin("ContainerStatus", CallOrigin::kDaemon, id_subject("c1"));
+  auto t2 = calls.begin("StopContainer", CallOrigin::kEndpoint, id_subject("unknown"));
+  EXPECT_EQ(lookups, 0);
+  auto listed = calls.older_than(0ms);
+  ASSERT_EQ(listed.size(), 2u);
+  EXPECT_EQ(lookups, 2);
+  EXPECT_EQ(listed[0].subject.pod_uid, "uid-1");
+  EXPECT_EQ(listed[0].subject.pod_namespace, "default");
+  EXPECT_EQ(listed[0].subject.container_name, "app");
+  EXPECT_NE(describe(listed[0]).find("ContainerStatus for default/web (uid uid-1), container app"),
+            std::string::npos)
+      << describe(listed[0]);
+  EXPECT_NE(describe(listed[1]).find("no pod known"), std::string::npos) << describe(listed[1]);
+}
+
+TEST(InflightCalls, ARequestThatNamesItsPodIsNotResolved) {
+  InflightCalls calls;
+  calls.set_resolver([](const std::string&) -> std::optional<PodIdentity> {
+    return PodIdentity{"wrong", "wrong", "wrong", "", true};
+  });
+  CallSubject s;
+  s.pod_uid = "uid-2";
+  s.pod_name = "db";
+  s.pod_namespace = "prod";
+  auto t = calls.begin("RunPodSandbox", CallOrigin::kEndpoint, s);
+  auto listed = calls.older_than(0ms);
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0].subject.pod_name, "db");
+  std::string d = describe(listed[0]);
+  EXPECT_EQ(d.rfind("RunPodSandbox for prod/db (uid uid-2) in flight for ", 0), 0u) << d;
+  EXPECT_NE(d.find("through the CRI endpoint"), std::string::npos) << d;
+}
+
+TEST(InflightCalls, PerMethodCountsFallBackToZeroInsteadOfVanishing) {
+  InflightCalls calls;
+  auto a = calls.begin("ListContainers", CallOrigin::kDaemon, {});
+  auto b = calls.begin("ListContainers", CallOrigin::kDaemon, {});
+  auto m = calls.by_method();
+  ASSERT_EQ(m.size(), 1u);
+  EXPECT_EQ(m[0].count, 2u);
+  a.end();
+  b.end();
+  m = calls.by_method();
+  ASSERT_EQ(m.size(), 1u);
+  EXPECT_EQ(m[0].method, "ListContainers");
+  EXPECT_EQ(m[0].count, 0u);
+  EXPECT_EQ(m[0].oldest, 0ms);
+}
+
+TEST(InflightCalls, AMovedTicketEndsTheCallOnce) {
+  InflightCalls calls;
+  InflightCalls::Ticket outer;
+  {
+    auto t = calls.begin("Version", CallOrigin::kDaemon, {});
+    outer = std::move(t);
+  }
+  EXPECT_EQ(calls.size(), 1u);
+  outer.end();
+  outer.end();
+  EXPECT_EQ(calls.size(), 0u);
+}
+
+}  // namespace
+}  // namespace kpleg::cri

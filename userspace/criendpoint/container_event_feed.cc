@@ -1,0 +1,197 @@
+#include "criendpoint/container_event_feed.h"
+
+#include <grpcpp/support/status_code_enum.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "common/thread_name.h"
+
+namespace kpleg::criendpoint {
+namespace {
+
+constexpr const char* kPodUidLabel = "io.kubernetes.pod.uid";
+
+bool not_found(const Error& e) { return e.code == grpc::StatusCode::NOT_FOUND; }
+
+std::optional<v1::ContainerEventType> cri_type(pleg::EventType t) {
+  switch (t) {
+    case pleg::EventType::kContainerStarted: return v1::CONTAINER_STARTED_EVENT;
+    case pleg::EventType::kContainerDied: return v1::CONTAINER_STOPPED_EVENT;
+    case pleg::EventType::kContainerRemoved: return v1::CONTAINER_DELETED_EVENT;
+    default: return std::nullopt;
+  }
+}
+
+}  // namespace
+
+Result<std::optional<v1::ContainerEventResponse>> build_container_event(
+    cri::CriClient& cri, const pleg::PodLifecycleEvent& ev, PodMemory& memory, int64_t now_ns) {
+  auto type = cri_type(ev.type);
+  if (!type || ev.pod_uid.empty()) return std::optional<v1::ContainerEventResponse>();
+  v1::ContainerEventResponse out;
+  out.set_container_id(ev.container_id);
+  out.set_container_event_type(*type);
+
+  // The pod's sandbox: the event's own, else the newest the runtime lists for the pod.
+  std::string sandbox_id = ev.sandbox ? ev.container_id : std::string();
+  if (sandbox_id.empty()) {
+    v1::PodSandboxFilter f;
+    (*f.mutable_label_selector())[kPodUidLabel] = ev.pod_uid;
+    auto sandboxes = cri.list_pod_sandboxes(f);
+    if (!sandboxes) return sandboxes.error();
+    const v1::PodSandbox* newest = nullptr;
+    for (const auto& s : *sandboxes)
+      if (newest == nullptr || s.created_at() > newest->created_at()) newest = &s;
+    if (newest != nullptr) sandbox_id = newest->id();
+  }
+  if (sandbox_id.empty()) sandbox_id = memory.sandbox.id();
+  bool have_status = false;
+  if (!sandbox_id.empty()) {
+    auto st = cri.pod_sandbox_status(sandbox_id);
+    if (st) {
+      memory.sandbox = std::move(*st);
+      have_status = true;
+    } else if (!not_found(st.error())) {
+      return st.error();
+    }
+  }
+  if (!have_status) {
+    // Gone from the runtime (a removed sandbox): its last known status, not ready any more.
+    if (memory.sandbox.id().empty() || (!sandbox_id.empty() && memory.sandbox.id() != sandbox_id)) {
+      memory.sandbox.Clear();
+      memory.sandbox.set_id(sandbox_id);
+      auto* md = memory.sandbox.mutable_metadata();
+      md->set_uid(ev.pod_uid);
+      md->set_name(ev.pod_name);
+      md->set_namespace_(ev.pod_namespace);
+    }
+    memory.sandbox.set_state(v1::SANDBOX_NOTREADY);
+  }
+  *out.mutable_pod_sandbox_status() = memory.sandbox;
+  if (out.pod_sandbox_status().metadata().uid().empty())
+    out.mutable_pod_sandbox_status()->mutable_metadata()->set_uid(ev.pod_uid);
+
+  // Every container of the pod, in every sandbox it had, as the kubelet's GetPodStatus lists
+  // them.
+  v1::ContainerFilter cf;
+  (*cf.mutable_label_selector())[kPodUidLabel] = ev.pod_uid;
+  auto containers = cri.list_containers(cf);
+  if (!containers) return containers.error();
+  for (const auto& c : *containers) {
+    auto cs = cri.container_status(c.id());
+    if (cs) {
+      *out.add_containers_statuses() = std::move(*cs);
+    } else if (!not_found(cs.error())) {
+      return cs.error();
+    }
+  }
+  memory.last_created_at = std::max(now_ns, memory.last_created_at + 1);
+  out.set_created_at(memory.last_created_at);
+  return std::optional<v1::ContainerEventResponse>(std::move(out));
+}
+
+ContainerEventFeed::ContainerEventFeed(cri::CriClient& cri, bus::EventBus& bus,
+                                       ContainerEventFeedOptions options)
+    : cri_(cri), bus_(bus), options_(options), queue_(std::max<size_t>(1, options.workers)) {}
+
+ContainerEventFeed::~ContainerEventFeed() { stop(); }
+
+void ContainerEventFeed::start() {
+  // Every event from now on, with room for long bursts: a cut-off is logged and followed by a
+  // new subscription, and the kubelet's own relist catches up what fell between.
+  sub_ = std::make_shared<bus::Subscription>(bus_.subscribe(0, {}, 1 << 16));
+  follower_ = std::thread([this] {
+    set_thread_name("kpleg-crievents");
+    follow_bus();
+  });
+}
+
+void ContainerEventFeed::stop() {
+  if (stopping_.exchange(true)) return;
+  if (sub_) sub_->cancel();
+  if (follower_.joinable()) follower_.join();
+  queue_.stop();
+  std::lock_guard lk(mu_);
+  receivers_.clear();
+}
+
+void ContainerEventFeed::follow_bus() {
+  while (!stopping_) {
+    auto n = sub_->next(std::chrono::hours(24));
+    if (n.status == bus::Subscription::Status::kTimeout) continue;
+    if (n.status == bus::Subscription::Status::kClosed) {
+      if (stopping_ || !sub_->cut_off()) break;
+      spdlog::warn("CRI endpoint: container events fell behind ({}); following again",
+                   sub_->close_reason());
+      *sub_ = bus_.subscribe(0, {}, 1 << 16);
+      continue;
+    }
+    const bus::EventPtr& ev = n.event;
+    if (!cri_type(ev->type) || ev->pod_uid.empty()) continue;
+    {
+      std::lock_guard lk(mu_);
+      if (receivers_.empty()) continue;  // nobody listens: no calls
+    }
+    queue_.post(ev->pod_uid, [this, ev] { build_and_send(ev, 1); });
+  }
+}
+
+void ContainerEventFeed::build_and_send(const bus::EventPtr& ev, int attempt) {
+  PodMemory* memory;
+  {
+    std::lock_guard lk(mu_);
+    if (receivers_.empty()) return;
+    memory = &pods_[ev->pod_uid];
+  }
+  auto built = build_container_event(cri_, *ev, *memory, int64_t(pleg::realtime_now_ns()));
+  if (!built) {
+    if (attempt < options_.attempts && !stopping_) {
+      queue_.post(
+          ev->pod_uid, [this, ev, attempt] { build_and_send(ev, attempt + 1); },
+          pleg::PodWorkQueue::Clock::now() + options_.retry_after);
+      return;
+    }
+    dropped_.fetch_add(1, std::memory_order_relaxed);
+    spdlog::warn("CRI endpoint: no container event for {} of pod {}/{} ({}): {}",
+                 pleg::to_string(ev->type), ev->pod_namespace, ev->pod_name, ev->pod_uid,
+                 built.error().message);
+    return;
+  }
+  if (!*built) return;
+  auto message = std::make_shared<const std::string>((*built)->SerializeAsString());
+  std::vector<std::shared_ptr<EventReceiver>> receivers;
+  {
+    std::lock_guard lk(mu_);
+    for (const auto& [_, r] : receivers_) receivers.push_back(r);
+    // A removed sandbox ends the pod's memory (a pod re-created under its uid starts anew).
+    if (ev->sandbox && ev->type == pleg::EventType::kContainerRemoved) pods_.erase(ev->pod_uid);
+  }
+  for (const auto& r : receivers) r->deliver(message);
+  sent_.fetch_add(1, std::memory_order_relaxed);
+}
+
+uint64_t ContainerEventFeed::add(std::shared_ptr<EventReceiver> receiver) {
+  std::lock_guard lk(mu_);
+  const uint64_t id = next_id_++;
+  receivers_.emplace(id, std::move(receiver));
+  return id;
+}
+
+void ContainerEventFeed::remove(uint64_t id) {
+  std::lock_guard lk(mu_);
+  receivers_.erase(id);
+}
+
+ContainerEventFeedStats ContainerEventFeed::stats() const {
+  ContainerEventFeedStats s;
+  {
+    std::lock_guard lk(mu_);
+    s.subscribers = receivers_.size();
+  }
+  s.sent = sent_.load(std::memory_order_relaxed);
+  s.dropped = dropped_.load(std::memory_order_relaxed);
+  return s;
+}
+
+}  // namespace kpleg::criendpoint

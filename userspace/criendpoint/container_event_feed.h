@@ -1,0 +1,113 @@
+// ContainerEventFeed: kpleg's confirmed lifecycle events as the CRI's GetContainerEvents stream,
+// for clients of kplegd's CRI endpoint (the kubelet's Evented PLEG), whether the runtime
+// streams events of its own or not (containerd 1.6 does not).
+//
+// Every event carries what a kubelet requires of one (pkg/kubelet/pleg/evented.go):
+//   - a non-nil pod_sandbox_status with metadata and the pod uid, even for a pod that is gone
+//     (its last known status, else one built from the event: NOTREADY);
+//   - created_at in nanoseconds, strictly increasing per pod (the kubelet's pod cache ignores
+//     a status older than the one it holds);
+//   - containers_statuses: the complete, current list of the pod's containers, as the runtime
+//     reports them (the kubelet up to 1.36 replaces its cache of the pod with it: a container
+//     left out would vanish from the kubelet's view);
+//   - STARTED for ContainerStarted, STOPPED for ContainerDied, DELETED for ContainerRemoved;
+//     for a sandbox, container_id is the sandbox id. Nothing else is sent (CREATED gives the
+//     kubelet no event).
+// Building one costs the calls the kubelet's own relist makes for a changed pod (ListPodSandbox
+// and ListContainers of the pod, PodSandboxStatus, ContainerStatus of each container), made
+// only while somebody subscribes. They run per pod in order on a small pool (PodWorkQueue), so
+// a pod whose calls hang delays its own events only.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "bus/event_bus.h"
+#include "common/result.h"
+#include "cri/cri_client.h"
+#include "pleg/event.h"
+#include "pleg/pod_work_queue.h"
+
+namespace kpleg::criendpoint {
+
+namespace v1 = ::runtime::v1;
+
+// One subscriber: gets each serialized ContainerEventResponse, in order. deliver() must not
+// block; it is called from the feed's workers.
+class EventReceiver {
+ public:
+  virtual ~EventReceiver() = default;
+  virtual void deliver(std::shared_ptr<const std::string> message) = 0;
+};
+
+// What the feed remembers of a pod between its events.
+struct PodMemory {
+  v1::PodSandboxStatus sandbox;  // the last sandbox status read (empty id: none yet)
+  int64_t last_created_at = 0;
+};
+
+// Builds the CRI event for one lifecycle event (see above); `memory` is the pod's. Returns
+// nothing for events the CRI stream does not carry. Errors are CRI call failures other than
+// NOT_FOUND (a container or sandbox removed meanwhile is simply not listed).
+Result<std::optional<v1::ContainerEventResponse>> build_container_event(
+    cri::CriClient& cri, const pleg::PodLifecycleEvent& ev, PodMemory& memory, int64_t now_ns);
+
+struct ContainerEventFeedOptions {
+  size_t workers = 4;
+  // A failed build is retried this often, this far apart, before the event is dropped (and
+  // counted): the kubelet's own relist (every 300 s in evented mode) then catches it up.
+  int attempts = 3;
+  std::chrono::milliseconds retry_after{500};
+};
+
+struct ContainerEventFeedStats {
+  uint64_t subscribers = 0;
+  uint64_t sent = 0;     // events built and handed to the subscribers
+  uint64_t dropped = 0;  // events that could not be built after every attempt
+};
+
+class ContainerEventFeed {
+ public:
+  ContainerEventFeed(cri::CriClient& cri, bus::EventBus& bus,
+                     ContainerEventFeedOptions options = {});
+  ~ContainerEventFeed();
+  ContainerEventFeed(const ContainerEventFeed&) = delete;
+  ContainerEventFeed& operator=(const ContainerEventFeed&) = delete;
+
+  void start();
+  void stop();
+
+  // Events published after this call go to `receiver` until remove() returns.
+  uint64_t add(std::shared_ptr<EventReceiver> receiver);
+  void remove(uint64_t id);
+
+  ContainerEventFeedStats stats() const;
+
+ private:
+  void follow_bus();
+  void build_and_send(const bus::EventPtr& ev, int attempt);
+
+  cri::CriClient& cri_;
+  bus::EventBus& bus_;
+  ContainerEventFeedOptions options_;
+  pleg::PodWorkQueue queue_;
+  std::thread follower_;
+  std::shared_ptr<bus::Subscription> sub_;
+  std::atomic<bool> stopping_{false};
+
+  mutable std::mutex mu_;
+  uint64_t next_id_ = 1;
+  std::map<uint64_t, std::shared_ptr<EventReceiver>> receivers_;
+  std::map<std::string, PodMemory> pods_;  // by pod uid; touched only by the pod's tasks
+  std::atomic<uint64_t> sent_{0};
+  std::atomic<uint64_t> dropped_{0};
+};
+
+}  // namespace kpleg::criendpoint

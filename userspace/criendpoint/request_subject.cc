@@ -1,0 +1,88 @@
+#include "criendpoint/request_subject.h"
+
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/wire_format_lite.h>
+
+#include <array>
+
+#include "cri/api.pb.h"
+
+namespace kpleg::criendpoint {
+namespace {
+
+namespace v1 = ::runtime::v1;
+using google::protobuf::internal::WireFormatLite;
+
+// RuntimeService methods whose request's field 1 is the sandbox or container id they act on.
+constexpr std::array<std::string_view, 17> kIdFirst = {
+    "StopPodSandbox",  "RemovePodSandbox",         "PodSandboxStatus", "PortForward",
+    "PodSandboxStats", "UpdatePodSandboxResources", "StartContainer",   "StopContainer",
+    "RemoveContainer", "ContainerStatus",           "UpdateContainerResources",
+    "ReopenContainerLog", "ExecSync", "Exec", "Attach", "ContainerStats", "CheckpointContainer"};
+
+// Field 1 of a message when it is length-delimited (a string): "" otherwise.
+std::string first_string_field(std::string_view bytes) {
+  google::protobuf::io::CodedInputStream in(reinterpret_cast<const uint8_t*>(bytes.data()),
+                                            static_cast<int>(bytes.size()));
+  while (true) {
+    const uint32_t tag = in.ReadTag();
+    if (tag == 0) return {};
+    if (WireFormatLite::GetTagFieldNumber(tag) == 1 &&
+        WireFormatLite::GetTagWireType(tag) == WireFormatLite::WIRETYPE_LENGTH_DELIMITED) {
+      std::string s;
+      if (!WireFormatLite::ReadString(&in, &s)) return {};
+      return s;
+    }
+    if (!WireFormatLite::SkipField(&in, tag)) return {};
+  }
+}
+
+}  // namespace
+
+std::string_view short_method(std::string_view path) {
+  for (auto prefix : {kRuntimeServicePrefix, kImageServicePrefix}) {
+    if (path.substr(0, prefix.size()) == prefix) return path.substr(prefix.size());
+  }
+  return path;
+}
+
+cri::CallSubject request_subject(std::string_view path, std::string_view request) {
+  cri::CallSubject s;
+  if (path.substr(0, kRuntimeServicePrefix.size()) != kRuntimeServicePrefix) return s;
+  const std::string_view method = path.substr(kRuntimeServicePrefix.size());
+  if (method == "RunPodSandbox") {
+    v1::RunPodSandboxRequest req;
+    if (!req.ParseFromArray(request.data(), static_cast<int>(request.size()))) return s;
+    const auto& md = req.config().metadata();
+    s.pod_uid = md.uid();
+    s.pod_name = md.name();
+    s.pod_namespace = md.namespace_();
+  } else if (method == "CreateContainer") {
+    v1::CreateContainerRequest req;
+    if (!req.ParseFromArray(request.data(), static_cast<int>(request.size()))) return s;
+    s.id = req.pod_sandbox_id();
+    const auto& md = req.sandbox_config().metadata();
+    s.pod_uid = md.uid();
+    s.pod_name = md.name();
+    s.pod_namespace = md.namespace_();
+    s.container_name = req.config().metadata().name();
+  } else if (method == "ListContainers") {
+    v1::ListContainersRequest req;
+    if (!req.ParseFromArray(request.data(), static_cast<int>(request.size()))) return s;
+    s.id = req.filter().pod_sandbox_id().empty() ? req.filter().id() : req.filter().pod_sandbox_id();
+  } else if (method == "ListPodSandbox") {
+    v1::ListPodSandboxRequest req;
+    if (!req.ParseFromArray(request.data(), static_cast<int>(request.size()))) return s;
+    s.id = req.filter().id();
+  } else {
+    for (auto m : kIdFirst) {
+      if (m == method) {
+        s.id = first_string_field(request);
+        break;
+      }
+    }
+  }
+  return s;
+}
+
+}  // namespace kpleg::criendpoint
