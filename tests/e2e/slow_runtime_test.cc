@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -95,9 +96,13 @@ class SlowRuntimeTest : public ProxiedTestBedTest,
   void SetUp() override {
     ProxiedTestBedTest::SetUp();
     if (IsSkipped() || HasFailure()) return;
+    // kplegd also serves its CRI endpoint, as for a kubelet, with a short stuck-call threshold.
+    cri_socket_ = dir_ + "/kplegd-cri.sock";
     auto d = start_kplegd(proxy_->endpoint(), GetParam(),
                           {"--cri-timeout", "2s", "--relist-period", "1s", "--reconcile-period",
-                           std::to_string(kReconcilePeriod.count()) + "s"});
+                           std::to_string(kReconcilePeriod.count()) + "s", "--cri-listen",
+                           cri_socket_, "--stuck-call-threshold",
+                           std::to_string(kStuckThreshold.count()) + "ms"});
     ASSERT_TRUE(d.ok()) << d.error().message;
     kplegd_ = std::move(*d);
   }
@@ -189,8 +194,138 @@ class SlowRuntimeTest : public ProxiedTestBedTest,
     }
   }
 
+  // `kplegctl stuck --older-than <threshold> -o json`, parsed; exit 1 means calls were found.
+  Result<std::vector<nlohmann::json>> stuck_calls() {
+    auto r = run_process({KPLEGCTL_BIN, "--socket", api_socket(), "stuck", "--older-than",
+                          std::to_string(kStuckThreshold.count()) + "ms", "-o", "json"},
+                         10s);
+    if (!r) return r.error();
+    if (r->exit_code != 0 && r->exit_code != 1)
+      return Error{r->exit_code, "kplegctl stuck: " + r->err};
+    std::vector<nlohmann::json> calls;
+    std::istringstream lines(r->out);
+    for (std::string line; std::getline(lines, line);) {
+      auto j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_discarded()) return Error{EINVAL, "kplegctl stuck printed: " + r->out};
+      calls.push_back(std::move(j));
+    }
+    if ((r->exit_code == 1) != !calls.empty())
+      return Error{EINVAL, "kplegctl stuck exit " + std::to_string(r->exit_code) + " with " +
+                               std::to_string(calls.size()) + " calls"};
+    return calls;
+  }
+  // The first stuck call matching `pred`, polled for up to `timeout`.
+  std::optional<nlohmann::json> wait_stuck(const std::function<bool(const nlohmann::json&)>& pred,
+                                           std::chrono::milliseconds timeout,
+                                           std::string* last = nullptr) {
+    std::optional<nlohmann::json> found;
+    eventually(
+        [&] {
+          auto calls = stuck_calls();
+          if (!calls) {
+            if (last) *last = calls.error().message;
+            return false;
+          }
+          if (last) *last = nlohmann::json(*calls).dump();
+          for (const auto& c : *calls)
+            if (pred(c)) found = c;
+          return found.has_value();
+        },
+        timeout);
+    return found;
+  }
+
+  static constexpr auto kStuckThreshold = 1000ms;
+  std::string cri_socket_;
   std::unique_ptr<KplegdProcess> kplegd_;
 };
+
+// The stuck-call watchdog: the kubelet's StopPodSandbox of one pod hangs in the runtime (a CNI
+// teardown that never returns). kplegd, between the kubelet and the runtime, names that call
+// with its pod as soon as it is older than the threshold, long before the kubelet's 2-minute
+// call deadline and 3-minute PLEG threshold; other pods' events keep their latency; and a
+// change in the stuck pod makes kplegd's own calls for it hang too (its relist in relist mode,
+// its confirmation in ebpf mode), which the watchdog names as well.
+TEST_P(SlowRuntimeTest, AHungStopPodSandboxIsNamedWithItsPodBeforeTheKubeletWouldGiveUp) {
+  auto stuck = launch("stuck", 1, "sleep 1000000");
+  auto other = launch("other", 1, "sleep 1000000");
+  ASSERT_FALSE(HasFailure());
+  ASSERT_TRUE(all_started(stuck));
+  ASSERT_TRUE(all_started(other));
+  proxy_->set_stalled_pod({stuck.uid, cri::StallMode::kHang, {}});
+
+  // The kubelet's call, through kplegd's CRI endpoint, with the kubelet's 2-minute deadline.
+  cri::GrpcCriClientOptions co;
+  co.call_timeout = 120s;
+  auto kubelet = cri::GrpcCriClient::create("unix://" + cri_socket_, co);
+  ASSERT_TRUE(kubelet.ok()) << kubelet.error().message;
+  const auto call_start = std::chrono::steady_clock::now();
+  auto stop_call = std::async(std::launch::async, [&] {
+    return (*kubelet)->stop_pod_sandbox(stuck.sandbox_id);
+  });
+  // Whatever fails below, the held call is released before its future is waited for.
+  struct ClearStall {
+    cri::CriProxy* proxy;
+    ~ClearStall() { proxy->clear_stall(); }
+  } clear_stall_at_exit{proxy_.get()};
+
+  std::string last;
+  auto named = wait_stuck(
+      [&](const nlohmann::json& c) {
+        return c.value("method", "") == "StopPodSandbox" && c.value("origin", "") == "endpoint";
+      },
+      20s, &last);
+  const auto named_after = std::chrono::steady_clock::now() - call_start;
+  ASSERT_TRUE(named.has_value()) << "kplegctl stuck never listed the StopPodSandbox: " << last;
+  EXPECT_EQ((*named)["pod_uid"], stuck.uid);
+  EXPECT_EQ((*named)["pod_name"], stuck.name);
+  EXPECT_EQ((*named)["pod_namespace"], namespace_);
+  EXPECT_EQ((*named)["id"], stuck.sandbox_id);
+  EXPECT_GE((*named)["age_ms"].get<uint64_t>(), uint64_t(kStuckThreshold.count()));
+  // Named within a few polls of crossing the threshold: seconds, not minutes.
+  EXPECT_LT(named_after, kStuckThreshold + 10s);
+  std::vector<std::string> reasons;
+  EXPECT_TRUE(health_names("StopPodSandbox for " + namespace_ + "/" + stuck.name + " (uid " + stuck.uid, 10s,
+                           &reasons))
+      << ::testing::PrintToString(reasons);
+  EXPECT_EQ(stop_call.wait_for(0s), std::future_status::timeout) << "the call was not held";
+
+  // Other pods go on: a new pod's whole life is reported, at the usual latency.
+  const uint64_t during_ns = realtime_ns();
+  auto fresh = launch("fresh", 1, "sh -c 'sleep 2; exit 0'");
+  ASSERT_FALSE(HasFailure());
+  EXPECT_TRUE(wait_types(*kplegd_, fresh.container_ids[0], kDied, 20s));
+  if (ebpf()) {
+    for (const auto& e : kplegd_->events()) {
+      if (e.value("pod_uid", "") != fresh.uid || e.value("emit_ts_ns", uint64_t(0)) < during_ns)
+        continue;
+      const uint64_t k = e.value("kernel_ts_ns", uint64_t(0)), emit = e.value("emit_ts_ns", uint64_t(0));
+      if (k != 0 && emit >= k)
+        EXPECT_LT(emit - k, 1'500'000'000u) << e.value("type", "") << " took " << ms(emit - k) << " ms";
+    }
+  }
+
+  // A change in the stuck pod: kplegd's own calls for it hang behind the same runtime.
+  kill_container(stuck.container_ids[0]);
+  auto own = wait_stuck(
+      [&](const nlohmann::json& c) {
+        return c.value("origin", "") == "kplegd" && c.value("pod_uid", "") == stuck.uid;
+      },
+      30s, &last);
+  ASSERT_TRUE(own.has_value()) << "kplegd's own hung call for the pod was never listed: " << last;
+  std::cout << GetParam() << " mode: StopPodSandbox named after "
+            << std::chrono::duration_cast<std::chrono::milliseconds>(named_after).count()
+            << " ms; kplegd's own: " << (*own)["description"].get<std::string>() << std::endl;
+
+  // The stall clears: the held StopPodSandbox goes through and nothing is listed any more.
+  proxy_->clear_stall();
+  auto st = stop_call.get();
+  EXPECT_TRUE(st.ok()) << st.error().message;
+  EXPECT_TRUE(eventually([&] {
+    auto calls = stuck_calls();
+    return calls.ok() && calls->empty();
+  }, 20s));
+}
 
 TEST_P(SlowRuntimeTest, OnePodsHungStatusCallsDoNotHoldUpOtherPods) {
   auto stalled = launch("stalled", 2, "sleep 1000000");

@@ -56,6 +56,17 @@ TEST(RequestSubject, IdMethodsNameTheirFirstField) {
             "c-2");
 }
 
+TEST(RequestSubject, ListsByPodUidLabelNameThePod) {
+  v1::ListContainersRequest lc;
+  (*lc.mutable_filter()->mutable_label_selector())["io.kubernetes.pod.uid"] = "u-7";
+  EXPECT_EQ(request_subject("/runtime.v1.RuntimeService/ListContainers", lc.SerializeAsString()).pod_uid,
+            "u-7");
+  v1::ListPodSandboxRequest lp;
+  (*lp.mutable_filter()->mutable_label_selector())["io.kubernetes.pod.uid"] = "u-8";
+  EXPECT_EQ(request_subject("/runtime.v1.RuntimeService/ListPodSandbox", lp.SerializeAsString()).pod_uid,
+            "u-8");
+}
+
 TEST(RequestSubject, UnknownMethodsAndGarbageHaveNoSubject) {
   v1::ContainerStatusRequest cs;
   cs.set_container_id("c-1");

@@ -54,9 +54,9 @@ TEST(InflightCalls, OnlyCallsOldEnoughAreListedOldestFirst) {
 TEST(InflightCalls, IdsAreResolvedToPodsOnlyWhenListed) {
   InflightCalls calls;
   int lookups = 0;
-  calls.set_resolver([&](const std::string& id) -> std::optional<PodIdentity> {
+  calls.set_resolver([&](const CallSubject& s) -> std::optional<PodIdentity> {
     ++lookups;
-    if (id != "c1") return std::nullopt;
+    if (s.id != "c1") return std::nullopt;
     return PodIdentity{"uid-1", "web", "default", "app", false};
   });
   auto t1 = calls.begin("ContainerStatus", CallOrigin::kDaemon, id_subject("c1"));
@@ -76,7 +76,7 @@ TEST(InflightCalls, IdsAreResolvedToPodsOnlyWhenListed) {
 
 TEST(InflightCalls, ARequestThatNamesItsPodIsNotResolved) {
   InflightCalls calls;
-  calls.set_resolver([](const std::string&) -> std::optional<PodIdentity> {
+  calls.set_resolver([](const CallSubject&) -> std::optional<PodIdentity> {
     return PodIdentity{"wrong", "wrong", "wrong", "", true};
   });
   CallSubject s;
@@ -90,6 +90,21 @@ TEST(InflightCalls, ARequestThatNamesItsPodIsNotResolved) {
   std::string d = describe(listed[0]);
   EXPECT_EQ(d.rfind("RunPodSandbox for prod/db (uid uid-2) in flight for ", 0), 0u) << d;
   EXPECT_NE(d.find("through the CRI endpoint"), std::string::npos) << d;
+}
+
+TEST(InflightCalls, ABarePodUidIsResolvedToItsPod) {
+  InflightCalls calls;
+  calls.set_resolver([](const CallSubject& s) -> std::optional<PodIdentity> {
+    if (s.pod_uid != "uid-3") return std::nullopt;
+    return PodIdentity{"uid-3", "cache", "infra", "", false};
+  });
+  CallSubject s;
+  s.pod_uid = "uid-3";  // ListContainers by the pod uid label
+  auto t = calls.begin("ListContainers", CallOrigin::kDaemon, s);
+  auto listed = calls.older_than(0ms);
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0].subject.pod_name, "cache");
+  EXPECT_EQ(listed[0].subject.pod_namespace, "infra");
 }
 
 TEST(InflightCalls, PerMethodCountsFallBackToZeroInsteadOfVanishing) {

@@ -39,6 +39,21 @@ std::vector<T> take_all(google::protobuf::RepeatedPtrField<T>* items) {
                         std::make_move_iterator(items->end()));
 }
 
+CallSubject id_subject(const std::string& id) {
+  CallSubject s;
+  s.id = id;
+  return s;
+}
+
+// A list call's subject: the id it filters by, or the pod its label selector picks.
+CallSubject filter_subject(const std::string& id,
+                           const google::protobuf::Map<std::string, std::string>& selector) {
+  CallSubject s;
+  s.id = id;
+  if (auto it = selector.find("io.kubernetes.pod.uid"); it != selector.end()) s.pod_uid = it->second;
+  return s;
+}
+
 int clamp_ms(std::chrono::milliseconds ms) {
   return ms.count() > INT_MAX ? INT_MAX : static_cast<int>(ms.count());
 }
@@ -180,13 +195,11 @@ void GrpcCriClient::watch_connectivity() {
 
 template <typename Response, typename Invoke>
 Result<Response> GrpcCriClient::invoke(CriMethod method, std::chrono::milliseconds timeout,
-                                       const std::string& subject_id, Invoke&& rpc) {
+                                       CallSubject subject, Invoke&& rpc) {
   const auto deadline = Clock::now() + timeout;
   // In flight from here: a call waiting for a slot is stuck too, from its caller's view.
   InflightCalls::Ticket ticket;
   if (options_.inflight) {
-    CallSubject subject;
-    subject.id = subject_id;
     ticket = options_.inflight->begin(cri_method_name(method), CallOrigin::kDaemon,
                                       std::move(subject));
   }
@@ -236,7 +249,8 @@ Result<std::vector<v1::PodSandbox>> GrpcCriClient::list_pod_sandboxes(
   v1::ListPodSandboxRequest req;
   *req.mutable_filter() = filter;
   auto r = invoke<v1::ListPodSandboxResponse>(
-      CriMethod::kListPodSandbox, options_.call_timeout, filter.id(),
+      CriMethod::kListPodSandbox, options_.call_timeout,
+      filter_subject(filter.id(), filter.label_selector()),
       [&](grpc::ClientContext* c, v1::ListPodSandboxResponse* resp) {
         return stub_->ListPodSandbox(c, req, resp);
       });
@@ -248,7 +262,7 @@ Result<v1::PodSandboxStatus> GrpcCriClient::pod_sandbox_status(const std::string
   v1::PodSandboxStatusRequest req;
   req.set_pod_sandbox_id(pod_sandbox_id);
   auto r = invoke<v1::PodSandboxStatusResponse>(
-      CriMethod::kPodSandboxStatus, options_.call_timeout, pod_sandbox_id,
+      CriMethod::kPodSandboxStatus, options_.call_timeout, id_subject(pod_sandbox_id),
       [&](grpc::ClientContext* c, v1::PodSandboxStatusResponse* resp) {
         return stub_->PodSandboxStatus(c, req, resp);
       });
@@ -262,7 +276,8 @@ Result<std::vector<v1::Container>> GrpcCriClient::list_containers(
   *req.mutable_filter() = filter;
   auto r = invoke<v1::ListContainersResponse>(
       CriMethod::kListContainers, options_.call_timeout,
-      filter.pod_sandbox_id().empty() ? filter.id() : filter.pod_sandbox_id(),
+      filter_subject(filter.pod_sandbox_id().empty() ? filter.id() : filter.pod_sandbox_id(),
+                     filter.label_selector()),
       [&](grpc::ClientContext* c, v1::ListContainersResponse* resp) {
         return stub_->ListContainers(c, req, resp);
       });
@@ -274,7 +289,7 @@ Result<v1::ContainerStatus> GrpcCriClient::container_status(const std::string& c
   v1::ContainerStatusRequest req;
   req.set_container_id(container_id);
   auto r = invoke<v1::ContainerStatusResponse>(
-      CriMethod::kContainerStatus, options_.call_timeout, container_id,
+      CriMethod::kContainerStatus, options_.call_timeout, id_subject(container_id),
       [&](grpc::ClientContext* c, v1::ContainerStatusResponse* resp) {
         return stub_->ContainerStatus(c, req, resp);
       });
@@ -288,7 +303,8 @@ Result<std::string> GrpcCriClient::run_pod_sandbox(const v1::PodSandboxConfig& c
   *req.mutable_config() = config;
   req.set_runtime_handler(runtime_handler);
   auto r = invoke<v1::RunPodSandboxResponse>(
-      CriMethod::kRunPodSandbox, options_.call_timeout, {},
+      CriMethod::kRunPodSandbox, options_.call_timeout,
+      CallSubject{{}, config.metadata().uid(), config.metadata().name(), config.metadata().namespace_(), {}},
       [&](grpc::ClientContext* c, v1::RunPodSandboxResponse* resp) {
         return stub_->RunPodSandbox(c, req, resp);
       });
@@ -300,7 +316,7 @@ Status GrpcCriClient::stop_pod_sandbox(const std::string& pod_sandbox_id) {
   v1::StopPodSandboxRequest req;
   req.set_pod_sandbox_id(pod_sandbox_id);
   auto r = invoke<v1::StopPodSandboxResponse>(
-      CriMethod::kStopPodSandbox, options_.call_timeout, pod_sandbox_id,
+      CriMethod::kStopPodSandbox, options_.call_timeout, id_subject(pod_sandbox_id),
       [&](grpc::ClientContext* c, v1::StopPodSandboxResponse* resp) {
         return stub_->StopPodSandbox(c, req, resp);
       });
@@ -312,7 +328,7 @@ Status GrpcCriClient::remove_pod_sandbox(const std::string& pod_sandbox_id) {
   v1::RemovePodSandboxRequest req;
   req.set_pod_sandbox_id(pod_sandbox_id);
   auto r = invoke<v1::RemovePodSandboxResponse>(
-      CriMethod::kRemovePodSandbox, options_.call_timeout, pod_sandbox_id,
+      CriMethod::kRemovePodSandbox, options_.call_timeout, id_subject(pod_sandbox_id),
       [&](grpc::ClientContext* c, v1::RemovePodSandboxResponse* resp) {
         return stub_->RemovePodSandbox(c, req, resp);
       });
@@ -328,7 +344,7 @@ Result<std::string> GrpcCriClient::create_container(const std::string& pod_sandb
   *req.mutable_config() = config;
   *req.mutable_sandbox_config() = sandbox_config;
   auto r = invoke<v1::CreateContainerResponse>(
-      CriMethod::kCreateContainer, options_.call_timeout, pod_sandbox_id,
+      CriMethod::kCreateContainer, options_.call_timeout, id_subject(pod_sandbox_id),
       [&](grpc::ClientContext* c, v1::CreateContainerResponse* resp) {
         return stub_->CreateContainer(c, req, resp);
       });
@@ -340,7 +356,7 @@ Status GrpcCriClient::start_container(const std::string& container_id) {
   v1::StartContainerRequest req;
   req.set_container_id(container_id);
   auto r = invoke<v1::StartContainerResponse>(
-      CriMethod::kStartContainer, options_.call_timeout, container_id,
+      CriMethod::kStartContainer, options_.call_timeout, id_subject(container_id),
       [&](grpc::ClientContext* c, v1::StartContainerResponse* resp) {
         return stub_->StartContainer(c, req, resp);
       });
@@ -356,7 +372,7 @@ Status GrpcCriClient::stop_container(const std::string& container_id, int64_t gr
   auto timeout =
       options_.call_timeout + std::chrono::seconds(grace_period_s > 0 ? grace_period_s : 0);
   auto r = invoke<v1::StopContainerResponse>(
-      CriMethod::kStopContainer, timeout, container_id,
+      CriMethod::kStopContainer, timeout, id_subject(container_id),
       [&](grpc::ClientContext* c, v1::StopContainerResponse* resp) {
         return stub_->StopContainer(c, req, resp);
       });
@@ -368,7 +384,7 @@ Status GrpcCriClient::remove_container(const std::string& container_id) {
   v1::RemoveContainerRequest req;
   req.set_container_id(container_id);
   auto r = invoke<v1::RemoveContainerResponse>(
-      CriMethod::kRemoveContainer, options_.call_timeout, container_id,
+      CriMethod::kRemoveContainer, options_.call_timeout, id_subject(container_id),
       [&](grpc::ClientContext* c, v1::RemoveContainerResponse* resp) {
         return stub_->RemoveContainer(c, req, resp);
       });

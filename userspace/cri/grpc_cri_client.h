@@ -120,7 +120,7 @@ class GrpcCriClient final : public CriClient {
   void watch_connectivity();
   template <typename Response, typename Invoke>
   Result<Response> invoke(CriMethod method, std::chrono::milliseconds timeout,
-                          const std::string& subject_id, Invoke&& rpc);
+                          CallSubject subject, Invoke&& rpc);
 
   const std::string target_;
   const GrpcCriClientOptions options_;

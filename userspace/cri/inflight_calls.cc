@@ -99,8 +99,9 @@ std::vector<InflightCall> InflightCalls::older_than(std::chrono::milliseconds mi
   }
   if (resolver) {
     for (auto& c : out) {
-      if (c.subject.id.empty() || !c.subject.pod_uid.empty()) continue;
-      if (auto pod = resolver(c.subject.id)) {
+      if (!c.subject.pod_name.empty() || (c.subject.id.empty() && c.subject.pod_uid.empty()))
+        continue;
+      if (auto pod = resolver(c.subject)) {
         c.subject.pod_uid = pod->uid;
         c.subject.pod_name = pod->name;
         c.subject.pod_namespace = pod->pod_namespace;

@@ -65,7 +65,8 @@ struct MethodInflight {
 class InflightCalls {
  public:
   using Clock = std::chrono::steady_clock;
-  using Resolver = std::function<std::optional<PodIdentity>(const std::string& id)>;
+  // Finds the pod of a subject that names only an id or a pod uid.
+  using Resolver = std::function<std::optional<PodIdentity>(const CallSubject& subject)>;
 
   // Holds a call's entry while it lives; movable, ends the call when destroyed.
   class Ticket {

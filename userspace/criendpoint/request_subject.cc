@@ -37,6 +37,12 @@ std::string first_string_field(std::string_view bytes) {
   }
 }
 
+// The pod a list's label selector picks, if it picks one by uid.
+std::string label_uid(const google::protobuf::Map<std::string, std::string>& selector) {
+  auto it = selector.find("io.kubernetes.pod.uid");
+  return it == selector.end() ? std::string() : it->second;
+}
+
 }  // namespace
 
 std::string_view short_method(std::string_view path) {
@@ -70,10 +76,12 @@ cri::CallSubject request_subject(std::string_view path, std::string_view request
     v1::ListContainersRequest req;
     if (!req.ParseFromArray(request.data(), static_cast<int>(request.size()))) return s;
     s.id = req.filter().pod_sandbox_id().empty() ? req.filter().id() : req.filter().pod_sandbox_id();
+    s.pod_uid = label_uid(req.filter().label_selector());
   } else if (method == "ListPodSandbox") {
     v1::ListPodSandboxRequest req;
     if (!req.ParseFromArray(request.data(), static_cast<int>(request.size()))) return s;
     s.id = req.filter().id();
+    s.pod_uid = label_uid(req.filter().label_selector());
   } else {
     for (auto m : kIdFirst) {
       if (m == method) {

@@ -44,7 +44,7 @@ Result<std::unique_ptr<Daemon>> Daemon::start(const DaemonOptions& opts) {
   co.call_timeout = opts.cri_timeout;
   co.on_state_change = [self] { self->health_changed(); };
   co.inflight = d->inflight_;
-  d->inflight_->set_resolver([self](const std::string& id) { return self->identify(id); });
+  d->inflight_->set_resolver([self](const cri::CallSubject& s) { return self->identify(s); });
   co.on_reconnect = [self] {
     spdlog::info("container runtime reachable again");
     if (self->reconciler_) self->reconciler_->request("runtime reconnect");
@@ -128,11 +128,15 @@ Status Daemon::start_cri_endpoint() {
   return {};
 }
 
-std::optional<cri::PodIdentity> Daemon::identify(const std::string& id) {
+std::optional<cri::PodIdentity> Daemon::identify(const cri::CallSubject& subject) {
   if (stopped_) return std::nullopt;
   for (const auto& pod : snapshot().pods) {
+    if (subject.id.empty()) {
+      if (pod.uid == subject.pod_uid) return cri::PodIdentity{pod.uid, pod.name, pod.pod_namespace, "", false};
+      continue;
+    }
     for (const auto& c : pod.containers) {
-      if (c.id != id) continue;
+      if (c.id != subject.id) continue;
       return cri::PodIdentity{pod.uid, pod.name, pod.pod_namespace, c.sandbox ? "" : c.name,
                               c.sandbox};
     }

@@ -95,8 +95,8 @@ class Daemon : public api::StateProvider, public api::HealthProvider, public api
   // The BPF programs' counters and the tracked map, into the metrics (at scrape time).
   void mirror_kernel_metrics();
   Status start_cri_endpoint();
-  // The pod a sandbox or container id belongs to, from kpleg's state (for the watchdog).
-  std::optional<cri::PodIdentity> identify(const std::string& id);
+  // The pod a sandbox or container id (or a bare pod uid) belongs to, from kpleg's state.
+  std::optional<cri::PodIdentity> identify(const cri::CallSubject& subject);
   // Health reasons for calls in flight longer than the threshold; sets recheck_in for the
   // youngest call that will cross it.
   void report_stuck_calls(api::HealthReport& r);
