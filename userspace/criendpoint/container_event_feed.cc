@@ -11,6 +11,9 @@ namespace kpleg::criendpoint {
 namespace {
 
 constexpr const char* kPodUidLabel = "io.kubernetes.pod.uid";
+// How long a pod is remembered after its sandbox was removed, and how often that is checked.
+constexpr int64_t kForgetRemovedAfterNs = int64_t(10) * 60 * 1'000'000'000;
+constexpr uint64_t kSweepEvery = 256;
 
 bool not_found(const Error& e) { return e.code == grpc::StatusCode::NOT_FOUND; }
 
@@ -143,8 +146,18 @@ void ContainerEventFeed::build_and_send(const bus::EventPtr& ev, int attempt) {
     std::lock_guard lk(mu_);
     if (receivers_.empty()) return;
     memory = &pods_[ev->pod_uid];
+    memory->in_use = true;
   }
-  auto built = build_container_event(cri_, *ev, *memory, int64_t(pleg::realtime_now_ns()));
+  struct Release {
+    std::mutex& mu;
+    PodMemory* m;
+    ~Release() {
+      std::lock_guard lk(mu);
+      m->in_use = false;
+    }
+  } release{mu_, memory};
+  const int64_t now = int64_t(pleg::realtime_now_ns());
+  auto built = build_container_event(cri_, *ev, *memory, now);
   if (!built) {
     if (attempt < options_.attempts && !stopping_) {
       queue_.post(
@@ -164,8 +177,17 @@ void ContainerEventFeed::build_and_send(const bus::EventPtr& ev, int attempt) {
   {
     std::lock_guard lk(mu_);
     for (const auto& [_, r] : receivers_) receivers.push_back(r);
-    // A removed sandbox ends the pod's memory (a pod re-created under its uid starts anew).
-    if (ev->sandbox && ev->type == pleg::EventType::kContainerRemoved) pods_.erase(ev->pod_uid);
+    if (ev->sandbox && ev->type == pleg::EventType::kContainerRemoved)
+      memory->sandbox_removed_at = now;
+    if (++built_ % kSweepEvery == 0) {
+      for (auto it = pods_.begin(); it != pods_.end();) {
+        const int64_t removed = it->second.sandbox_removed_at;
+        if (removed != 0 && now - removed > kForgetRemovedAfterNs && !it->second.in_use)
+          it = pods_.erase(it);
+        else
+          ++it;
+      }
+    }
   }
   for (const auto& r : receivers) r->deliver(message);
   sent_.fetch_add(1, std::memory_order_relaxed);

@@ -51,6 +51,10 @@ class EventReceiver {
 struct PodMemory {
   v1::PodSandboxStatus sandbox;  // the last sandbox status read (empty id: none yet)
   int64_t last_created_at = 0;
+  // When its sandbox was removed (realtime ns; 0: not yet). The memory outlives the sandbox a
+  // while: its containers' removals are often reported after it.
+  int64_t sandbox_removed_at = 0;
+  bool in_use = false;  // a task is building with it (guarded by the feed's lock)
 };
 
 // Builds the CRI event for one lifecycle event (see above); `memory` is the pod's. Returns
@@ -105,7 +109,8 @@ class ContainerEventFeed {
   mutable std::mutex mu_;
   uint64_t next_id_ = 1;
   std::map<uint64_t, std::shared_ptr<EventReceiver>> receivers_;
-  std::map<std::string, PodMemory> pods_;  // by pod uid; touched only by the pod's tasks
+  std::map<std::string, PodMemory> pods_;  // by pod uid; entries touched only by the pod's tasks
+  uint64_t built_ = 0;                     // guarded by mu_; sweeps pods_ every so often
   std::atomic<uint64_t> sent_{0};
   std::atomic<uint64_t> dropped_{0};
 };
