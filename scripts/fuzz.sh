@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with clang in their own build directory and runs each for a
-# bounded time: the cgroup path parser, and the runtime event decoder against the generated
-# protobuf parser. Exits non-zero when a fuzzer finds a crash, a sanitizer error or a broken
+# bounded time: the cgroup path parser, the runtime event decoder against the generated
+# protobuf parser, and the ring-buffer decoder with sequences of kernel events applied to the
+# cgroup index. Exits non-zero when a fuzzer finds a crash, a sanitizer error or a broken
 # invariant; the input that did it is kept under <build>/fuzz-work/*/artifacts/.
 #
 #   FUZZ_SECONDS   how long to fuzz each target (default 60)
@@ -15,7 +16,7 @@ seconds=${FUZZ_SECONDS:-60}
 
 cmake -S "$repo" -B "$build" -G Ninja \
   -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DKPLEG_FUZZ=ON >/dev/null
-cmake --build "$build" --target cgroup_path_fuzz event_decoder_fuzz -j "${FUZZ_JOBS:-2}"
+cmake --build "$build" --target cgroup_path_fuzz event_decoder_fuzz kernel_events_fuzz -j "${FUZZ_JOBS:-2}"
 
 # run_fuzzer NAME [libFuzzer flags...]: fuzzes NAME for $seconds from its checked-in seeds.
 run_fuzzer() {
@@ -38,3 +39,6 @@ run_fuzzer() {
 run_fuzzer cgroup_path -max_len=4160 -dict="$repo/tests/fuzz/cgroup_path.dict"
 # Runtime events are a few KiB; the generated parser's logging of invalid UTF-8 is noise here.
 run_fuzzer event_decoder -max_len=8192 -close_fd_mask=2
+# Ring-buffer records and event sequences: a cgroup record is 552 bytes; a few dozen make a
+# sequence.
+run_fuzzer kernel_events -max_len=16384

@@ -190,6 +190,23 @@ TEST_F(CgroupTree, MkdirOfAPathThatDoesNotParseIsNotIndexedAndDropsAStaleEntry) 
   EXPECT_FALSE(index.find_container(kId).has_value());
 }
 
+// Found by tests/fuzz/kernel_events_fuzz.cc: two cgroups claiming one container id (a look-alike
+// path a workload made in a delegated subtree, or a stale entry after a missed rmdir). Removing
+// one must leave the other findable, not orphan it.
+TEST_F(CgroupTree, TwoCgroupsClaimingOneContainerIdStayFindableAsEitherGoes) {
+  CgroupIndex index;
+  ASSERT_TRUE(index.on_mkdir(7, "/k8s.io/" + kId));
+  ASSERT_TRUE(index.on_mkdir(9, "/kubepods/besteffort/pod0a1b2c3d-0000-4000-8000-000000000001/" + kId));
+  EXPECT_EQ(index.find_container(kId), 9u);  // the newest answers
+  index.on_rmdir(9);
+  EXPECT_EQ(index.find_container(kId), 7u);
+  ASSERT_TRUE(index.on_mkdir(9, "/kubepods/besteffort/pod0a1b2c3d-0000-4000-8000-000000000001/" + kId));
+  index.on_rmdir(7);
+  EXPECT_EQ(index.find_container(kId), 9u);
+  index.on_rmdir(9);
+  EXPECT_FALSE(index.find_container(kId).has_value());
+}
+
 TEST_F(CgroupTree, MkdirBelowAContainersCgroupIsNestedInThatContainer) {
   CgroupIndex index;
   const std::string ctr = "/kubepods/pod" + kUid + "/" + kId;

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 
 #include <spdlog/spdlog.h>
@@ -118,7 +119,7 @@ void scan_directory(int dir_fd, dev_t mount_dev, const std::string& path,
 void CgroupIndex::Tables::insert(std::uint64_t id, Entry entry) {
   erase(id);
   if (entry.identity.kind == Kind::kContainerOrSandbox) {
-    by_container[entry.identity.container_id] = id;
+    by_container[entry.identity.container_id].push_back(id);
   }
   by_id.emplace(id, std::move(entry));
 }
@@ -128,8 +129,12 @@ void CgroupIndex::Tables::erase(std::uint64_t id) {
   if (it == by_id.end()) return;
   if (it->second.identity.kind == Kind::kContainerOrSandbox) {
     auto rev = by_container.find(it->second.identity.container_id);
-    // Only if it still points here: a newer cgroup may have claimed the container id.
-    if (rev != by_container.end() && rev->second == id) by_container.erase(rev);
+    // Only this cgroup's claim: another one may claim the container id too, and keeps it.
+    if (rev != by_container.end()) {
+      auto& ids = rev->second;
+      ids.erase(std::remove(ids.begin(), ids.end(), id), ids.end());
+      if (ids.empty()) by_container.erase(rev);
+    }
   }
   by_id.erase(it);
 }
@@ -237,7 +242,7 @@ std::optional<std::uint64_t> CgroupIndex::find_container(std::string_view contai
   std::shared_lock lock(mu_);
   auto it = tables_.by_container.find(std::string(container_id));
   if (it == tables_.by_container.end()) return std::nullopt;
-  return it->second;
+  return it->second.back();
 }
 
 std::size_t CgroupIndex::size() const {

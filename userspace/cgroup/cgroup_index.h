@@ -65,7 +65,9 @@ class CgroupIndex {
  private:
   struct Tables {
     std::unordered_map<std::uint64_t, Entry> by_id;
-    std::unordered_map<std::string, std::uint64_t> by_container;
+    // Every cgroup that claims a container id, newest last: one normally, more when a missed
+    // rmdir left a stale one or a workload made a look-alike path; the newest answers.
+    std::unordered_map<std::string, std::vector<std::uint64_t>> by_container;
 
     void insert(std::uint64_t id, Entry entry);
     void erase(std::uint64_t id);
