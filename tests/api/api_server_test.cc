@@ -17,6 +17,7 @@
 #include "api/convert.h"
 #include "api_test_support.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "support/eventually.h"
 #include "support/privileged.h"
 
 namespace kpleg::apitest {
@@ -636,6 +637,12 @@ leaf server ca "subjectAltName=DNS:localhost,IP:127.0.0.1
 extendedKeyUsage=serverAuth"
 leaf client ca "extendedKeyUsage=clientAuth"
 leaf intruder stranger "extendedKeyUsage=clientAuth"
+leaf other ca "extendedKeyUsage=clientAuth"
+leaf agent ca "subjectAltName=DNS:node-agent.kpleg
+extendedKeyUsage=clientAuth"
+ca ca2
+leaf server2 ca2 "subjectAltName=DNS:localhost,IP:127.0.0.1
+extendedKeyUsage=serverAuth"
 )";
     std::ofstream(d + "/make.sh") << script;
     ok_ = std::system(("sh " + d + "/make.sh").c_str()) == 0;
@@ -693,6 +700,69 @@ TEST(ApiServerTls, ClientCertificateIsRequiredWhenAClientCaIsGiven) {
                                 .tls_key_file = certs.file("client.key")};
   EXPECT_EQ(stats_over(untrusting), grpc::StatusCode::UNAVAILABLE)
       << "the client verifies the server too";
+}
+
+TEST(ApiServerTls, OnlyAllowedClientIdentitiesGetIn) {
+  KPLEG_REQUIRE_OR_SKIP(access("/usr/bin/openssl", X_OK) == 0,
+                        "openssl CLI not installed (Debian package openssl)");
+  Certs certs;
+  ASSERT_TRUE(certs.ok());
+  api::ApiServerOptions o{.listen_address = "127.0.0.1:0",
+                          .tls_cert_file = certs.file("server.crt"),
+                          .tls_key_file = certs.file("server.key"),
+                          .tls_client_ca_file = certs.file("ca.crt")};
+  o.tls_client_allow = {"node-agent.kpleg", "client"};
+  ServerHarness h(o);
+  auto st = h.start();
+  ASSERT_TRUE(st.ok()) << st.error().message;
+  const std::string addr = "127.0.0.1:" + std::to_string(h.server->tcp_port());
+  auto as = [&](const std::string& who) {
+    return api::ClientOptions{.address = addr,
+                              .tls_ca_file = certs.file("ca.crt"),
+                              .tls_cert_file = certs.file(who + ".crt"),
+                              .tls_key_file = certs.file(who + ".key")};
+  };
+  EXPECT_EQ(stats_over(as("client")), grpc::StatusCode::OK) << "allowed by subject CN";
+  EXPECT_EQ(stats_over(as("agent")), grpc::StatusCode::OK) << "allowed by subjectAltName DNS";
+  // Signed by the trusted CA, but not an allowed identity.
+  EXPECT_EQ(stats_over(as("other")), grpc::StatusCode::UNAUTHENTICATED);
+}
+
+TEST(ApiServerTls, RotatedCertificatesAreServedWithoutARestart) {
+  KPLEG_REQUIRE_OR_SKIP(access("/usr/bin/openssl", X_OK) == 0,
+                        "openssl CLI not installed (Debian package openssl)");
+  Certs certs;
+  ASSERT_TRUE(certs.ok());
+  TempDir live;
+  const std::string cert = live.path() + "/tls.crt", key = live.path() + "/tls.key";
+  std::filesystem::copy_file(certs.file("server.crt"), cert);
+  std::filesystem::copy_file(certs.file("server.key"), key);
+  api::ApiServerOptions o{.listen_address = "127.0.0.1:0", .tls_cert_file = cert, .tls_key_file = key};
+  o.tls_reload_interval = 1s;
+  ServerHarness h(o);
+  ASSERT_TRUE(h.start().ok());
+  const std::string addr = "127.0.0.1:" + std::to_string(h.server->tcp_port());
+  const api::ClientOptions trusts_old{.address = addr, .tls_ca_file = certs.file("ca.crt")};
+  const api::ClientOptions trusts_new{.address = addr, .tls_ca_file = certs.file("ca2.crt")};
+  EXPECT_EQ(stats_over(trusts_old), grpc::StatusCode::OK);
+  EXPECT_EQ(stats_over(trusts_new), grpc::StatusCode::UNAVAILABLE);
+
+  // The certificate is renewed in place (by another CA, so the difference shows).
+  std::filesystem::copy_file(certs.file("server2.key"), key,
+                             std::filesystem::copy_options::overwrite_existing);
+  std::filesystem::copy_file(certs.file("server2.crt"), cert,
+                             std::filesystem::copy_options::overwrite_existing);
+  EXPECT_TRUE(kpleg::testing::eventually([&] { return stats_over(trusts_new) == grpc::StatusCode::OK; }, 20s, 200ms))
+      << "the renewed certificate was never served";
+  EXPECT_EQ(stats_over(trusts_old), grpc::StatusCode::UNAVAILABLE);
+}
+
+TEST(ApiServerTls, AllowListWithoutClientCaIsRefused) {
+  api::ApiServerOptions o{.listen_address = "127.0.0.1:0", .tls_cert_file = "c", .tls_key_file = "k"};
+  o.tls_client_allow = {"agent"};
+  auto st = o.validate();
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.error().message.find("--tls-client-allow needs --tls-client-ca"), std::string::npos);
 }
 
 TEST(ApiServerTls, ServerOnlyTlsAcceptsClientsWithoutCertificates) {

@@ -1,4 +1,10 @@
 #include "api/api_server.h"
+
+#include <grpc/grpc_security_constants.h>
+#include <grpcpp/security/auth_metadata_processor.h>
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/security/tls_certificate_provider.h>
+#include <grpcpp/security/tls_credentials_options.h>
 #include "common/thread_name.h"
 
 #include <grp.h>
@@ -68,6 +74,32 @@ bool matches(const PodRecord& pod, const v1::ListRequest& req) {
   if (!req.pod_namespace().empty() && pod.pod_namespace != req.pod_namespace()) return false;
   return true;
 }
+
+// --tls-client-allow: a verified client certificate must also name an allowed identity. Runs
+// for every call (the health service's too), before the handler.
+class ClientIdentityCheck final : public grpc::AuthMetadataProcessor {
+ public:
+  explicit ClientIdentityCheck(std::vector<std::string> allowed) : allowed_(std::move(allowed)) {}
+  bool IsBlocking() const override { return false; }
+  grpc::Status Process(const InputMetadata&, grpc::AuthContext* context, OutputMetadata*,
+                       OutputMetadata*) override {
+    std::string seen;
+    for (const char* property : {GRPC_X509_SAN_PROPERTY_NAME, GRPC_X509_CN_PROPERTY_NAME}) {
+      for (const auto& value : context->FindPropertyValues(property)) {
+        const std::string name(value.data(), value.size());
+        if (std::find(allowed_.begin(), allowed_.end(), name) != allowed_.end())
+          return grpc::Status::OK;
+        seen += (seen.empty() ? "" : ", ") + name;
+      }
+    }
+    return {grpc::StatusCode::UNAUTHENTICATED,
+            "client certificate (" + (seen.empty() ? std::string("no names") : seen) +
+                ") is not among --tls-client-allow"};
+  }
+
+ private:
+  std::vector<std::string> allowed_;
+};
 
 }  // namespace
 
@@ -314,19 +346,29 @@ Status ApiServer::start() {
     if (options_.insecure_tcp) {
       creds = grpc::InsecureServerCredentials();
     } else {
-      auto cert = read_file(options_.tls_cert_file, "--tls-cert");
-      if (!cert) return cert.error();
-      auto key = read_file(options_.tls_key_file, "--tls-key");
-      if (!key) return key.error();
-      grpc::SslServerCredentialsOptions ssl;
-      ssl.pem_key_cert_pairs.push_back({*key, *cert});
+      // Read once here for a clear error at start; from then on gRPC re-reads the files
+      // every --tls-reload-interval, so rotated certificates need no restart.
+      if (auto cert = read_file(options_.tls_cert_file, "--tls-cert"); !cert) return cert.error();
+      if (auto key = read_file(options_.tls_key_file, "--tls-key"); !key) return key.error();
       if (!options_.tls_client_ca_file.empty()) {
-        auto ca = read_file(options_.tls_client_ca_file, "--tls-client-ca");
-        if (!ca) return ca.error();
-        ssl.pem_root_certs = *ca;
-        ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+        if (auto ca = read_file(options_.tls_client_ca_file, "--tls-client-ca"); !ca)
+          return ca.error();
       }
-      creds = grpc::SslServerCredentials(ssl);
+      auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+          options_.tls_key_file, options_.tls_cert_file, options_.tls_client_ca_file,
+          static_cast<unsigned>(options_.tls_reload_interval.count()));
+      grpc::experimental::TlsServerCredentialsOptions tls(provider);
+      tls.watch_identity_key_cert_pairs();
+      if (!options_.tls_client_ca_file.empty()) {
+        tls.watch_root_certs();
+        tls.set_cert_request_type(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+      } else {
+        tls.set_cert_request_type(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+      }
+      creds = grpc::experimental::TlsServerCredentials(tls);
+      if (!options_.tls_client_allow.empty())
+        creds->SetAuthMetadataProcessor(
+            std::make_shared<ClientIdentityCheck>(options_.tls_client_allow));
     }
     builder.AddListeningPort(options_.listen_address, creds, &tcp_port_);
   }

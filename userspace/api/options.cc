@@ -28,6 +28,13 @@ Status ApiServerOptions::validate() const {
     return Error{EINVAL, "--insecure-tcp contradicts --tls-cert/--tls-key: choose one"};
   if (!tls_client_ca_file.empty() && !tls)
     return Error{EINVAL, "--tls-client-ca needs --tls-cert and --tls-key"};
+  if (!tls_client_allow.empty() && tls_client_ca_file.empty())
+    return Error{EINVAL, "--tls-client-allow needs --tls-client-ca: without client "
+                         "certificates there is no identity to check"};
+  for (const auto& name : tls_client_allow)
+    if (name.empty()) return Error{EINVAL, "--tls-client-allow: empty name"};
+  if (tls_reload_interval.count() < 1)
+    return Error{EINVAL, "--tls-reload-interval must be at least 1s"};
   if (!tls && !insecure_tcp)
     return Error{EINVAL, "refusing plain TCP on " + listen_address +
                              ": anyone who can reach the port could read the node's events; give "
@@ -48,6 +55,15 @@ void add_api_flags(CLI::App& app, ApiServerOptions& o, bus::EventBusOptions& b) 
   app.add_option("--tls-key", o.tls_key_file, "Server private key (PEM) for --listen");
   app.add_option("--tls-client-ca", o.tls_client_ca_file,
                  "Require client certificates signed by this CA (PEM)");
+  app.add_option("--tls-client-allow", o.tls_client_allow,
+                 "With --tls-client-ca: accept only client certificates that name this identity "
+                 "(subjectAltName DNS/URI/email/IP or subject CN); repeatable");
+  app.add_option_function<unsigned>(
+         "--tls-reload-interval",
+         [&o](unsigned s) { o.tls_reload_interval = std::chrono::seconds(s); },
+         "Seconds between re-reads of the TLS certificate, key and client CA files (rotated "
+         "files take effect for new connections)")
+      ->default_str("60");
   app.add_flag("--insecure-tcp", o.insecure_tcp,
                "Allow --listen without TLS: unauthenticated and unencrypted");
   app.add_option("--max-watchers", o.max_watchers, "Concurrent Watch streams")

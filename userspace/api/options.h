@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "bus/event_bus.h"
 #include "common/result.h"
@@ -30,6 +31,12 @@ struct ApiServerOptions {
   std::string tls_key_file;
   // When set, clients must present a certificate signed by this CA.
   std::string tls_client_ca_file;
+  // When non-empty, a client certificate must also name one of these (a subjectAltName DNS,
+  // URI, email or IP entry, or the subject CN); others are refused UNAUTHENTICATED.
+  std::vector<std::string> tls_client_allow;
+  // The certificate, key and client CA files are re-read this often, so rotated certificates
+  // take effect without a restart (new connections get them).
+  std::chrono::seconds tls_reload_interval{60};
   bool insecure_tcp = false;
 
   // Concurrent Watch streams; each holds one server thread.
