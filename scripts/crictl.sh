@@ -1,33 +1,44 @@
 #!/usr/bin/env bash
-# Builds crictl (cri-tools) from the Go module proxy at the version tools/crictl/go.mod pins,
+# Builds cri-tools' two programs from the Go module proxy at the version tools/crictl/go.mod pins,
 # checked against tools/crictl/go.sum, into a cache outside the source tree, and prints the
-# directory that holds `crictl`. A second run finds the cache and costs nothing.
+# directory that holds them. A second run finds the cache and costs nothing.
+#
+#   crictl   the CRI command-line client (`go build` of cmd/crictl)
+#   critest  the CRI validation suite (ginkgo), the test binary of cmd/critest (`go test -c`, as
+#            cri-tools' own Makefile builds it); tests/cri/critest.sh runs it
 #
 #   scripts/crictl.sh         build if missing; print the bin directory
 #
 # The Go module proxy serves cri-tools v1.34.0 by exact version but not its version list, so
 # `go install …@version` cannot be used, and the checksum database has no entry for it nor for
 # the release candidates of k8s.io modules it depends on: the hashes committed in go.sum are what
-# the build is checked against (GONOSUMDB only skips the database lookup, never go.sum).
+# the build is checked against (GONOSUMDB only skips the database lookup, never go.sum). critest's
+# test file imports ginkgo, gomega and cri-tools' validate, benchmark and framework packages, so
+# tools/crictl/tools.go imports them too: go.sum then holds every module critest needs.
 #
 # Environment:
-#   KPLEG_TOOLS_CACHE   cache root (default /var/cache/kpleg/tools); crictl lives in
-#                       <cache>/crictl-<version>/bin, complete once <cache>/crictl-<version>/ok exists
+#   KPLEG_TOOLS_CACHE   cache root (default /var/cache/kpleg/tools); the programs live in
+#                       <cache>/cri-tools-<version>/bin, complete once <cache>/cri-tools-<version>/ok
+#                       exists
 #   GO                  the go command (default: go on PATH, else /usr/local/go/bin/go)
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 module=$repo/tools/crictl
-VERSION=$(awk '$1 == "require" && $2 == "sigs.k8s.io/cri-tools" { print $3 }' "$module/go.mod")
+# `require sigs.k8s.io/cri-tools vX` or, inside a require ( ... ) block, `sigs.k8s.io/cri-tools vX`.
+VERSION=$(awk '$1 == "require" && $2 == "sigs.k8s.io/cri-tools" { print $3; exit }
+  $1 == "sigs.k8s.io/cri-tools" && $2 ~ /^v/ { print $2; exit }' "$module/go.mod")
 
 CACHE=${KPLEG_TOOLS_CACHE:-/var/cache/kpleg/tools}
-dir=$CACHE/crictl-$VERSION
+dir=$CACHE/cri-tools-$VERSION
 
 log() { echo "crictl.sh: $*" >&2; }
 die() { echo "crictl.sh: error: $*" >&2; exit 1; }
 
+complete() { [ -f "$dir/ok" ] && [ -x "$dir/bin/crictl" ] && [ -x "$dir/bin/critest" ]; }
+
 [ -n "$VERSION" ] || die "no cri-tools version in $module/go.mod"
-if [ -f "$dir/ok" ] && [ -x "$dir/bin/crictl" ]; then
+if complete; then
   echo "$dir/bin"
   exit 0
 fi
@@ -39,27 +50,51 @@ if [ -z "$go" ]; then
   elif [ -x /usr/local/go/bin/go ]; then
     go=/usr/local/go/bin/go
   else
-    die "no Go toolchain (go on PATH or /usr/local/go/bin/go): crictl is built from the Go module proxy"
+    die "no Go toolchain (go on PATH or /usr/local/go/bin/go): crictl and critest are built from the Go module proxy"
   fi
 fi
 
 mkdir -p "$CACHE"
-tmp=$(mktemp -d "$CACHE/.crictl.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
-start=$(date +%s)
-mkdir -p "$tmp/bin"
-# -mod=readonly: go.sum is used as committed, never updated.
-if ! (cd "$module" &&
-  GOFLAGS=-mod=readonly GONOSUMDB=sigs.k8s.io/cri-tools,k8s.io CGO_ENABLED=0 \
-    "$go" build -trimpath \
-    -ldflags "-X sigs.k8s.io/cri-tools/pkg/version.Version=$VERSION" \
-    -o "$tmp/bin/crictl" sigs.k8s.io/cri-tools/cmd/crictl >&2); then
-  die "building crictl $VERSION failed"
+# Concurrent callers (the test bed's `up` in parallel tests, scripts/test.sh) build once: the
+# others wait here and then find the cache complete.
+exec {lock}>"$CACHE/.cri-tools-$VERSION.lock"
+flock -w 1200 "$lock" || die "another build of cri-tools $VERSION held its lock for 20 min"
+if complete; then
+  echo "$dir/bin"
+  exit 0
 fi
+tmp=$(mktemp -d "$CACHE/.cri-tools-$VERSION.XXXXXX")
+chmod 0755 "$tmp"
+trap 'rm -rf "$tmp"' EXIT
+start=$SECONDS
+mkdir -p "$tmp/bin"
+log "building crictl and critest $VERSION with $("$go" version | cut -d' ' -f3) into $dir (once)"
+# -mod=readonly: go.sum is used as committed, never updated. The version ldflag is the one
+# cri-tools' Makefile sets for both programs (`crictl --version`, `critest -version`).
+gobuild() { # go subcommand..., then output and package
+  local out=$1 pkg=$2
+  shift 2
+  (cd "$module" &&
+    GOFLAGS=-mod=readonly GONOSUMDB=sigs.k8s.io/cri-tools,k8s.io CGO_ENABLED=0 \
+      "$go" "$@" -trimpath -ldflags "-X sigs.k8s.io/cri-tools/pkg/version.Version=$VERSION" \
+      -o "$out" "$pkg" >&2)
+}
+gobuild "$tmp/bin/crictl" sigs.k8s.io/cri-tools/cmd/crictl build ||
+  die "building crictl $VERSION failed (needs the Go module proxy reachable, or the modules in the Go module cache)"
+gobuild "$tmp/bin/critest" sigs.k8s.io/cri-tools/cmd/critest test -c ||
+  die "building critest $VERSION failed (needs the Go module proxy reachable, or the modules in the Go module cache)"
 "$tmp/bin/crictl" --version >/dev/null || die "the built crictl does not run"
-touch "$tmp/ok"
+# critest reads /etc/crictl.yaml if present and warns on stderr if not; -version prints and exits.
+"$tmp/bin/critest" -version 2>/dev/null | grep -q "critest version: $VERSION" ||
+  die "the built critest does not run (or reports another version)"
+{
+  echo "version $VERSION"
+  echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) with $("$go" version)"
+  echo "programs crictl critest"
+  echo "seconds $((SECONDS - start))"
+} >"$tmp/ok"
 rm -rf "$dir"
 mv "$tmp" "$dir"
 trap - EXIT
-log "built crictl $VERSION in $dir in $(($(date +%s) - start)) s"
+log "built crictl and critest $VERSION in $dir in $((SECONDS - start)) s"
 echo "$dir/bin"

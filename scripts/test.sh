@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every kpleg test on this machine: installs the build and test dependencies (Debian
-# packages), builds, runs the CTest suite (unit, bpf, cri, e2e, deploy, bench, vmtest labels)
-# against containerd 1.6, the cri, e2e and bench labels again against containerd 2.x (built from
+# packages), builds, runs the CTest suite (unit, bpf, cri, e2e, kubelet, deploy, bench, vmtest
+# labels) against containerd 1.6, the cri, e2e, kubelet and bench labels again against containerd
+# 2.x (built from
 # the Go module proxy), fuzzes the cgroup path parser and the runtime event decoder for a bounded
 # time each, and takes the local test bed
 # down afterwards.
@@ -32,12 +33,14 @@ elif [ "${KPLEG_REQUIRE_PRIVILEGED:-0}" = 1 ]; then
 else
   echo "virtme-ng could not be installed: the VM tests use the plain qemu runner"
 fi
-# crictl from the Go module proxy (pinned by tools/crictl, cached): the CRI tests use it as users
-# do; without it its test skips (and fails in CI, naming scripts/crictl.sh).
+# crictl and critest (cri-tools) from the Go module proxy (pinned by tools/crictl, cached): the test
+# bed makes its own CRI calls with crictl (scripts/testbed.sh builds it the same way if needed), the
+# CRI tests use it as users do, and cri.critest runs critest (tests/cri/critest.sh). Without them
+# the test bed cannot come up and the tests that need it skip (and fail in CI).
 if crictl_bin=$(bash scripts/crictl.sh); then
   export PATH=$crictl_bin:$PATH
 else
-  echo "crictl could not be built (see above)"
+  echo "crictl and critest could not be built (see above)"
 fi
 # virtiofsd from the Rust crate registry (pinned, cached): vng boots the cloud kernels, which have no 9p, with it.
 if vfsd_bin=$(bash scripts/virtiofsd.sh); then
@@ -56,7 +59,7 @@ mkdir -p "$build/Testing"
 (cd "$build" && ctest --output-on-failure --no-tests=error ${CTEST_ARGS:-}) 2>&1 | tee "$ctest_log" ||
   status=$?
 
-# The cri and e2e suites (and the quick benchmark, with its CRI-calls bound) again on each other runtime the test bed can run (KPLEG_TEST_RUNTIMES,
+# The cri, e2e and kubelet suites (and the quick benchmark, with its CRI-calls bound) again on each other runtime the test bed can run (KPLEG_TEST_RUNTIMES,
 # default containerd-2; empty for none), when the whole suite ran (no CTEST_ARGS). containerd 2.x
 # is built from the Go module proxy into a cache outside the tree the first time (about 2 min;
 # scripts/runtimes.sh). A runtime that cannot be built is a skip, and a failure when
@@ -74,7 +77,7 @@ if [ -z "${CTEST_ARGS:-}" ]; then
       fi
       continue
     fi
-    (cd "$build" && KPLEG_TESTBED_RUNTIME=$rt ctest --output-on-failure --no-tests=error -L 'cri|e2e|bench') 2>&1 |
+    (cd "$build" && KPLEG_TESTBED_RUNTIME=$rt ctest --output-on-failure --no-tests=error -L 'cri|e2e|kubelet|bench') 2>&1 |
       tee -a "$ctest_log" || status=1
   done
 fi

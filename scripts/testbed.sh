@@ -1,5 +1,4 @@
 #!/usr/bin/env bash
-# shellcheck source-path=SCRIPTDIR
 # The local CRI runtime test bed: a private containerd + runc that kpleg's CRI, daemon and
 # end-to-end tests talk to over a real CRI socket, with no registry and no systemd.
 set -euo pipefail
@@ -35,6 +34,9 @@ environment:
   KPLEG_TESTBED_BRIDGE  host bridge for --cni (default kpleg0)
   KPLEG_LOAD            CRI client used for an extra Version check when present
                         (default <repo>/build/bin/kpleg-load)
+  KPLEG_CRICTL          crictl for the test bed's own CRI calls (Version, StopPodSandbox,
+                        RemovePodSandbox); default: built once by scripts/crictl.sh (Go and the
+                        Go module proxy the first time, then cached)
 
 The image localhost/kpleg/busybox:1 (busybox applets in /bin, a pause binary at /pause, default
 command /pause) is the sandbox image and the image for test containers; nothing is ever pulled.
@@ -76,7 +78,6 @@ set_paths() {
   ENDPOINT=unix://$SOCK
   # sun_path holds 108 bytes; containerd fails later with a confusing bind error otherwise.
   [ "${#SOCK}" -lt 100 ] || die "socket path too long (${#SOCK} bytes): $SOCK; set a shorter KPLEG_TESTBED_DIR"
-  export CRI_SOCKET=$SOCK
 }
 
 # The runtime's binaries, set by use_runtime: containerd 1.6 from Debian, or containerd 2.x from
@@ -87,6 +88,31 @@ CTR=ctr
 ROOT_DIR=""
 
 ctr_() { "$CTR" --address "$SOCK" "$@"; }
+
+# The test bed's CRI calls go through crictl, the CRI client users type: $KPLEG_CRICTL, or the one
+# scripts/crictl.sh builds (pinned by tools/crictl; once, then from its cache).
+CRICTL=""
+find_crictl() {
+  local bin
+  [ -n "$CRICTL" ] && return 0
+  if [ -n "${KPLEG_CRICTL:-}" ]; then
+    [ -x "$KPLEG_CRICTL" ] || { log "KPLEG_CRICTL=$KPLEG_CRICTL is not executable"; return 1; }
+    CRICTL=$KPLEG_CRICTL
+  else
+    bin=$("$REPO/scripts/crictl.sh") || return 1
+    CRICTL=$bin/crictl
+  fi
+}
+
+# crictl_ TIMEOUT ARGS...: crictl against this test bed. --config /dev/null: no /etc/crictl.yaml of
+# the host applies (nor does crictl warn that it is missing). The timeout bounds the connection
+# and the call.
+crictl_() {
+  local timeout=$1
+  shift
+  "$CRICTL" --config /dev/null --runtime-endpoint "$ENDPOINT" --image-endpoint "$ENDPOINT" \
+    --timeout "$timeout" "$@"
+}
 
 valid_runtime() {
   local r
@@ -584,13 +610,15 @@ kpleg_load() {
   KPLEG_RUNTIME_ENDPOINT=$ENDPOINT timeout 10 "$bin" "${args[@]}" "$@"
 }
 
-# A real CRI Version call: the plugin registers before it has finished initialising and answers
-# "server is not initialized yet" until then.
+# A real CRI Version call (crictl version): the plugin registers before it has finished
+# initialising and answers "server is not initialized yet" until then. Prints
+# "<runtime> <version> (CRI <api version>)".
 cri_version() {
-  local resp
-  resp=$(cri_call RuntimeService Version "" 3) || return 1
-  printf '%s %s (CRI %s)\n' "$(hex_to_bytes "$(pb_get "$resp" 2)")" \
-    "$(hex_to_bytes "$(pb_get "$resp" 3)")" "$(hex_to_bytes "$(pb_get "$resp" 4)")"
+  local out
+  find_crictl || return 1
+  out=$(crictl_ 3s version) || return 1
+  awk '$1 == "RuntimeName:" { n = $2 } $1 == "RuntimeVersion:" { v = $2 }
+    $1 == "RuntimeApiVersion:" { a = $2 } END { printf "%s %s (CRI %s)\n", n, v, a }' <<<"$out"
 }
 
 wait_ready() {
@@ -637,16 +665,17 @@ wait_ready() {
 
 # --- teardown -------------------------------------------------------------------------------
 
-# Sandboxes through CRI, so the CRI plugin tears down their networks, netns and shm mounts;
-# whatever is left (ctr-made containers, CRI leftovers) through ctr.
+# Sandboxes through CRI (crictl stopp, rmp), so the CRI plugin tears down their networks, netns
+# and shm mounts; whatever is left (ctr-made containers, CRI leftovers) through ctr. Without
+# crictl everything goes through ctr, and unmount_leftovers takes the netns and shm mounts.
 remove_workloads() {
   local id ns deadline
-  for id in $(ctr_ -n "$NS" containers ls -q 'labels."io.cri-containerd.kind"==sandbox' 2>/dev/null); do
-    cri_call RuntimeService StopPodSandbox "$(pb_str 1 "$id")" 30 >/dev/null ||
-      log "warning: StopPodSandbox $id failed"
-    cri_call RuntimeService RemovePodSandbox "$(pb_str 1 "$id")" 30 >/dev/null ||
-      log "warning: RemovePodSandbox $id failed"
-  done
+  if [ -n "$CRICTL" ]; then
+    for id in $(ctr_ -n "$NS" containers ls -q 'labels."io.cri-containerd.kind"==sandbox' 2>/dev/null); do
+      crictl_ 30s stopp "$id" >/dev/null || log "warning: StopPodSandbox $id failed"
+      crictl_ 30s rmp "$id" >/dev/null || log "warning: RemovePodSandbox $id failed"
+    done
+  fi
   for ns in $(ctr_ namespaces ls -q 2>/dev/null); do
     for id in $(ctr_ -n "$ns" tasks ls -q 2>/dev/null); do
       ctr_ -n "$ns" tasks kill -a -s SIGKILL "$id" >/dev/null 2>&1 || true
@@ -808,6 +837,7 @@ cmd_up() {
   mkdir -p "$TB"
   # Built (once, minutes) before taking the lock, so other callers are not kept waiting on it.
   use_runtime "$runtime"
+  find_crictl || die "no crictl, which 'up' needs for its CRI readiness check (scripts/crictl.sh builds it; or set KPLEG_CRICTL)"
   take_lock
 
   # One runtime at a time: a containerd, shims or mounts of the other one still belong to it,
@@ -863,6 +893,9 @@ cmd_down() {
     [ -z "$(containerd_pid)" ] && [ -z "$(our_shims)" ] && return 0
     need_root
   fi
+  # Before the lock, as in 'up': the first build takes a while. Without crictl, down still stops
+  # everything, through ctr (remove_workloads).
+  find_crictl || log "warning: no crictl; down removes sandboxes through ctr only"
   take_lock
   use_runtime "$(recorded_runtime)" 0
   pid=$(containerd_pid)
@@ -916,7 +949,11 @@ cmd_status() {
     echo "dir: $TB"
     exit 3
   fi
-  ver=$(cri_version 2>&1) || ver="not answering: $ver"
+  if ! find_crictl 2>/dev/null; then
+    ver="unknown (no crictl: scripts/crictl.sh could not build it)"
+  elif ! ver=$(cri_version 2>&1); then
+    ver="not answering: $ver"
+  fi
   echo "state: up"
   echo "pid: $pid"
   echo "endpoint: $ENDPOINT"
@@ -932,8 +969,6 @@ main() {
   local cmd=${1:-}
   [ $# -gt 0 ] && shift
   set_paths
-  # shellcheck source=testbed/cri.sh
-  . "$HERE/cri.sh"
   case $cmd in
     up) cmd_up "$@" ;;
     down) cmd_down "$@" ;;

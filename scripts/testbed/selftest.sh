@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
-# shellcheck source-path=SCRIPTDIR
 # End-to-end check of the test bed against the real containerd/runc: up, image present, a ctr
-# container's exit status, pod sandboxes and containers through real CRI calls, an unclean stop,
-# and a down that leaves no process, shim, socket, mount or cgroup behind.
+# container's exit status, pod sandboxes and containers through real CRI calls (crictl), an
+# unclean stop, and a down that leaves no process, shim, socket, mount or cgroup behind.
 # usage: scripts/testbed/selftest.sh [--cni]     (root)
 # It runs its own test bed in a fresh directory (KPLEG_SELFTEST_DIR, default a new /tmp dir) with
 # its own bridge and subnet, so the shared test bed of the CRI and end-to-end tests is not
@@ -42,62 +41,73 @@ up() {
   [[ $line == KPLEG_RUNTIME_ENDPOINT=unix://* && $line != *$'\n'* ]] ||
     { echo "up must print exactly one line KPLEG_RUNTIME_ENDPOINT=unix://..., got: $line"; return 1; }
   SOCK=${line#KPLEG_RUNTIME_ENDPOINT=unix://}
-  export CRI_SOCKET=$SOCK
 }
 
-# shellcheck source=cri.sh
-. "$HERE/cri.sh"
+# The CRI client: crictl, as testbed.sh itself uses it ($KPLEG_CRICTL, or built by
+# scripts/crictl.sh). Pod and container configs are JSON files (crictl runp/create read them).
+if [ -n "${KPLEG_CRICTL:-}" ]; then
+  CRICTL=$KPLEG_CRICTL
+else
+  CRICTL=$("$HERE/../crictl.sh")/crictl || { echo "selftest: no crictl (scripts/crictl.sh failed)"; exit 1; }
+fi
+crictl_() {
+  "$CRICTL" --config /dev/null --runtime-endpoint "unix://$SOCK" --image-endpoint "unix://$SOCK" \
+    --timeout 60s "$@"
+}
 
 # The test bed runs the runtime KPLEG_TESTBED_RUNTIME names; ctr must be the one that comes with it.
 if [ "${KPLEG_TESTBED_RUNTIME:-containerd-1.6}" = containerd-2 ]; then
   PATH=$("$HERE/../runtimes.sh" bin containerd-2):$PATH
 fi
-echo "selftest: runtime ${KPLEG_TESTBED_RUNTIME:-containerd-1.6}, ctr $(command -v ctr)"
+echo "selftest: runtime ${KPLEG_TESTBED_RUNTIME:-containerd-1.6}, ctr $(command -v ctr), crictl $CRICTL"
 
-pod_config() { # name uid network-mode(0 pod, 2 node)
-  local ns_opts=""
-  (($3 != 0)) && ns_opts=$(pb_int 1 "$3")
-  pb_msg 1 "$(pb_str 1 "$1")$(pb_str 2 "$2")$(pb_str 3 selftest)"
+# Writes the PodSandboxConfig of pod $1 (uid $2, network mode $3: 0 pod, 2 node) to
+# $TB/pod-$1.json and prints its path.
+pod_config() {
+  local file=$TB/pod-$1.json
   # A host-network sandbox shares the host's UTS namespace: runc refuses to set a hostname there.
-  (($3 == 0)) && pb_str 2 "$1"
-  pb_msg 8 "$(pb_str 1 "/kubepods/besteffort/pod$2")$(pb_msg 2 "$(pb_msg 1 "${ns_opts:-$(pb_int 2 0)}")")"
+  jq -n --arg name "$1" --arg uid "$2" --argjson mode "$3" '{
+      metadata: {name: $name, uid: $uid, namespace: "selftest"},
+      linux: {
+        cgroup_parent: "/kubepods/besteffort/pod\($uid)",
+        security_context: {namespace_options: {network: $mode}}
+      }
+    } + (if $mode == 0 then {hostname: $name} else {} end)' >"$file" || return 1
+  echo "$file"
 }
 
 run_pod() { # name uid mode -> sandbox id
-  local resp
-  resp=$(cri_call RuntimeService RunPodSandbox "$(pb_msg 1 "$(pod_config "$@")")" 60) || return 1
-  hex_to_bytes "$(pb_get "$resp" 1)"
+  local cfg
+  cfg=$(pod_config "$@") || return 1
+  crictl_ runp "$cfg"
 }
 
 create_container() { # sandbox-id pod-name pod-uid mode name shell-command -> container id
-  local cfg resp
-  cfg=$(pb_msg 1 "$(pb_str 1 "$5")")$(pb_msg 2 "$(pb_str 1 "$IMAGE")")$(pb_str 3 /bin/sh)$(pb_str 3 -c)$(pb_str 3 "$6")
-  resp=$(cri_call RuntimeService CreateContainer \
-    "$(pb_str 1 "$1")$(pb_msg 2 "$cfg")$(pb_msg 3 "$(pod_config "$2" "$3" "$4")")" 60) || return 1
-  hex_to_bytes "$(pb_get "$resp" 1)"
+  local pod cfg=$TB/container-$5.json
+  pod=$(pod_config "$2" "$3" "$4") || return 1
+  jq -n --arg name "$5" --arg image "$IMAGE" --arg cmd "$6" \
+    '{metadata: {name: $name}, image: {image: $image}, command: ["/bin/sh", "-c", $cmd]}' >"$cfg" ||
+    return 1
+  crictl_ create --no-pull "$1" "$cfg" "$pod"
 }
 
-start_container() { cri_call RuntimeService StartContainer "$(pb_str 1 "$1")" 60 >/dev/null; }
+start_container() { crictl_ start "$1" >/dev/null; }
 
-# Prints "state exit_code" (state: 0 created, 1 running, 2 exited).
+# Prints "STATE exit_code" (CONTAINER_CREATED, CONTAINER_RUNNING, CONTAINER_EXITED) from
+# ContainerStatus.
 container_state() {
-  local resp st state code
-  resp=$(cri_call RuntimeService ContainerStatus "$(pb_str 1 "$1")") || return 1
-  st=$(pb_get "$resp" 1)
-  state=$(pb_get "$st" 3 || echo 0)
-  code=$(pb_get "$st" 7 || echo 0)
-  echo "$state $code"
+  local out
+  out=$(crictl_ inspect -o json "$1") || return 1
+  jq -r '"\(.status.state) \(.status.exitCode // 0)"' <<<"$out"
 }
 
-exited_with() { [ "$(container_state "$1")" = "2 $2" ]; }
-running() { [ "$(container_state "$1")" = "1 0" ]; }
+exited_with() { [ "$(container_state "$1")" = "CONTAINER_EXITED $2" ]; }
+running() { [ "$(container_state "$1")" = "CONTAINER_RUNNING 0" ]; }
 
 pod_ip() {
-  local resp st net
-  resp=$(cri_call RuntimeService PodSandboxStatus "$(pb_str 1 "$1")") || return 1
-  st=$(pb_get "$resp" 1)
-  net=$(pb_get "$st" 5) || return 1
-  hex_to_bytes "$(pb_get "$net" 1)"
+  local out
+  out=$(crictl_ inspectp -o json "$1") || return 1
+  jq -er '.status.network.ip | select(. != "")' <<<"$out"
 }
 
 our_shims() {
