@@ -596,6 +596,50 @@ TEST(ApiServerHealth, AnUnknownServiceIsNotFoundForCheckAndServiceUnknownForWatc
   ctx.TryCancel();
 }
 
+// A grpc.health Watch holds a server thread as long as a Watch of events does: both kinds share
+// --max-watchers, so health watches cannot grow the daemon's threads without bound either.
+TEST(ApiServerHealth, HealthWatchesCountAgainstTheStreamLimit) {
+  ServerHarness h(api::ApiServerOptions{.max_watchers = 2});
+  ASSERT_TRUE(h.start().ok());
+  auto stub = grpc::health::v1::Health::NewStub(h.channel());
+  struct HealthWatch {
+    grpc::ClientContext ctx;
+    std::unique_ptr<grpc::ClientReader<HealthCheckResponse>> reader;
+    HealthCheckResponse resp;
+  };
+  auto open = [&](HealthWatch& w) {
+    w.ctx.set_deadline(std::chrono::system_clock::now() + 30s);
+    w.reader = stub->Watch(&w.ctx, HealthCheckRequest{});
+    return w.reader->Read(&w.resp);  // the first status: the stream holds its slot
+  };
+  HealthWatch a, b, c;
+  ASSERT_TRUE(open(a));
+  ASSERT_TRUE(open(b));
+  EXPECT_FALSE(open(c));
+  grpc::Status st = c.reader->Finish();
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(st.error_message().find("too many streams (limit 2"), std::string::npos) << st.error_message();
+  {
+    WatchClient events(h.channel(), v1::WatchRequest{});
+    EXPECT_EQ(events.finish(10s).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  }
+  // A health watch that ends frees its slot (the handler notices within a second).
+  a.ctx.TryCancel();
+  while (a.reader->Read(&a.resp)) {
+  }
+  a.reader->Finish();
+  EXPECT_TRUE(kpleg::testing::eventually([&] {
+    HealthWatch d;
+    const bool opened = open(d);
+    d.ctx.TryCancel();
+    while (d.reader->Read(&d.resp)) {
+    }
+    d.reader->Finish();
+    return opened;
+  }, 10s, 100ms));
+  b.ctx.TryCancel();
+}
+
 TEST(ApiServerHealth, StoppingTheServerEndsAWatch) {
   ServerHarness h;
   ASSERT_TRUE(h.start().ok());

@@ -1,6 +1,7 @@
 #include "api/api_server.h"
 
 #include <grpc/grpc_security_constants.h>
+#include <grpcpp/resource_quota.h>
 #include <grpcpp/security/auth_metadata_processor.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/security/tls_certificate_provider.h>
@@ -39,6 +40,8 @@ namespace {
 // stop does not wait for it: stop() cancels every open subscription. Each look costs a wakeup
 // of an otherwise idle daemon, hence seconds, not milliseconds.
 constexpr auto kWatchPoll = std::chrono::milliseconds(1000);
+// Server threads for unary calls (List, Stats, InflightCalls, health Check) beside the streams.
+constexpr size_t kUnaryThreads = 16;
 
 Result<std::string> read_file(const std::string& path, const char* flag) {
   std::ifstream in(path, std::ios::binary);
@@ -106,8 +109,8 @@ class ClientIdentityCheck final : public grpc::AuthMetadataProcessor {
 class PodLifecycleService final : public v1::PodLifecycle::Service {
  public:
   PodLifecycleService(bus::EventBus& bus, StateProvider& state, HealthProvider& health,
-                      StatsProvider& stats, size_t max_watchers)
-      : bus_(bus), state_(state), health_(health), stats_(stats), max_watchers_(max_watchers) {}
+                      StatsProvider& stats, StreamSlots& streams)
+      : bus_(bus), state_(state), health_(health), stats_(stats), streams_(streams) {}
 
   // Ends every open Watch at once, and any Watch that starts later.
   void stop() {
@@ -177,15 +180,13 @@ class PodLifecycleService final : public v1::PodLifecycle::Service {
     if (auto st = check_filters(req->pod_uid(), req->pod_namespace(), &req->instance_id());
         !st.ok())
       return st;
-    if (watchers_.fetch_add(1) >= max_watchers_) {
-      watchers_.fetch_sub(1);
+    StreamSlot slot(&streams_);
+    if (!slot.taken()) {
       return {grpc::StatusCode::RESOURCE_EXHAUSTED,
-              fmt::format("too many watchers (limit {}, kplegd --max-watchers)", max_watchers_)};
+              fmt::format("too many watchers (limit {}, kplegd --max-watchers; grpc.health Watch "
+                          "streams count too)",
+                          streams_.limit())};
     }
-    struct Release {
-      std::atomic<size_t>& n;
-      ~Release() { n.fetch_sub(1); }
-    } release{watchers_};
 
     uint64_t from = req->from_seq();
     // A position is one in a given daemon instance's stream: without the instance it belongs
@@ -242,8 +243,7 @@ class PodLifecycleService final : public v1::PodLifecycle::Service {
   StateProvider& state_;
   HealthProvider& health_;
   StatsProvider& stats_;
-  const size_t max_watchers_;
-  std::atomic<size_t> watchers_{0};
+  StreamSlots& streams_;
   std::atomic<bool> stopping_{false};
   std::mutex open_mu_;
   std::unordered_set<bus::Subscription*> open_;
@@ -254,9 +254,9 @@ ApiServer::ApiServer(ApiServerOptions options, bus::EventBus& bus, StateProvider
     : options_(std::move(options)),
       bus_(bus),
       health_(health),
-      service_(std::make_unique<PodLifecycleService>(bus, state, health, stats,
-                                                     options_.max_watchers)),
-      health_service_(std::make_unique<HealthService>(kWatchPoll)) {}
+      streams_(std::make_unique<StreamSlots>(options_.max_watchers)),
+      service_(std::make_unique<PodLifecycleService>(bus, state, health, stats, *streams_)),
+      health_service_(std::make_unique<HealthService>(kWatchPoll, streams_.get())) {}
 
 ApiServer::~ApiServer() { stop(); }
 
@@ -325,6 +325,11 @@ Status ApiServer::start() {
   builder.RegisterService(service_.get());
   builder.RegisterService(health_service_.get());
   builder.SetMaxReceiveMessageSize(kMaxRequestBytes);
+  // Threads: one per open stream (bounded by --max-watchers) plus room for unary calls; past
+  // that gRPC answers RESOURCE_EXHAUSTED instead of growing without bound.
+  grpc::ResourceQuota quota("kpleg-api");
+  quota.SetMaxThreads(static_cast<int>(std::min<size_t>(options_.max_watchers + kUnaryThreads, 1 << 20)));
+  builder.SetResourceQuota(quota);
 
   if (!options_.socket_group.empty()) {
     std::vector<char> buf(16384);

@@ -31,6 +31,7 @@ inline constexpr const char* kHealthServiceName = "kpleg.v1.PodLifecycle";
 
 class PodLifecycleService;
 class HealthService;
+class StreamSlots;
 
 class ApiServer {
  public:
@@ -66,6 +67,7 @@ class ApiServer {
   ApiServerOptions options_;
   bus::EventBus& bus_;
   HealthProvider& health_;
+  std::unique_ptr<StreamSlots> streams_;
   std::unique_ptr<PodLifecycleService> service_;
   std::unique_ptr<HealthService> health_service_;
   std::mutex server_mu_;  // refresh_health() may race with stop()

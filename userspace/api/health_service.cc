@@ -43,6 +43,12 @@ grpc::Status HealthService::Check(grpc::ServerContext*, const HealthCheckRequest
 
 grpc::Status HealthService::Watch(grpc::ServerContext* ctx, const HealthCheckRequest* req,
                                   grpc::ServerWriter<HealthCheckResponse>* writer) {
+  StreamSlot slot(streams_);
+  if (!slot.taken()) {
+    return {grpc::StatusCode::RESOURCE_EXHAUSTED,
+            "too many streams (limit " + std::to_string(streams_->limit()) +
+                ", kplegd --max-watchers: Watch and grpc.health Watch streams share it)"};
+  }
   std::unique_lock lk(mu_);
   uint64_t seen = 0;
   bool first = true;

@@ -18,10 +18,50 @@
 
 namespace kpleg::api {
 
+// A bound on the API's long-lived streams (Watch and grpc.health Watch): each holds a sync server
+// thread for as long as it is open, so an unbounded number would be unbounded threads.
+class StreamSlots {
+ public:
+  explicit StreamSlots(size_t limit) : limit_(limit) {}
+  bool try_take() {
+    if (used_.fetch_add(1) >= limit_) {
+      used_.fetch_sub(1);
+      return false;
+    }
+    return true;
+  }
+  void give() { used_.fetch_sub(1); }
+  size_t limit() const { return limit_; }
+  size_t used() const { return used_.load(); }
+
+ private:
+  const size_t limit_;
+  std::atomic<size_t> used_{0};
+};
+
+// Holds one slot for a scope (taken: whether it got one).
+class StreamSlot {
+ public:
+  explicit StreamSlot(StreamSlots* slots) : slots_(slots), taken_(slots == nullptr || slots->try_take()) {}
+  ~StreamSlot() {
+    if (slots_ != nullptr && taken_) slots_->give();
+  }
+  StreamSlot(const StreamSlot&) = delete;
+  StreamSlot& operator=(const StreamSlot&) = delete;
+  bool taken() const { return taken_; }
+
+ private:
+  StreamSlots* slots_;
+  bool taken_;
+};
+
 class HealthService final : public grpc::health::v1::Health::Service {
  public:
   // `watch_poll`: how often an unchanged Watch looks whether its client went away.
-  explicit HealthService(std::chrono::milliseconds watch_poll) : watch_poll_(watch_poll) {}
+  // `streams`: the slots every long-lived stream of the API takes one of (each holds a server
+  // thread); null: unlimited.
+  HealthService(std::chrono::milliseconds watch_poll, StreamSlots* streams = nullptr)
+      : watch_poll_(watch_poll), streams_(streams) {}
 
   // Sets the status of `service` ("" is the server as a whole); Watches see the change.
   void set(const std::string& service, bool serving);
@@ -38,6 +78,7 @@ class HealthService final : public grpc::health::v1::Health::Service {
   Status status_of(const std::string& service) const;  // caller holds mu_
 
   const std::chrono::milliseconds watch_poll_;
+  StreamSlots* streams_;
   mutable std::mutex mu_;
   std::condition_variable changed_;
   std::map<std::string, bool> serving_;
