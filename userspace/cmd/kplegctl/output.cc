@@ -28,6 +28,24 @@ ordered_json status_json(const v1::ContainerStatus& s) {
 
 std::string or_dash(const std::string& s) { return s.empty() ? "-" : s; }
 
+// Rows as lines of columns padded to the widest cell, two spaces apart.
+template <size_t N>
+std::string aligned(const std::vector<std::array<std::string, N>>& rows) {
+  std::array<size_t, N> width{};
+  for (const auto& r : rows)
+    for (size_t i = 0; i < N; ++i) width[i] = std::max(width[i], r[i].size());
+  std::string out;
+  for (const auto& r : rows) {
+    std::string line;
+    for (size_t i = 0; i < N; ++i) {
+      line += r[i];
+      if (i + 1 < N) line += std::string(width[i] - r[i].size() + 2, ' ');
+    }
+    out += line + "\n";
+  }
+  return out;
+}
+
 std::string pod_ref(const std::string& ns, const std::string& name, const std::string& uid) {
   if (name.empty()) return uid.empty() ? "-" : uid;
   return ns.empty() ? name : ns + "/" + name;
@@ -181,18 +199,7 @@ std::string list_table(const v1::ListResponse& resp) {
                       exit, clock_time(static_cast<uint64_t>(s.started_at_ns()))});
     }
   }
-  std::array<size_t, 6> width{};
-  for (const auto& r : rows)
-    for (size_t i = 0; i < r.size(); ++i) width[i] = std::max(width[i], r[i].size());
-  std::string out;
-  for (const auto& r : rows) {
-    std::string line;
-    for (size_t i = 0; i < r.size(); ++i) {
-      line += r[i];
-      if (i + 1 < r.size()) line += std::string(width[i] - r[i].size() + 2, ' ');
-    }
-    out += line + "\n";
-  }
+  std::string out = aligned(rows);
   out += fmt::format(
       "{} pods; consistent with seq {} (watch --from-seq {} --instance-id {} to "
       "follow)\n",
@@ -225,19 +232,7 @@ std::string inflight_table(const v1::InflightCallsResponse& resp) {
                                 : (c.id().empty() ? "-" : c.id().substr(0, 12));
     rows.push_back({age_text(c.age_ms()), c.method(), pod, container, c.origin()});
   }
-  std::array<size_t, 5> width{};
-  for (const auto& r : rows)
-    for (size_t i = 0; i < r.size(); ++i) width[i] = std::max(width[i], r[i].size());
-  std::string out;
-  for (const auto& r : rows) {
-    std::string line;
-    for (size_t i = 0; i < r.size(); ++i) {
-      line += r[i];
-      if (i + 1 < r.size()) line += std::string(width[i] - r[i].size() + 2, ' ');
-    }
-    out += line + "\n";
-  }
-  return out;
+  return aligned(rows);
 }
 
 std::string inflight_json(const v1::InflightCallsResponse& resp) {
