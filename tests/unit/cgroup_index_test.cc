@@ -195,14 +195,16 @@ TEST_F(CgroupTree, MkdirOfAPathThatDoesNotParseIsNotIndexedAndDropsAStaleEntry) 
 // one must leave the other findable, not orphan it.
 TEST_F(CgroupTree, TwoCgroupsClaimingOneContainerIdStayFindableAsEitherGoes) {
   CgroupIndex index;
+  ASSERT_TRUE(index.on_mkdir(9, "/kubepods/besteffort/pod0a1b2c3d-0000-4000-8000-000000000001/" + kId));
   ASSERT_TRUE(index.on_mkdir(7, "/k8s.io/" + kId));
-  ASSERT_TRUE(index.on_mkdir(9, "/kubepods/besteffort/pod0a1b2c3d-0000-4000-8000-000000000001/" + kId));
-  EXPECT_EQ(index.find_container(kId), 9u);  // the newest answers
-  index.on_rmdir(9);
-  EXPECT_EQ(index.find_container(kId), 7u);
-  ASSERT_TRUE(index.on_mkdir(9, "/kubepods/besteffort/pod0a1b2c3d-0000-4000-8000-000000000001/" + kId));
+  EXPECT_EQ(index.find_container(kId), 7u);  // the oldest (smallest id) answers, whatever the order
   index.on_rmdir(7);
   EXPECT_EQ(index.find_container(kId), 9u);
+  ASSERT_TRUE(index.on_mkdir(7, "/k8s.io/" + kId));
+  index.on_rmdir(9);
+  EXPECT_EQ(index.find_container(kId), 7u);
+  index.on_rmdir(7);
+  ASSERT_TRUE(index.on_mkdir(9, "/kubepods/besteffort/pod0a1b2c3d-0000-4000-8000-000000000001/" + kId));
   index.on_rmdir(9);
   EXPECT_FALSE(index.find_container(kId).has_value());
 }
@@ -228,11 +230,14 @@ TEST_F(CgroupTree, MkdirBelowAContainersCgroupIsNestedInThatContainer) {
   EXPECT_EQ(index.size(), 1u);
 }
 
-TEST_F(CgroupTree, ReverseLookupFollowsTheNewestCgroupOfAContainer) {
+// A container id is given out once and its cgroup made once, by the runtime, before the id is
+// known to anybody else: a second cgroup claiming it later is a look-alike, and the older one
+// stays the container's.
+TEST_F(CgroupTree, ReverseLookupKeepsTheOldestCgroupOfAContainer) {
   CgroupIndex index;
   ASSERT_TRUE(index.on_mkdir(1, "/kubepods/pod" + kUid + "/" + kId));
   ASSERT_TRUE(index.on_mkdir(2, "/k8s.io/" + kId));
-  EXPECT_EQ(index.find_container(kId), 2u);
+  EXPECT_EQ(index.find_container(kId), 1u);
   index.on_rmdir(1);  // removing the older cgroup must not unlink the newer one
   EXPECT_EQ(index.find_container(kId), 2u);
   index.on_rmdir(2);

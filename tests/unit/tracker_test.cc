@@ -713,6 +713,44 @@ TEST_F(TrackerTest, NestedCgroupsCostNothingAndTheContainersDeathIsStillSeen) {
   EXPECT_EQ(inconsistencies_.load(), 0);
 }
 
+// A look-alike of a real container's cgroup (.../kubepods/pod<uid>/<id> made later in a user's
+// delegated subtree): its execs and exits cost no runtime call and no reconcile, and the real
+// container's death is still reported from its own cgroup.
+TEST_F(TrackerTest, ALookAlikeCgroupOfARealContainerIsIgnoredForFree) {
+  restart_tracker({});
+  auto id = started("app");
+  ASSERT_FALSE(HasFailure());
+  const uint64_t spoof = ~uint64_t(0) - 7;  // made later: a larger cgroup id
+  ASSERT_GT(spoof, cgroup_of(id));
+  index_.on_mkdir(spoof, "/user.slice/user-1000.slice/user@1000.service/kubepods/burstable/pod" +
+                             kUid + "/" + id);
+  auto total_calls = [&] {
+    uint64_t n = 0;
+    for (size_t m = 0; m < cri::kCriMethodCount; ++m)
+      n += cri_.call_stats().total(static_cast<cri::CriMethod>(m));
+    return n;
+  };
+  const auto calls = total_calls();
+  for (int i = 0; i < 50; ++i) {
+    kernel::KernelEvent ex;
+    ex.body = kernel::ProcessExec{spoof, 300, 300, 1, "sh", "/bin/sh"};
+    tracker_->on_kernel_event(ex);
+    kernel::KernelEvent xt;
+    xt.body = kernel::ProcessExit{spoof, 300, 1, 0, false};
+    tracker_->on_kernel_event(xt);
+  }
+  EXPECT_FALSE(eventually([&] { return total_calls() != calls; }, 300ms))
+      << "a look-alike's signal cost a runtime call";
+  EXPECT_EQ(inconsistencies_.load(), 0);
+  EXPECT_EQ(tracker_->stats().lookalike_signals, 100u);
+  EXPECT_EQ(sink_.types_for(id), std::vector<std::string>{"ContainerStarted"});
+  // The real one dies: reported, from its own cgroup.
+  ASSERT_TRUE(cri_.exit_container(id, 2).ok());
+  kernel_exit(id, 2);
+  ASSERT_TRUE(wait_types(id, {"ContainerStarted", "ContainerDied"}));
+  kernel_rmdir(spoof);
+}
+
 // Long-exited containers only (nothing dies, nothing goes): the sweep backs off to its idle
 // maximum instead of listing every period forever; a new death brings it back.
 TEST_F(TrackerTest, QuietRemovalSweepsBackOffAndADeathBringsThemBack) {

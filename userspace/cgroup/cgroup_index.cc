@@ -242,7 +242,7 @@ std::optional<std::uint64_t> CgroupIndex::find_container(std::string_view contai
   std::shared_lock lock(mu_);
   auto it = tables_.by_container.find(std::string(container_id));
   if (it == tables_.by_container.end()) return std::nullopt;
-  return it->second.back();
+  return *std::min_element(it->second.begin(), it->second.end());
 }
 
 std::size_t CgroupIndex::size() const {

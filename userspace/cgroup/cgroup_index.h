@@ -57,6 +57,10 @@ class CgroupIndex {
 
   std::optional<Entry> lookup(std::uint64_t id) const;
   // Reverse lookup for Kind::kContainerOrSandbox entries (conmon cgroups are not containers).
+  // When several cgroups claim one container id, the oldest (the smallest id: cgroup2 ids grow
+  // with creation) is the container's: the runtime made it before anyone could learn the id, so
+  // a look-alike path made later, e.g. .../kubepods/pod<uid>/<id> in a user's delegated subtree,
+  // never takes the container's place.
   std::optional<std::uint64_t> find_container(std::string_view container_id) const;
   std::size_t size() const;
   // Every entry, e.g. to fill the kernel's map of tracked cgroup ids after a seed.
@@ -65,8 +69,8 @@ class CgroupIndex {
  private:
   struct Tables {
     std::unordered_map<std::uint64_t, Entry> by_id;
-    // Every cgroup that claims a container id, newest last: one normally, more when a missed
-    // rmdir left a stale one or a workload made a look-alike path; the newest answers.
+    // Every cgroup that claims a container id: one normally, more when a missed rmdir left a
+    // stale one or a workload made a look-alike path. The oldest answers (see find_container).
     std::unordered_map<std::string, std::vector<std::uint64_t>> by_container;
 
     void insert(std::uint64_t id, Entry entry);

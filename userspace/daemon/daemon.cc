@@ -191,6 +191,7 @@ Status Daemon::start_ebpf() {
     if (active_ != Mode::kEbpf) return;  // auto fell back to relist mode: none of this exists
     pleg::TrackerStats ts = tracker_->stats();
     metrics_.foreign_containers.set(static_cast<double>(ts.foreign_containers));
+    metrics_.lookalike_signals.set(static_cast<double>(ts.lookalike_signals));
     metrics_.tracked_records.set(static_cast<double>(ts.records));
     metrics_.runtime_events_live.set(ts.runtime_events_live ? 1 : 0);
     if (runtime_events_) {

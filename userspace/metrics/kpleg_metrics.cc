@@ -64,6 +64,11 @@ KplegMetrics::KplegMetrics(Registry& r)
                                    "Containers started in a tracked cgroup that the runtime "
                                    "does not know; their kernel signals are ignored.")
                              .get()),
+      lookalike_signals(r.counter("kpleg_lookalike_cgroup_signals_total",
+                                  "Kernel signals from cgroups that claim a container id whose "
+                                  "container has an older cgroup (a look-alike path, e.g. in a "
+                                  "user's delegated subtree); ignored without a runtime call.")
+                            .get()),
       tracked_records(r.gauge("kpleg_tracked_records",
                               "Containers and sandboxes held by the tracker, removed ones "
                               "included until they expire.")

@@ -55,6 +55,7 @@ struct KplegMetrics {
   // kpleg_foreign_containers_total: containers that started in a tracked cgroup but that the
   // runtime does not know (another runtime's); their kernel signals are ignored.
   Counter& foreign_containers;
+  Counter& lookalike_signals;
   // kpleg_tracked_records: containers and sandboxes the ebpf-mode tracker holds in memory,
   // removed ones included until they expire.
   Gauge& tracked_records;

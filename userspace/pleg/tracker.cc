@@ -1,5 +1,7 @@
 #include "pleg/tracker.h"
 
+#include <spdlog/spdlog.h>
+
 #include <variant>
 
 namespace kpleg::pleg {
@@ -46,6 +48,11 @@ void Tracker::on_kernel_event(const kernel::KernelEvent& ev) {
   }
   const bool rmdir = std::holds_alternative<kernel::CgroupRmdir>(ev.body);
   auto entry = index_.lookup(ev.cgroup_id());
+  // The container's own cgroup is the oldest that claims its id; a younger one is a look-alike
+  // (found before an rmdir drops the claim).
+  std::optional<uint64_t> holder;
+  if (entry && entry->identity.kind == cgroup::Kind::kContainerOrSandbox)
+    holder = index_.find_container(entry->identity.container_id);
   if (rmdir) index_.on_rmdir(ev.cgroup_id());
   if (!entry) {
     if (!rmdir) {
@@ -60,6 +67,21 @@ void Tracker::on_kernel_event(const kernel::KernelEvent& ev) {
   }
   // A cgroup below a container's (nested) belongs to that container and costs nothing.
   if (entry->identity.kind != cgroup::Kind::kContainerOrSandbox) return;
+  if (holder && *holder != ev.cgroup_id()) {
+    // Costs nothing either: no look, no retry for the real container, no reconcile.
+    {
+      std::lock_guard lk(core_.mu);
+      ++core_.stats.lookalike_signals;
+    }
+    uint64_t left_out = 0;
+    if (lookalike_log_.allow(left_out)) {
+      spdlog::warn("cgroup {} claims container {} of pod {}, whose cgroup is older: its {} is "
+                   "ignored ({} more like it since the last such line)",
+                   entry->path, entry->identity.container_id.substr(0, 12),
+                   entry->identity.pod_uid, ev.kind(), left_out);
+    }
+    return;
+  }
 
   Confirmer::Signal signal;
   if (std::holds_alternative<kernel::ProcessExec>(ev.body)) {

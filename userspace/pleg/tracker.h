@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "cgroup/cgroup_index.h"
+#include "common/log_limiter.h"
 #include "cri/cri_client.h"
 #include "kernel/kernel_event.h"
 #include "pleg/confirmer.h"
@@ -71,6 +72,7 @@ class Tracker {
 
  private:
   cgroup::CgroupIndex& index_;
+  LogLimiter lookalike_log_{std::chrono::seconds(10)};  // on the ring-buffer thread: rare lines
   TrackerCore core_;
   Confirmer confirmer_;
   RemovalWatcher removal_;

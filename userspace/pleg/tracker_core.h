@@ -86,6 +86,9 @@ struct TrackerStats {
   bool runtime_events_live = false;  // the runtime's event stream confirms (see runtime_events.h)
   uint64_t foreign_containers = 0;  // started containers the runtime does not know
   uint64_t foreign_signals = 0;     // kernel signals of those, ignored
+  // Kernel signals from a cgroup that claims a container id whose container has an older
+  // cgroup (a look-alike path, e.g. in a user's delegated subtree): ignored, no call made.
+  uint64_t lookalike_signals = 0;
   size_t records = 0;               // containers and sandboxes held in memory (incl. removed)
   std::map<std::string, uint64_t> corrections;  // by event type
   uint64_t corrections_total() const;
