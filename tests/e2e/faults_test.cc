@@ -222,6 +222,48 @@ TEST_F(FaultsTest, AnotherRuntimesContainerIsIgnoredWithoutARelist) {
   EXPECT_EQ(kplegd.stop(), 0);
 }
 
+// A look-alike of a running container's cgroup, made where a user with a delegated cgroup subtree
+// could make it (.../kubepods/<qos>/pod<uid>/<the container's id>, any depth): what runs and dies
+// there costs no runtime call and no relist, and makes no event for the real container, whose
+// own death is still reported.
+TEST_F(FaultsTest, ALookAlikeCgroupOfARunningContainerIsIgnored) {
+  auto d = start_kplegd(endpoint_, "ebpf");
+  ASSERT_TRUE(d.ok()) << d.error().message;
+  auto& kplegd = **d;
+  auto real = launch_pod(endpoint_, namespace_, "real", 1, "sleep 1000000");
+  ASSERT_TRUE(real.ok()) << real.error().message;
+  const std::string id = real->container_ids[0];
+  ASSERT_TRUE(wait_types(kplegd, id, kStarted));
+
+  const std::string base = "/sys/fs/cgroup/unified/kpleg-delegated-" + std::to_string(getpid());
+  std::vector<kernel::ScratchCgroup> dirs;
+  dirs.reserve(5);
+  for (const std::string& part : std::vector<std::string>{"", "/kubepods", "/kubepods/burstable",
+                                 "/kubepods/burstable/pod" + real->uid,
+                                 "/kubepods/burstable/pod" + real->uid + "/" + id}) {
+    auto c = kernel::ScratchCgroup::create(base + part);
+    ASSERT_TRUE(c.ok()) << c.error().message;
+    dirs.push_back(std::move(*c));
+  }
+  // Starts and dies in the look-alike: an exec, then an init exit with code 3.
+  auto pid = kernel::spawn_in_cgroup(dirs.back().path(), {"/bin/sh", "-c", "exit 3"});
+  ASSERT_TRUE(pid.ok()) << pid.error().message;
+  auto status = kernel::wait_child(*pid);
+  ASSERT_TRUE(status.ok()) << status.error().message;
+  EXPECT_TRUE(kplegd.wait_for_log("claims container " + id.substr(0, 12), 20s))
+      << "the look-alike was not recognised";
+  // No look was made for it, no relist asked for, no event made.
+  EXPECT_EQ(kplegd.log().find("reconcile (tracker"), std::string::npos)
+      << "a look-alike cost a full relist";
+  EXPECT_EQ(kplegd.types_for(id), kStarted);
+  while (!dirs.empty()) dirs.pop_back();  // deepest first
+
+  // The real container's death still counts.
+  ASSERT_TRUE(load_op(endpoint_, "stop-container", id).ok());
+  EXPECT_TRUE(wait_types(kplegd, id, kDied));
+  EXPECT_EQ(kplegd.stop(), 0);
+}
+
 TEST_F(FaultsTest, AutoFallsBackToRelistWhenBpfCannotLoad) {
   // A BTF file that does not exist: the kernel source cannot start, as on a kernel without BTF.
   auto d = start_kplegd(endpoint_, "auto", {"--kernel-btf", "/nonexistent/vmlinux"});
