@@ -46,12 +46,34 @@ struct {
 	__type(value, __u64);
 } counters SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, KPLEG_PROG_MAX * KPLEG_ERRNO_SLOTS);
+	__type(key, __u32);
+	__type(value, __u64);
+} helper_failures SEC(".maps");
+
 static __always_inline void counter__inc(__u32 idx)
 {
 	__u64 *v = bpf_map_lookup_elem(&counters, &idx);
 
 	if (v)
 		*v += 1;
+}
+
+/* A helper of program `prog` returned `err` (negative errno): counted by program and errno. */
+static __always_inline void helper__failed(__u32 prog, long err)
+{
+	__u32 e = err < 0 ? (__u32)-err : (__u32)err;
+
+	if (e >= KPLEG_ERRNO_SLOTS)
+		e = KPLEG_ERRNO_SLOTS - 1;
+	__u32 idx = prog * KPLEG_ERRNO_SLOTS + e;
+	__u64 *v = bpf_map_lookup_elem(&helper_failures, &idx);
+
+	if (v)
+		(*v)++;
+	counter__inc(KPLEG_CNT_HELPER_FAILURES);
 }
 
 static __always_inline void *event__reserve(__u64 size, __u32 type)
@@ -94,8 +116,10 @@ static __always_inline bool cgroup__name_is_root(struct cgroup *cgrp)
 	char name[KPLEG_ROOT_NAME_MAX];
 	const char *kn_name = BPF_CORE_READ(cgrp, kn, name);
 
-	if (bpf_probe_read_kernel_str(name, sizeof(name), kn_name) < 0) {
-		counter__inc(KPLEG_CNT_HELPER_FAILURES);
+	long err = bpf_probe_read_kernel_str(name, sizeof(name), kn_name);
+
+	if (err < 0) {
+		helper__failed(KPLEG_PROG_CGROUP_MKDIR, err);
 		return false;
 	}
 	for (__u32 r = 0; r < KPLEG_MAX_ROOT_NAMES; r++) {
@@ -131,7 +155,7 @@ static __always_inline void cgroup__emit(struct cgroup *cgrp, const char *path, 
 	long n = bpf_probe_read_kernel_str(e->path, sizeof(e->path), path);
 
 	if (n < 0) {
-		counter__inc(KPLEG_CNT_HELPER_FAILURES);
+		helper__failed(type - KPLEG_EVENT_CGROUP_MKDIR, n);
 		e->path[0] = '\0';
 		n = 1;
 	}
@@ -164,9 +188,13 @@ int BPF_PROG(cgroup_mkdir, struct cgroup *cgrp, const char *path)
 
 	__u16 flags = 0;
 
-	if (bpf_map_update_elem(&tracked_cgroups, &id, &t, BPF_ANY) < 0) {
-		/* Full: the cgroup and everything below it go unseen. Userspace is told at once. */
+	long err = bpf_map_update_elem(&tracked_cgroups, &id, &t, BPF_ANY);
+
+	if (err < 0) {
+		/* Full (E2BIG): the cgroup and everything below it go unseen. Userspace is told at
+		 * once. */
 		counter__inc(KPLEG_CNT_TRACK_FULL);
+		helper__failed(KPLEG_PROG_CGROUP_MKDIR, err);
 		flags = KPLEG_FLAG_UNTRACKED;
 	}
 	cgroup__emit(cgrp, path, KPLEG_EVENT_CGROUP_MKDIR, id, parent_id, flags);
@@ -262,9 +290,11 @@ int BPF_PROG(sched_process_exec, struct task_struct *task, pid_t old_pid,
 	e->ppid = BPF_CORE_READ(task, real_parent, tgid);
 	e->_pad0 = 0;
 	bpf_get_current_comm(e->comm, sizeof(e->comm));
-	if (bpf_probe_read_kernel_str(e->filename, sizeof(e->filename),
-				      BPF_CORE_READ(bprm, filename)) < 0) {
-		counter__inc(KPLEG_CNT_HELPER_FAILURES);
+	long err = bpf_probe_read_kernel_str(e->filename, sizeof(e->filename),
+					     BPF_CORE_READ(bprm, filename));
+
+	if (err < 0) {
+		helper__failed(KPLEG_PROG_EXEC, err);
 		e->filename[0] = '\0';
 	}
 	event__submit(e);

@@ -57,6 +57,18 @@ enum kpleg_counter {
 	KPLEG_CNT_MAX = 14,
 };
 
+/* The programs, for the `helper_failures` map: failures are counted by program and errno, at
+ * index prog * KPLEG_ERRNO_SLOTS + errno (errno >= KPLEG_ERRNO_SLOTS - 1 in the last slot). */
+enum kpleg_prog {
+	KPLEG_PROG_CGROUP_MKDIR = 0,
+	KPLEG_PROG_CGROUP_RMDIR = 1,
+	KPLEG_PROG_EXEC = 2,
+	KPLEG_PROG_EXIT = 3,
+	KPLEG_PROG_OOM = 4,
+	KPLEG_PROG_MAX = 5,
+};
+#define KPLEG_ERRNO_SLOTS 64
+
 /* Kind of a tracked cgroup, the value type of the `tracked_cgroups` map. */
 enum kpleg_tracked_kind {
 	KPLEG_TRACKED_ROOT = 1,       /* a tracked root (kubepods, kubepods.slice, ...) */

@@ -474,6 +474,16 @@ TEST_F(KernelSourceTest, AFullTrackedMapFlagsNewCgroupsAndAResyncTracksThemOnceT
   EXPECT_EQ(st.untracked_cgroups, flagged.size());
   EXPECT_GE(st.bpf.track_full, flagged.size());
   EXPECT_EQ(st.map_capacity, opts.bpf.max_tracked_cgroups);
+  // Each refused map update is a helper failure of the mkdir program, with the kernel's errno.
+  auto failures = source_->program()->helper_failures();
+  ASSERT_TRUE(failures.ok()) << failures.error().message;
+  uint64_t e2big = 0;
+  for (const auto& f : *failures) {
+    EXPECT_EQ(f.program, "cgroup_mkdir") << f.error;
+    if (f.error == E2BIG) e2big = f.count;
+  }
+  EXPECT_GE(e2big, flagged.size()) << "map-full updates not counted as (cgroup_mkdir, E2BIG)";
+  EXPECT_EQ(st.bpf.helper_failures, e2big);
 
   // An untracked container is blind: its init's exec and exit are not seen.
   const size_t blind = flagged.front();

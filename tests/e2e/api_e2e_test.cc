@@ -183,6 +183,9 @@ TEST_F(ApiE2eTest, AFullTrackedCgroupMapIsNamedCountedAndReconciledUntilThereIsR
   auto text = scrape(port);
   EXPECT_GE(value(text, "kpleg_bpf_track_full_total"), 1) << text;
   EXPECT_GE(value(text, "kpleg_untracked_cgroups"), 1) << text;
+  // The refused map update, by program and errno (E2BIG = 7).
+  EXPECT_GE(value(text, "kpleg_bpf_helper_failures_total{program=\"cgroup_mkdir\",errno=\"7\"}"), 1)
+      << text;
   auto health = kplegctl(socket_of(kplegd), {"health"});
   ASSERT_TRUE(health.ok());
   EXPECT_EQ(health->exit_code, 0) << "degraded, not failing: " << health->out;

@@ -482,7 +482,14 @@ void Daemon::mirror_kernel_metrics() {
   static const char* kDropTypes[5] = {"cgroup_mkdir", "cgroup_rmdir", "exec", "exit", "oom"};
   for (int t = 0; t < 5; ++t)
     metrics_.bpf_ringbuf_drops.with({kDropTypes[t]}).set(double(b.drops_by_type[t]));
-  metrics_.bpf_helper_failures.set(double(b.helper_failures));
+  if (b.helper_failures > 0) {  // one map read per scrape only once something failed
+    if (auto* p = kernel_->program()) {
+      if (auto failures = p->helper_failures()) {
+        for (const auto& f : *failures)
+          metrics_.bpf_helper_failures.with({f.program, std::to_string(f.error)}).set(double(f.count));
+      }
+    }
+  }
   metrics_.bpf_not_claimed.with({"exec_repeated"}).set(double(b.exec_repeated));
   metrics_.bpf_not_claimed.with({"exec_runtime_reexec"}).set(double(b.exec_reexec));
   metrics_.bpf_not_claimed.with({"exec_hook"}).set(double(b.exec_hook));

@@ -230,6 +230,25 @@ Result<BpfCounters> BpfProgram::counters() const {
   return c;
 }
 
+Result<std::vector<HelperFailure>> BpfProgram::helper_failures() const {
+  static const char* kPrograms[KPLEG_PROG_MAX] = {"cgroup_mkdir", "cgroup_rmdir", "exec", "exit",
+                                                  "oom"};
+  int ncpu = libbpf_num_possible_cpus();
+  if (ncpu <= 0) return Error{-ncpu, "cannot count possible CPUs"};
+  std::vector<uint64_t> values(ncpu);
+  const int fd = bpf_map__fd(skel_->maps.helper_failures);
+  std::vector<HelperFailure> out;
+  for (uint32_t i = 0; i < KPLEG_PROG_MAX * KPLEG_ERRNO_SLOTS; ++i) {
+    if (bpf_map_lookup_elem(fd, &i, values.data()) != 0)
+      return Error::from_errno(errno, "reading BPF helper failures " + std::to_string(i));
+    uint64_t sum = 0;
+    for (auto v : values) sum += v;
+    if (sum == 0) continue;
+    out.push_back({kPrograms[i / KPLEG_ERRNO_SLOTS], int(i % KPLEG_ERRNO_SLOTS), sum});
+  }
+  return out;
+}
+
 Result<uint64_t> BpfProgram::ringbuf_drops() const {
   int ncpu = libbpf_num_possible_cpus();
   if (ncpu <= 0) return Error{-ncpu, "cannot count possible CPUs"};

@@ -44,6 +44,13 @@ struct BpfCounters {
   uint64_t drops_by_type[5] = {};  // mkdir, rmdir, exec, exit, oom
 };
 
+// Helper failures of one program with one errno (errno 63 stands for 63 and above).
+struct HelperFailure {
+  std::string program;  // cgroup_mkdir, cgroup_rmdir, exec, exit, oom
+  int error = 0;        // positive errno
+  uint64_t count = 0;
+};
+
 // Kernel BPF statistics of one program (needs kernel.bpf_stats_enabled=1 to move).
 struct ProgramStats {
   std::string name;
@@ -82,6 +89,8 @@ class BpfProgram {
   uint32_t tracked_capacity() const;
 
   Result<BpfCounters> counters() const;
+  // Every (program, errno) pair that failed at least once, with its count.
+  Result<std::vector<HelperFailure>> helper_failures() const;
   // Just the ring-buffer drop counter: one map lookup, cheap enough after every batch.
   Result<uint64_t> ringbuf_drops() const;
   std::vector<ProgramStats> program_stats() const;

@@ -97,8 +97,9 @@ KplegMetrics::KplegMetrics(Registry& r)
                                   "record type.",
                                   {"type"})),
       bpf_helper_failures(r.counter("kpleg_bpf_helper_failures_total",
-                                    "BPF helper calls that returned an error.")
-                              .get()),
+                                    "BPF helper calls that returned an error, by program and "
+                                    "errno (63: 63 or more).",
+                                    {"program", "errno"})),
       bpf_not_claimed(r.counter("kpleg_bpf_not_claimed_total",
                                 "Execs and exits in tracked cgroups that are not a container's "
                                 "start or death, by what they were.",

@@ -83,7 +83,7 @@ struct KplegMetrics {
   Counter& bpf_emitted;
   Counter& bpf_filtered;
   Family<Counter>& bpf_ringbuf_drops;
-  Counter& bpf_helper_failures;
+  Family<Counter>& bpf_helper_failures;
   Family<Counter>& bpf_not_claimed;
   Counter& bpf_track_full;
   Gauge& bpf_tracked_cgroups;
