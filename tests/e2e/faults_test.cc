@@ -1,5 +1,12 @@
 // Faults: the runtime dies and comes back, the kernel path cannot load, bad flags.
 #include <gtest/gtest.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/wait.h>
+#include <fcntl.h>
+#include <spawn.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -12,6 +19,7 @@
 #include "cri/grpc_cri_client.h"
 #include "e2e/e2e_support.h"
 #include "kernel/self_test.h"
+#include "support/eventually.h"
 
 namespace kpleg::testing {
 namespace {
@@ -262,6 +270,120 @@ TEST_F(FaultsTest, ALookAlikeCgroupOfARunningContainerIsIgnored) {
   ASSERT_TRUE(load_op(endpoint_, "stop-container", id).ok());
   EXPECT_TRUE(wait_types(kplegd, id, kDied));
   EXPECT_EQ(kplegd.stop(), 0);
+}
+
+// posix_spawn of argv with stdout and stderr on the given descriptors (-1: /dev/null).
+pid_t spawn_with(const std::vector<std::string>& argv, int out_fd, int err_fd) {
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  if (out_fd >= 0) posix_spawn_file_actions_adddup2(&fa, out_fd, 1);
+  else posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  if (err_fd >= 0) posix_spawn_file_actions_adddup2(&fa, err_fd, 2);
+  else posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = -1;
+  if (posix_spawn(&pid, args[0], &fa, nullptr, args.data(), environ) != 0) pid = -1;
+  posix_spawn_file_actions_destroy(&fa);
+  return pid;
+}
+
+// A free TCP port on loopback (bound and released; good enough for one test's daemon).
+int free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+// The fault of a stalled log collector: kplegd's stderr is a pipe nobody reads, it logs at trace
+// level (lines for every event), 64 watchers follow its stream and containers churn at 10 per
+// second. No kernel record may be lost because a thread waited on stderr, and SIGTERM must end it
+// cleanly within 5 s (a logging call blocked on the full pipe would hang shutdown for ever).
+TEST_F(FaultsTest, SigtermUnderChurnWithWatchersAndAStalledStderrExitsCleanly) {
+  int err_pipe[2];
+  ASSERT_EQ(pipe2(err_pipe, O_CLOEXEC), 0);
+  // The smallest pipe (a page), so that a few dozen lines fill it.
+  const int capacity = fcntl(err_pipe[1], F_SETPIPE_SZ, 4096);
+  ASSERT_GT(capacity, 0);
+  const std::string sock = "/tmp/kpleg-stalled-" + std::to_string(getpid()) + ".sock";
+  const int port = free_port();
+  const pid_t kplegd = spawn_with({KPLEGD_BIN, "--runtime-endpoint", endpoint_, "--mode", "ebpf",
+                                   "--log-level", "trace", "--socket", sock, "--metrics-address",
+                                   "127.0.0.1:" + std::to_string(port), "--max-watchers", "80"},
+                                  -1, err_pipe[1]);
+  close(err_pipe[1]);
+  ASSERT_GT(kplegd, 0);
+  struct Reap {
+    pid_t pid;
+    int fd;
+    ~Reap() {
+      if (pid > 0 && kill(pid, 0) == 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, nullptr, 0);
+      }
+      close(fd);
+    }
+  } reap{kplegd, err_pipe[0]};
+  ASSERT_TRUE(eventually([&] {
+    auto r = run_process({KPLEGCTL_BIN, "--socket", sock, "health"}, 5s);
+    return r.ok() && r->exit_code == 0;
+  }, 30s)) << "kplegd did not become healthy";
+
+  std::vector<pid_t> watchers;
+  for (int i = 0; i < 64; ++i)
+    watchers.push_back(spawn_with({KPLEGCTL_BIN, "--socket", sock, "watch", "-o", "json"}, -1, -1));
+  const pid_t churn = spawn_with({KPLEG_LOAD_BIN, "--runtime-endpoint", endpoint_, "churn", "--rate",
+                                  "10", "--duration", "8", "--namespace", namespace_},
+                                 -1, -1);
+  ASSERT_GT(churn, 0);
+  // Lines arrive in the pipe; at trace level (tens of KiB a second under churn) a one-page pipe
+  // is full at once, and the churn goes on against it. (A page holds a write only whole, so
+  // "full" can be well under the capacity in bytes.)
+  int queued = 0;
+  ASSERT_TRUE(eventually([&] { return ioctl(err_pipe[0], FIONREAD, &queued) == 0 && queued > 0; },
+                         30s))
+      << "kplegd wrote nothing to stderr";
+  std::this_thread::sleep_for(4s);  // churn against the full pipe: the load, not a synchronisation
+  ASSERT_EQ(ioctl(err_pipe[0], FIONREAD, &queued), 0);
+  std::cout << "stderr pipe: " << queued << " bytes queued of " << capacity << std::endl;
+  auto metrics = run_process({"curl", "-sf", "http://127.0.0.1:" + std::to_string(port) + "/metrics"}, 10s);
+  ASSERT_TRUE(metrics.ok());
+  ASSERT_EQ(metrics->exit_code, 0) << "no /metrics answer: the HTTP thread is blocked";
+  auto value = [&](const std::string& series) {
+    auto at = metrics->out.find("\n" + series + " ");
+    return at == std::string::npos ? -1.0 : std::stod(metrics->out.substr(at + series.size() + 2));
+  };
+  EXPECT_EQ(value("kpleg_lost_events_total"), 0) << "kernel records lost while stderr stalled";
+  EXPECT_GT(value("kpleg_subscribers"), 60) << "the watchers are not all connected";
+
+  const auto t0 = std::chrono::steady_clock::now();
+  kill(kplegd, SIGTERM);
+  int status = 0;
+  bool exited = false;
+  while (std::chrono::steady_clock::now() - t0 < 5s) {
+    if (waitpid(kplegd, &status, WNOHANG) == kplegd) {
+      exited = true;
+      break;
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  reap.pid = exited ? -1 : kplegd;
+  EXPECT_TRUE(exited) << "kplegd did not exit within 5 s of SIGTERM with its stderr stalled";
+  if (exited) {
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+  }
+  for (pid_t w : watchers) {
+    kill(w, SIGKILL);
+    waitpid(w, nullptr, 0);
+  }
+  waitpid(churn, nullptr, 0);
 }
 
 TEST_F(FaultsTest, AutoFallsBackToRelistWhenBpfCannotLoad) {

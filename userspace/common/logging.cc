@@ -1,23 +1,114 @@
 #include "common/logging.h"
 
 #include <spdlog/sinks/base_sink.h>
-#include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
+#include <deque>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <thread>
+
+#include "common/thread_name.h"
 
 namespace kpleg {
 
 namespace {
 
-// One JSON object per line on stderr: {"ts":..., "level":..., "msg":...}, with the message
-// escaped properly (a pattern-based JSON layout breaks on quotes in messages).
-class JsonStderrSink final : public spdlog::sinks::base_sink<std::mutex> {
+// What the writer thread and the sink share. It is never freed: the writer may be blocked in
+// write(2) on a stderr nobody reads when the process exits, and must not be waited for then.
+struct LogQueue {
+  std::mutex mu;
+  std::condition_variable cv;       // a line is queued
+  std::condition_variable drained;  // the queue emptied
+  std::deque<std::string> lines;
+  size_t bytes = 0;
+  uint64_t dropped = 0;  // lines dropped since the last report
+  bool writing = false;  // the writer holds a batch
+};
+
+// Lines queued beyond this are dropped (and counted, and reported once stderr moves again).
+constexpr size_t kMaxQueuedBytes = 1 << 20;
+// How long a flush (at exit, or flush_on) waits for stderr to take the queued lines.
+constexpr auto kFlushWait = std::chrono::milliseconds(500);
+
+void write_all(const std::string& s) {
+  size_t off = 0;
+  while (off < s.size()) {
+    ssize_t n = ::write(STDERR_FILENO, s.data() + off, s.size() - off);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return;  // stderr closed or broken: the line is lost, nothing else to do
+    }
+    off += size_t(n);
+  }
+}
+
+void writer_loop(LogQueue* q) {
+  set_thread_name("kpleg-log");
+  std::unique_lock lk(q->mu);
+  for (;;) {
+    q->cv.wait(lk, [q] { return !q->lines.empty() || q->dropped > 0; });
+    std::deque<std::string> batch;
+    batch.swap(q->lines);
+    q->bytes = 0;
+    const uint64_t dropped = std::exchange(q->dropped, 0);
+    q->writing = true;
+    lk.unlock();
+    std::string out;
+    for (auto& l : batch) out += l;
+    if (dropped > 0) {
+      out += "kplegd: " + std::to_string(dropped) +
+             " log lines dropped: stderr was not read fast enough\n";
+    }
+    write_all(out);
+    lk.lock();
+    q->writing = false;
+    if (q->lines.empty()) q->drained.notify_all();
+  }
+}
+
+// spdlog's sink for kplegd: every thread only formats its line and queues it; one writer thread
+// writes to stderr. A stderr that is not read (a stalled pipe, a hung terminal, a full log
+// collector) then never blocks the ring-buffer consumer, the workers or shutdown: lines beyond
+// the queue are dropped and counted. Text lines use the pattern; JSON lines are one object each
+// ({"ts":..., "level":..., "msg":...}, the message escaped properly, which a pattern-based JSON
+// layout would break on quotes).
+class QueuedStderrSink final : public spdlog::sinks::base_sink<std::mutex> {
+ public:
+  explicit QueuedStderrSink(bool json) : json_(json), q_(new LogQueue) {
+    std::thread(writer_loop, q_).detach();
+  }
+
  protected:
   void sink_it_(const spdlog::details::log_msg& msg) override {
+    std::string line = json_ ? json_line(msg) : text_line(msg);
+    std::lock_guard lk(q_->mu);
+    if (q_->bytes + line.size() > kMaxQueuedBytes) {
+      ++q_->dropped;
+      return;
+    }
+    q_->bytes += line.size();
+    q_->lines.push_back(std::move(line));
+    q_->cv.notify_one();
+  }
+  void flush_() override {
+    std::unique_lock lk(q_->mu);
+    q_->drained.wait_for(lk, kFlushWait, [this] { return q_->lines.empty() && !q_->writing; });
+  }
+
+ private:
+  std::string text_line(const spdlog::details::log_msg& msg) {
+    spdlog::memory_buf_t buf;
+    formatter_->format(msg, buf);
+    return std::string(buf.data(), buf.size());
+  }
+  static std::string json_line(const spdlog::details::log_msg& msg) {
     auto us = std::chrono::duration_cast<std::chrono::microseconds>(msg.time.time_since_epoch());
     time_t secs = us.count() / 1'000'000;
     tm utc{};
@@ -30,10 +121,11 @@ class JsonStderrSink final : public spdlog::sinks::base_sink<std::mutex> {
     j["level"] = std::string(spdlog::level::to_string_view(msg.level).data(),
                              spdlog::level::to_string_view(msg.level).size());
     j["msg"] = std::string(msg.payload.data(), msg.payload.size());
-    std::string line = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-    fwrite(line.data(), 1, line.size(), stderr);
+    return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   }
-  void flush_() override { fflush(stderr); }
+
+  const bool json_;
+  LogQueue* q_;  // shared with the detached writer; never freed (see LogQueue)
 };
 
 }  // namespace
@@ -44,15 +136,13 @@ Status setup_logging(const std::string& level, LogFormat format) {
     return Error{EINVAL, "unknown log level '" + level +
                              "' (expected trace, debug, info, warn, error or off)"};
   }
-  std::shared_ptr<spdlog::logger> logger;
-  if (format == LogFormat::kJson) {
-    logger = std::make_shared<spdlog::logger>("kpleg", std::make_shared<JsonStderrSink>());
-  } else {
-    logger = std::make_shared<spdlog::logger>("kpleg", std::make_shared<spdlog::sinks::stderr_sink_mt>());
-    logger->set_pattern("%Y-%m-%dT%H:%M:%S.%f %^%l%$ %v");
-  }
+  auto sink = std::make_shared<QueuedStderrSink>(format == LogFormat::kJson);
+  auto logger = std::make_shared<spdlog::logger>("kpleg", sink);
+  if (format == LogFormat::kText) logger->set_pattern("%Y-%m-%dT%H:%M:%S.%f %^%l%$ %v");
   logger->set_level(lvl);
-  logger->flush_on(spdlog::level::trace);
+  // Lines are written as they come (by the writer thread); an explicit flush (at exit) waits a
+  // little for them.
+  logger->flush_on(spdlog::level::off);
   spdlog::set_default_logger(logger);
   return {};
 }
