@@ -119,10 +119,13 @@ class CriEndpointTest : public CriTestBedTest {
     ASSERT_NE(mkdtemp(tmpl), nullptr);
     dir_ = tmpl;
     socket_ = "unix://" + dir_ + "/kplegd-cri.sock";
-    auto d = start_kplegd(endpoint_, "ebpf", {"--cri-listen", socket_});
+    std::vector<std::string> args{"--cri-listen", socket_};
+    for (auto& a : extra_args()) args.push_back(a);
+    auto d = start_kplegd(endpoint_, "ebpf", args);
     ASSERT_TRUE(d.ok()) << d.error().message;
     kplegd_ = std::move(*d);
   }
+  virtual std::vector<std::string> extra_args() const { return {}; }
   void TearDown() override {
     if (kplegd_) EXPECT_EQ(kplegd_->stop(), 0) << "kplegd did not shut down cleanly";
     CriTestBedTest::TearDown();
@@ -295,6 +298,29 @@ TEST_F(CriEndpointTest, AnEventStreamOnAQuietNodeStaysOpenWithItsHeadersSent) {
   while (reader->Read(&ev)) {
   }
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+}
+
+// --cri-events hints: the same events, as cues for a kubelet 1.37 (which takes only STOPPED and
+// the pod uid from them), without the pod statuses and their CRI calls.
+class CriEndpointHintsTest : public CriEndpointTest {
+ protected:
+  std::vector<std::string> extra_args() const override { return {"--cri-events", "hints"}; }
+};
+
+TEST_F(CriEndpointHintsTest, HintsCarryThePodAndNoStatuses) {
+  EventsReader reader(socket_);
+  auto pod = launch_through("hinted", "sh -c 'sleep 1; exit 2'");
+  ASSERT_TRUE(pod.ok()) << pod.error().message;
+  const std::string container = pod->container_ids[0];
+  ASSERT_TRUE(eventually([&] { return reader.has(container, v1::CONTAINER_STOPPED_EVENT); }, 20s));
+  for (const auto& e : reader.events()) {
+    if (e.pod_sandbox_status().metadata().uid() != pod->uid) continue;
+    EXPECT_EQ(e.pod_sandbox_status().metadata().name(), pod->name);
+    EXPECT_EQ(e.pod_sandbox_status().metadata().namespace_(), namespace_);
+    EXPECT_EQ(e.containers_statuses_size(), 0);
+    EXPECT_GT(e.created_at(), int64_t(1'600'000'000) * 1'000'000'000);
+  }
+  EXPECT_EQ(reader.stop().error_code(), grpc::StatusCode::CANCELLED);
 }
 
 }  // namespace

@@ -191,6 +191,28 @@ TEST_F(ContainerEventBuild, EventsTheCriStreamDoesNotCarryBuildNothing) {
   }
 }
 
+TEST_F(ContainerEventBuild, AHintCostsNoCallAndCarriesThePodUid) {
+  uint64_t before = 0;
+  for (size_t m = 0; m < cri::kCriMethodCount; ++m)
+    before += cri.call_stats().total(static_cast<cri::CriMethod>(m));
+  auto died = hint_container_event(event(pleg::EventType::kContainerDied, containers[0], false),
+                                   memory, 50);
+  auto gone = hint_container_event(event(pleg::EventType::kContainerRemoved, sandbox, true), memory, 50);
+  uint64_t after = 0;
+  for (size_t m = 0; m < cri::kCriMethodCount; ++m)
+    after += cri.call_stats().total(static_cast<cri::CriMethod>(m));
+  EXPECT_EQ(after, before);
+  ASSERT_TRUE(died && gone);
+  EXPECT_EQ(died->container_event_type(), v1::CONTAINER_STOPPED_EVENT);
+  EXPECT_EQ(died->pod_sandbox_status().metadata().uid(), "uid-1");
+  EXPECT_EQ(died->pod_sandbox_status().metadata().name(), "web");
+  EXPECT_EQ(died->containers_statuses_size(), 0);
+  EXPECT_EQ(gone->pod_sandbox_status().id(), sandbox);
+  EXPECT_EQ(gone->pod_sandbox_status().state(), v1::SANDBOX_NOTREADY);
+  EXPECT_GT(gone->created_at(), died->created_at());
+  EXPECT_FALSE(hint_container_event(event(pleg::EventType::kPodSync, sandbox, true), memory, 60));
+}
+
 TEST_F(ContainerEventBuild, AFailedCallIsAnErrorNotAnIncompleteList) {
   cri.fail_next(cri::CriMethod::kContainerStatus,
                 Error{4 /* DEADLINE_EXCEEDED */, "CRI ContainerStatus failed: DEADLINE_EXCEEDED"});

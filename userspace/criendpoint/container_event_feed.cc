@@ -94,6 +94,26 @@ Result<std::optional<v1::ContainerEventResponse>> build_container_event(
   return std::optional<v1::ContainerEventResponse>(std::move(out));
 }
 
+std::optional<v1::ContainerEventResponse> hint_container_event(const pleg::PodLifecycleEvent& ev,
+                                                               PodMemory& memory, int64_t now_ns) {
+  auto type = cri_type(ev.type);
+  if (!type || ev.pod_uid.empty()) return std::nullopt;
+  v1::ContainerEventResponse out;
+  out.set_container_id(ev.container_id);
+  out.set_container_event_type(*type);
+  auto* st = out.mutable_pod_sandbox_status();
+  if (ev.sandbox) st->set_id(ev.container_id);
+  auto* md = st->mutable_metadata();
+  md->set_uid(ev.pod_uid);
+  md->set_name(ev.pod_name);
+  md->set_namespace_(ev.pod_namespace);
+  st->set_state(ev.sandbox && ev.type != pleg::EventType::kContainerStarted ? v1::SANDBOX_NOTREADY
+                                                                              : v1::SANDBOX_READY);
+  memory.last_created_at = std::max(now_ns, memory.last_created_at + 1);
+  out.set_created_at(memory.last_created_at);
+  return out;
+}
+
 ContainerEventFeed::ContainerEventFeed(cri::CriClient& cri, bus::EventBus& bus,
                                        ContainerEventFeedOptions options)
     : cri_(cri), bus_(bus), options_(options), queue_(std::max<size_t>(1, options.workers)) {}
@@ -157,7 +177,10 @@ void ContainerEventFeed::build_and_send(const bus::EventPtr& ev, int attempt) {
     }
   } release{mu_, memory};
   const int64_t now = int64_t(pleg::realtime_now_ns());
-  auto built = build_container_event(cri_, *ev, *memory, now);
+  Result<std::optional<v1::ContainerEventResponse>> built =
+      options_.full_statuses ? build_container_event(cri_, *ev, *memory, now)
+                             : Result<std::optional<v1::ContainerEventResponse>>(
+                                   hint_container_event(*ev, *memory, now));
   if (!built) {
     if (attempt < options_.attempts && !stopping_) {
       queue_.post(

@@ -63,7 +63,16 @@ struct PodMemory {
 Result<std::optional<v1::ContainerEventResponse>> build_container_event(
     cri::CriClient& cri, const pleg::PodLifecycleEvent& ev, PodMemory& memory, int64_t now_ns);
 
+// The same event as a hint, with no CRI call: the sandbox status carries only what kpleg's event
+// knows (the pod's metadata, the sandbox id for a sandbox's own events, NOTREADY once the
+// sandbox died), and no container statuses. Enough for a kubelet 1.37, which only takes STOPPED
+// with the pod uid as a cue to relist the pod; a kubelet 1.36 needs the full event.
+std::optional<v1::ContainerEventResponse> hint_container_event(const pleg::PodLifecycleEvent& ev,
+                                                               PodMemory& memory, int64_t now_ns);
+
 struct ContainerEventFeedOptions {
+  // false: hints only (hint_container_event), no CRI call per event.
+  bool full_statuses = true;
   size_t workers = 4;
   // A failed build is retried this often, this far apart, before the event is dropped (and
   // counted): the kubelet's own relist (every 300 s in evented mode) then catches it up.

@@ -114,7 +114,9 @@ Result<std::unique_ptr<Daemon>> Daemon::start(const DaemonOptions& opts) {
 Status Daemon::start_cri_endpoint() {
   if (opts_.cri_listen.empty()) return {};
   if (opts_.cri_serve_events) {
-    event_feed_ = std::make_unique<criendpoint::ContainerEventFeed>(*cri_, *bus_);
+    criendpoint::ContainerEventFeedOptions fo;
+    fo.full_statuses = opts_.cri_event_statuses;
+    event_feed_ = std::make_unique<criendpoint::ContainerEventFeed>(*cri_, *bus_, fo);
     event_feed_->start();
   }
   criendpoint::CriEndpointOptions eo;

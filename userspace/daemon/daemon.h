@@ -43,8 +43,11 @@ struct DaemonOptions {
   bool runtime_events = true;
   // The CRI endpoint for the kubelet (--cri-listen): "" off.
   std::string cri_listen;
-  // Answer the endpoint's GetContainerEvents from kpleg's events (else forward the runtime's).
+  // Answer the endpoint's GetContainerEvents from kpleg's events (else forward the runtime's),
+  // with full pod statuses (each costs the calls of the kubelet's pod inspection) or as hints
+  // (no call; kubelets from 1.37 need no more).
   bool cri_serve_events = true;
+  bool cri_event_statuses = true;
   // A CRI call in flight this long is named in health, kplegctl stuck and the log.
   std::chrono::milliseconds stuck_call_threshold{std::chrono::seconds(60)};
   kernel::KernelSourceOptions kernel;

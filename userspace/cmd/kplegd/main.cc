@@ -198,9 +198,11 @@ int main(int argc, char** argv) {
                  "GetContainerEvents from kpleg's events (see --cri-events)");
   app.add_option("--cri-events", cri_events,
                  "With --cri-listen: kpleg: answer GetContainerEvents from kpleg's confirmed "
-                 "events (works with runtimes that have no event stream); runtime: forward it to "
-                 "the runtime like any call")
-      ->check(CLI::IsMember({"kpleg", "runtime"}))
+                 "events, with the pod's full status (what a kubelet up to 1.36 needs; works "
+                 "with runtimes that have no event stream); hints: the same events without "
+                 "statuses, at no CRI call (enough for a kubelet from 1.37); runtime: forward it "
+                 "to the runtime like any call")
+      ->check(CLI::IsMember({"kpleg", "hints", "runtime"}))
       ->capture_default_str();
   app.add_option("--stuck-call-threshold", stuck_call_threshold,
                  "A CRI call in flight this long (kplegd's own, or the kubelet's through "
@@ -267,7 +269,8 @@ int main(int argc, char** argv) {
               : mode == "relist" ? daemon::Mode::kRelist
                                  : daemon::Mode::kAuto;
   opts.runtime_events = runtime_events == "auto";
-  opts.cri_serve_events = cri_events == "kpleg";
+  opts.cri_serve_events = cri_events != "runtime";
+  opts.cri_event_statuses = cri_events == "kpleg";
   if (opts.stuck_call_threshold <= std::chrono::milliseconds::zero()) {
     std::cerr << "kplegd: --stuck-call-threshold must be positive" << std::endl;
     return 2;
