@@ -42,6 +42,14 @@ if crictl_bin=$(bash scripts/crictl.sh); then
 else
   echo "crictl and critest could not be built (see above)"
 fi
+# The kubelet from the Go module proxy (pinned by tools/kubelet, cached; about 5 min the first
+# time): kubelet.e2e runs it against kplegd's CRI endpoint. Without it that test skips (and fails
+# in CI).
+if kubelet_bin=$(bash scripts/kubelet.sh); then
+  export PATH=$kubelet_bin:$PATH
+else
+  echo "the kubelet could not be built (see above)"
+fi
 # virtiofsd from the Rust crate registry (pinned, cached): vng boots the cloud kernels, which have no 9p, with it.
 if vfsd_bin=$(bash scripts/virtiofsd.sh); then
   export PATH=$vfsd_bin:$PATH
