@@ -2,6 +2,8 @@
 
 #include <spdlog/sinks/base_sink.h>
 #include <spdlog/spdlog.h>
+#include <pthread.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -51,6 +53,12 @@ void write_all(const std::string& s) {
 
 void writer_loop(LogQueue* q) {
   set_thread_name("kpleg-log");
+  // Signals are for the threads that handle them (kplegd's main thread waits for SIGTERM with
+  // sigwait): this thread is started before main blocks them, and a SIGTERM delivered here
+  // during start-up would kill the process by the default action instead of shutting it down.
+  sigset_t all;
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, nullptr);
   std::unique_lock lk(q->mu);
   for (;;) {
     q->cv.wait(lk, [q] { return !q->lines.empty() || q->dropped > 0; });
