@@ -55,6 +55,12 @@ class CallStats {
       sum += c.load(std::memory_order_relaxed);
     return sum;
   }
+  // Every call of every method, answered or not.
+  uint64_t total() const {
+    uint64_t sum = 0;
+    for (size_t m = 0; m < kCriMethodCount; ++m) sum += total(static_cast<CriMethod>(m));
+    return sum;
+  }
 
  private:
   std::array<std::array<std::atomic<uint64_t>, kGrpcStatusCodeCount>, kCriMethodCount> calls_{};

@@ -525,8 +525,7 @@ api::DaemonStats Daemon::stats() {
     s.lost_kernel_events = ks.bpf.ringbuf_drops;
   }
   if (tracker_) s.corrections = tracker_->stats().corrections_total();
-  for (size_t m = 0; m < cri::kCriMethodCount; ++m)
-    s.cri_calls += cri_->call_stats().total(static_cast<cri::CriMethod>(m));
+  s.cri_calls = cri_->call_stats().total();
   if (reconciler_) {
     auto rs = reconciler_->stats();
     s.relists = rs.runs;
