@@ -2,6 +2,8 @@
 // bytes the runtime's event stream carries, the selective decoder must not crash, and wherever
 // the generated parser accepts a message, the decoder must accept it too and read the same
 // values for every field kpleg uses (event_decoder.h lists them).
+#include "require.h"
+
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -14,15 +16,6 @@ namespace {
 
 namespace v1 = ::runtime::v1;
 
-[[noreturn]] void violated(const char* what) {
-  std::fprintf(stderr, "invariant violated: %s\n", what);
-  std::abort();
-}
-
-#define REQUIRE(cond)              \
-  do {                             \
-    if (!(cond)) violated(#cond);  \
-  } while (0)
 
 template <typename M>
 bool same_labels(const M& a, const M& b) {

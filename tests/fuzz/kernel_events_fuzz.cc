@@ -15,6 +15,8 @@
 //     with snapshot().
 #include <nlohmann/json.hpp>
 
+#include "require.h"
+
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -33,15 +35,6 @@ using kpleg::cgroup::CgroupIndex;
 using kpleg::cgroup::Kind;
 using namespace kpleg::kernel;
 
-[[noreturn]] void violated(const char* what) {
-  std::fprintf(stderr, "invariant violated: %s\n", what);
-  std::abort();
-}
-
-#define REQUIRE(cond)                \
-  do {                               \
-    if (!(cond)) violated(#cond);    \
-  } while (0)
 
 size_t expected_size(uint16_t type) {
   switch (type) {
