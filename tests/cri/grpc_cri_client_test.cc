@@ -65,6 +65,7 @@ TEST(GrpcCriClientHungRuntime, CallsBeyondMaxInFlightStillHonourTheirDeadline) {
   ASSERT_TRUE(runtime.ok()) << runtime.error();
   GrpcCriClientOptions o;
   o.call_timeout = 1s;
+  o.list_timeout = 1s;  // the calls are full lists
   o.max_in_flight = 1;
   // The hung runtime never completes a connection: only the deadlines may end these calls,
   // not a failed connection attempt (1 s by default).
@@ -105,6 +106,75 @@ TEST(GrpcCriClientHungRuntime, CallsBeyondMaxInFlightStillHonourTheirDeadline) {
   EXPECT_EQ(
       client->call_stats().count(CriMethod::kListContainers, grpc::StatusCode::DEADLINE_EXCEEDED),
       static_cast<uint64_t>(kCallers));
+}
+
+// A full list may take seconds on a big node: it has its own deadline; a filtered list and
+// every other call keep the short one.
+TEST(GrpcCriClientHungRuntime, FullListsHaveTheirOwnDeadline) {
+  HungRuntime runtime;
+  ASSERT_TRUE(runtime.ok()) << runtime.error();
+  GrpcCriClientOptions o;
+  o.call_timeout = 300ms;
+  o.list_timeout = 1500ms;
+  o.min_connect_timeout = 10s;
+  auto client = make_client(runtime.endpoint(), o);
+  ASSERT_NE(client, nullptr);
+
+  auto timed = [](auto&& call) {
+    auto start = Clock::now();
+    auto r = call();
+    EXPECT_FALSE(r.ok());
+    if (!r.ok()) EXPECT_EQ(r.error().code, grpc::StatusCode::DEADLINE_EXCEEDED);
+    return Clock::now() - start;
+  };
+  const auto full = timed([&] { return client->list_containers({}); });
+  EXPECT_GE(full, 1500ms);
+  const auto sandboxes = timed([&] { return client->list_pod_sandboxes({}); });
+  EXPECT_GE(sandboxes, 1500ms);
+  v1::ContainerFilter of_pod;
+  of_pod.set_pod_sandbox_id(std::string(64, 'a'));
+  const auto filtered = timed([&] { return client->list_containers(of_pod); });
+  EXPECT_GE(filtered, 300ms);
+  EXPECT_LT(filtered, 1500ms);
+  const auto status = timed([&] { return client->container_status(std::string(64, 'b')); });
+  EXPECT_LT(status, 1500ms);
+
+  // A shorter list timeout than the call timeout is the call timeout.
+  o.list_timeout = 100ms;
+  auto other = make_client(runtime.endpoint(), o);
+  ASSERT_NE(other, nullptr);
+  EXPECT_GE(timed([&] { return other->list_containers({}); }), 300ms);
+  o.list_timeout = 0ms;
+  EXPECT_FALSE(GrpcCriClient::create(runtime.endpoint(), o).ok());
+}
+
+// Shutting down: a call in flight (a full list with a minute left) ends at once, and later
+// calls fail without being sent.
+TEST(GrpcCriClientHungRuntime, CancelCallsEndsCallsInFlightAndRefusesLaterOnes) {
+  HungRuntime runtime;
+  ASSERT_TRUE(runtime.ok()) << runtime.error();
+  GrpcCriClientOptions o;
+  o.list_timeout = 60s;
+  o.min_connect_timeout = 60s;
+  auto client = make_client(runtime.endpoint(), o);
+  ASSERT_NE(client, nullptr);
+  std::atomic<int> code{-1};
+  std::atomic<bool> returned{false};
+  std::thread caller([&] {
+    auto r = client->list_containers({});
+    code = r.ok() ? 0 : r.error().code;
+    returned = true;
+  });
+  ASSERT_TRUE(eventually([&] { return client->calls_in_flight() == 1; }, 5s));
+  ASSERT_TRUE(eventually([&] { return runtime.connections_accepted() >= 1; }, 5s));
+  EXPECT_FALSE(returned.load());
+  client->cancel_calls();
+  EXPECT_TRUE(eventually([&] { return returned.load(); }, 5s));
+  caller.join();
+  EXPECT_EQ(code.load(), grpc::StatusCode::CANCELLED);
+  auto later = client->version();
+  ASSERT_FALSE(later.ok());
+  EXPECT_EQ(later.error().code, grpc::StatusCode::CANCELLED) << later.error().message;
 }
 
 TEST(GrpcCriClientNoRuntime, FailsFastWithUnavailableInsteadOfWaitingForItsDeadline) {

@@ -486,6 +486,104 @@ TEST_P(SlowRuntimeTest, HealthNamesTheStalledPod) {
 INSTANTIATE_TEST_SUITE_P(Modes, SlowRuntimeTest, ::testing::Values("ebpf", "relist"),
                          [](const auto& info) { return info.param; });
 
+// A large (or loaded) node: every full list takes longer than --cri-timeout. The reconcile
+// (ebpf) and the relist (relist mode) list everything; with the per-call deadline they would
+// fail on every try and the daemon would never be healthy there. Full lists have their own
+// deadline (--cri-list-timeout): the daemon is healthy, stays so, and reports containers.
+class SlowFullListTest : public ProxiedTestBedTest,
+                         public ::testing::WithParamInterface<std::string> {
+ protected:
+  static constexpr auto kListDelay = 2500ms;
+
+  std::unique_ptr<KplegdProcess> start(const std::vector<std::string>& extra) {
+    std::vector<std::string> args{"--cri-timeout", "1s", "--relist-period", "1s",
+                                  "--reconcile-period", "4s"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    auto d = start_kplegd(proxy_->endpoint(), GetParam(), args);
+    EXPECT_TRUE(d.ok()) << d.error().message;
+    return d.ok() ? std::move(*d) : nullptr;
+  }
+  static std::string api_socket(KplegdProcess& d) {
+    const std::string mark = "api: serving kpleg.v1.PodLifecycle on unix:";
+    auto log = d.log();
+    auto at = log.find(mark);
+    if (at == std::string::npos) return "";
+    at += mark.size();
+    return log.substr(at, log.find(' ', at) - at);
+  }
+  static Result<nlohmann::json> stats(KplegdProcess& d) {
+    auto r = run_process({KPLEGCTL_BIN, "--socket", api_socket(d), "stats", "-o", "json"}, 10s);
+    if (!r) return r.error();
+    if (r->exit_code != 0) return Error{r->exit_code, "kplegctl stats: " + r->err};
+    auto j = nlohmann::json::parse(r->out, nullptr, false);
+    if (j.is_discarded()) return Error{EINVAL, "kplegctl stats: not JSON: " + r->out};
+    return j;
+  }
+};
+
+TEST_P(SlowFullListTest, ListsSlowerThanTheCallDeadlineKeepTheDaemonHealthy) {
+  proxy_->set_full_list_delay(kListDelay);
+
+  // Before full lists had their own deadline, they had --cri-timeout: this daemon shows what
+  // that meant (no list ever succeeds, never healthy).
+  auto short_lists = start({"--cri-list-timeout", "1s"});
+  ASSERT_TRUE(short_lists);
+  std::string reasons;
+  EXPECT_TRUE(eventually(
+      [&] {
+        auto j = stats(*short_lists);
+        if (!j.ok()) return false;
+        reasons = j->dump();
+        return !(*j)["healthy"].get<bool>() && reasons.find("DEADLINE_EXCEEDED") != std::string::npos;
+      },
+      20s, 250ms))
+      << reasons;
+  EXPECT_EQ(short_lists->stop(), 0);
+
+  auto d = start({});  // the default --cri-list-timeout
+  ASSERT_TRUE(d);
+  ASSERT_TRUE(eventually(
+      [&] {
+        auto j = stats(*d);
+        if (!j.ok()) return false;
+        reasons = j->dump();
+        return (*j)["healthy"].get<bool>() && (*j)["last_reconcile_ns"].get<uint64_t>() > 0;
+      },
+      20s, 250ms))
+      << reasons;
+  const uint64_t lists_before = proxy_->stats().full_lists_delayed;
+
+  // A container started meanwhile is reported (ebpf at once, relist by its slow relist).
+  auto pod = launch_pod(endpoint_, namespace_, "slowlists", 1, "sleep 1000000");
+  ASSERT_TRUE(pod.ok()) << pod.error().message;
+  EXPECT_TRUE(wait_types(*d, pod->container_ids[0], kStarted, 20s));
+
+  // Healthy at every look over at least two more reconciles (relists), which all succeed.
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  int looks = 0;
+  while (std::chrono::steady_clock::now() < until) {
+    auto j = stats(*d);
+    ASSERT_TRUE(j.ok()) << j.error().message;
+    EXPECT_TRUE((*j)["healthy"].get<bool>()) << j->dump();
+    ++looks;
+    std::this_thread::sleep_for(500ms);
+  }
+  EXPECT_GE(looks, 10);
+  EXPECT_GE(proxy_->stats().full_lists_delayed, lists_before + 2);
+  EXPECT_EQ(d->log().find("DEADLINE_EXCEEDED"), std::string::npos) << d->log();
+
+  // Stopped while a full list is in flight: the list is cancelled, not waited for (with its
+  // minute-long deadline a shutdown could otherwise outlast the pod's grace period).
+  ASSERT_TRUE(eventually([&] { return proxy_->stats().full_lists_in_flight > 0; }, 15s, 20ms));
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(d->stop(), 0) << d->log();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, kListDelay)
+      << "kplegd waited for the list in flight to finish";
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, SlowFullListTest, ::testing::Values("ebpf", "relist"),
+                         [](const auto& info) { return info.param; });
+
 // The proxy alone, in front of the real containerd: a stalled pod's calls wait, others do not.
 class CriProxyContainerdTest : public ProxiedTestBedTest {
  protected:

@@ -179,6 +179,9 @@ class CriProxy::Impl final : public v1::RuntimeService::Service {
     Concern c;
     if (!req->filter().id().empty()) c.ids.push_back(req->filter().id());
     c.pod_uid = label_or_empty(req->filter().label_selector());
+    if (c.empty()) {
+      if (auto answer = slow_full_list(ctx, "ListPodSandbox")) return *answer;
+    }
     auto st = stall_or_forward(ctx, "ListPodSandbox", std::move(c), *req, resp,
                                &Stub::ListPodSandbox);
     if (st.ok()) {
@@ -217,6 +220,9 @@ class CriProxy::Impl final : public v1::RuntimeService::Service {
     if (!req->filter().id().empty()) c.ids.push_back(req->filter().id());
     if (!req->filter().pod_sandbox_id().empty()) c.ids.push_back(req->filter().pod_sandbox_id());
     c.pod_uid = label_or_empty(req->filter().label_selector());
+    if (c.empty()) {
+      if (auto answer = slow_full_list(ctx, "ListContainers")) return *answer;
+    }
     auto st = stall_or_forward(ctx, "ListContainers", std::move(c), *req, resp,
                                &Stub::ListContainers);
     if (st.ok()) {
@@ -379,6 +385,37 @@ class CriProxy::Impl final : public v1::RuntimeService::Service {
     learn(ctr.id(), uid);
   }
 
+  // An unfiltered list waits the full-list delay (if any) before it goes upstream. Returns the
+  // answer to give instead when the caller's deadline passes or it cancels meanwhile.
+  std::optional<grpc::Status> slow_full_list(grpc::ServerContext* ctx, const char* method) {
+    std::unique_lock lk(mu_);
+    if (full_list_delay_.count() <= 0) return std::nullopt;
+    ++stats_.full_lists_delayed;
+    ++stats_.full_lists_in_flight;
+    const auto until = SteadyClock::now() + full_list_delay_;
+    std::optional<grpc::Status> answer;
+    while (!answer && SteadyClock::now() < until) {
+      if (shut_down_)
+        answer = grpc::Status(grpc::StatusCode::UNAVAILABLE, "CRI proxy shutting down");
+      else if (ctx->deadline() <= SysClock::now())
+        answer = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                              std::string(method) + " slowed by the CRI proxy past the deadline");
+      else if (ctx->IsCancelled())
+        answer = grpc::Status(grpc::StatusCode::CANCELLED, "caller cancelled a slow list");
+      else
+        cv_.wait_until(lk, std::min(until, SteadyClock::now() + kHoldPoll));
+    }
+    --stats_.full_lists_in_flight;
+    return answer;
+  }
+
+ public:
+  void set_full_list_delay(std::chrono::milliseconds delay) {
+    std::lock_guard lk(mu_);
+    full_list_delay_ = delay;
+  }
+
+ private:
   // Holds a call of the stalled pod. Returns the answer to give instead of forwarding, or
   // nothing when the call should now go upstream (delay over, stall cleared or moved).
   std::optional<grpc::Status> hold(grpc::ServerContext* ctx, const char* method,
@@ -433,6 +470,7 @@ class CriProxy::Impl final : public v1::RuntimeService::Service {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::optional<PodStall> stall_;
+  std::chrono::milliseconds full_list_delay_{0};
   bool shut_down_ = false;
   std::unordered_map<std::string, std::string> pod_of_;  // sandbox/container id -> pod uid
   CriProxyStats stats_;
@@ -479,6 +517,11 @@ void CriProxy::clear_stall() {
 }
 
 std::optional<PodStall> CriProxy::stall() const { return impl_->stall(); }
+
+void CriProxy::set_full_list_delay(std::chrono::milliseconds delay) {
+  spdlog::info("CRI proxy: full lists take {} ms", delay.count());
+  impl_->set_full_list_delay(delay);
+}
 CriProxyStats CriProxy::stats() const { return impl_->stats(); }
 
 }  // namespace kpleg::cri

@@ -14,7 +14,8 @@
 //   - ListContainers and ListPodSandbox whose filter selects only that pod: by one of its ids,
 //     by its sandbox id, or by the io.kubernetes.pod.uid label.
 // Unfiltered lists, Version, Status and the calls that create or start workloads are never
-// stalled: they concern the whole node, or are the workload itself. On the GetContainerEvents
+// stalled: they concern the whole node, or are the workload itself. Unfiltered lists can be made
+// slow on their own instead (set_full_list_delay), as a large or loaded node's are. On the GetContainerEvents
 // stream, the stalled pod's events are held back, as a runtime stuck on that pod would not
 // send them, and go out, in order, with the stream's first event after the stall was cleared.
 //
@@ -73,6 +74,8 @@ struct CriProxyStats {
   uint64_t stalled_in_flight = 0;  // calls being held right now
   uint64_t gave_up = 0;            // held calls answered DEADLINE_EXCEEDED/CANCELLED, not sent
   uint64_t lookups = 0;            // id -> pod uid lookups made upstream
+  uint64_t full_lists_delayed = 0;  // unfiltered lists held by set_full_list_delay
+  uint64_t full_lists_in_flight = 0;  // ... being held right now
 };
 
 class CriProxy {
@@ -96,6 +99,10 @@ class CriProxy {
   // Ends the stall; held calls are forwarded at once.
   void clear_stall();
   std::optional<PodStall> stall() const;
+  // Unfiltered ListContainers and ListPodSandbox (a full list; a state filter still counts as
+  // one) wait `delay` before they go upstream, as on a node with thousands of containers or a
+  // runtime under load; a caller whose deadline passes first gets DEADLINE_EXCEEDED. Zero: off.
+  void set_full_list_delay(std::chrono::milliseconds delay);
 
   CriProxyStats stats() const;
 

@@ -83,6 +83,9 @@ Result<std::unique_ptr<GrpcCriClient>> GrpcCriClient::create(std::string_view en
   if (options.call_timeout <= std::chrono::milliseconds::zero()) {
     return Error{EINVAL, "CRI call timeout must be positive"};
   }
+  if (options.list_timeout <= std::chrono::milliseconds::zero()) {
+    return Error{EINVAL, "CRI list timeout must be positive"};
+  }
   if (options.max_in_flight == 0) {
     return Error{EINVAL, "CRI max calls in flight must be at least 1"};
   }
@@ -216,14 +219,34 @@ Result<Response> GrpcCriClient::invoke(CriMethod method, std::chrono::millisecon
   ctx.set_deadline(
       std::chrono::system_clock::now() +
       std::chrono::duration_cast<std::chrono::system_clock::duration>(deadline - Clock::now()));
+  {
+    std::lock_guard lk(calls_mu_);
+    if (cancelled_) {
+      stats_.record(method, grpc::StatusCode::CANCELLED);
+      return Error{grpc::StatusCode::CANCELLED,
+                   fmt::format("CRI {} failed: CANCELLED: kplegd is shutting down",
+                               cri_method_name(method))};
+    }
+    calls_.insert(&ctx);
+  }
   Response response;
   grpc::Status st = rpc(&ctx, &response);
+  {
+    std::lock_guard lk(calls_mu_);
+    calls_.erase(&ctx);
+  }
   stats_.record(method, st.error_code());
   if (!st.ok()) {
     return Error{st.error_code(), fmt::format("CRI {} failed: {}: {}", cri_method_name(method),
                                               grpc_code_name(st.error_code()), st.error_message())};
   }
   return response;
+}
+
+void GrpcCriClient::cancel_calls() {
+  std::lock_guard lk(calls_mu_);
+  cancelled_ = true;
+  for (auto* ctx : calls_) ctx->TryCancel();
 }
 
 Result<v1::VersionResponse> GrpcCriClient::version() {
@@ -248,8 +271,9 @@ Result<std::vector<v1::PodSandbox>> GrpcCriClient::list_pod_sandboxes(
     const v1::PodSandboxFilter& filter) {
   v1::ListPodSandboxRequest req;
   *req.mutable_filter() = filter;
+  const bool full = filter.id().empty() && filter.label_selector().empty();
   auto r = invoke<v1::ListPodSandboxResponse>(
-      CriMethod::kListPodSandbox, options_.call_timeout,
+      CriMethod::kListPodSandbox, full ? list_timeout() : options_.call_timeout,
       filter_subject(filter.id(), filter.label_selector()),
       [&](grpc::ClientContext* c, v1::ListPodSandboxResponse* resp) {
         return stub_->ListPodSandbox(c, req, resp);
@@ -274,8 +298,10 @@ Result<std::vector<v1::Container>> GrpcCriClient::list_containers(
     const v1::ContainerFilter& filter) {
   v1::ListContainersRequest req;
   *req.mutable_filter() = filter;
+  const bool full = filter.id().empty() && filter.pod_sandbox_id().empty() &&
+                    filter.label_selector().empty();
   auto r = invoke<v1::ListContainersResponse>(
-      CriMethod::kListContainers, options_.call_timeout,
+      CriMethod::kListContainers, full ? list_timeout() : options_.call_timeout,
       filter_subject(filter.pod_sandbox_id().empty() ? filter.id() : filter.pod_sandbox_id(),
                      filter.label_selector()),
       [&](grpc::ClientContext* c, v1::ListContainersResponse* resp) {

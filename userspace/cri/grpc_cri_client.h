@@ -17,6 +17,7 @@
 #pragma once
 
 #include <atomic>
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -25,6 +26,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <unordered_set>
 #include <thread>
 
 #include "common/result.h"
@@ -42,6 +44,11 @@ namespace kpleg::cri {
 struct GrpcCriClientOptions {
   // Deadline of every call (StopContainer gets its grace period on top).
   std::chrono::milliseconds call_timeout{2000};
+  // Deadline of a full list (ListContainers or ListPodSandbox naming no id, sandbox or pod),
+  // at least call_timeout. A node with thousands of containers, or a loaded runtime, takes
+  // seconds to list them all: with the short per-call deadline the reconcile (and the relist)
+  // would fail on every try and the daemon would never be healthy there.
+  std::chrono::milliseconds list_timeout{60000};
   // Calls in flight at once; further calls wait for a slot until their deadline.
   size_t max_in_flight = 8;
   // Reconnect backoff: gRPC starts at initial, multiplies by 1.6 with +-20% jitter per failed
@@ -104,6 +111,11 @@ class GrpcCriClient final : public CriClient {
   Status container_events(CancelToken& cancel,
                           const std::function<void(v1::ContainerEventResponse&)>& on_event);
 
+  // Ends every call in flight (CANCELLED) and makes every later call fail at once: a daemon
+  // that shuts down must not wait for a full list's long deadline. The event stream is ended
+  // by its own CancelToken. Irreversible.
+  void cancel_calls();
+
   // Current channel state; never triggers a connection attempt itself.
   ConnectionState state() const;
   bool connected() const { return state() == ConnectionState::kReady; }
@@ -118,6 +130,9 @@ class GrpcCriClient final : public CriClient {
  private:
   GrpcCriClient(std::string target, GrpcCriClientOptions options);
   void watch_connectivity();
+  std::chrono::milliseconds list_timeout() const {
+    return std::max(options_.list_timeout, options_.call_timeout);
+  }
   template <typename Response, typename Invoke>
   Result<Response> invoke(CriMethod method, std::chrono::milliseconds timeout,
                           CallSubject subject, Invoke&& rpc);
@@ -130,6 +145,9 @@ class GrpcCriClient final : public CriClient {
   CallSlots slots_;
   CallStats stats_;
   std::atomic<uint64_t> reconnects_{0};
+  std::mutex calls_mu_;
+  std::unordered_set<grpc::ClientContext*> calls_;  // in flight, under calls_mu_
+  bool cancelled_ = false;                          // under calls_mu_
   std::mutex watch_mu_;  // the watcher's use of channel_ against its destruction
   bool stopping_ = false;  // guarded by watch_mu_
   grpc::CompletionQueue watch_cq_;

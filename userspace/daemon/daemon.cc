@@ -42,6 +42,7 @@ Result<std::unique_ptr<Daemon>> Daemon::start(const DaemonOptions& opts) {
 
   cri::GrpcCriClientOptions co;
   co.call_timeout = opts.cri_timeout;
+  co.list_timeout = opts.cri_list_timeout;
   co.on_state_change = [self] { self->health_changed(); };
   co.inflight = d->inflight_;
   d->inflight_->set_resolver([self](const cri::CallSubject& s) { return self->identify(s); });
@@ -229,8 +230,8 @@ Status Daemon::start_ebpf() {
   if (auto st = kernel_->start(sink); !st) return st;
   // The index is seeded after the kernel source attached, so that no mkdir falls between.
   if (auto st = index_->seed(kernel_->stats().cgroup2_mount); !st) return st;
-  if (auto st = reconciler_->start(); !st) {
-    spdlog::warn("initial sync failed ({}); retrying in the background", st.error().message);
+  if (auto st = reconciler_->start(opts_.cri_timeout); !st) {
+    spdlog::warn("initial sync failed ({}); going on in the background", st.error().message);
   }
   if (opts_.runtime_events) {
     // After the initial sync: the stream's backlog then finds the records it may confirm.
@@ -268,9 +269,13 @@ void Daemon::stop() {
   if (stopped_.exchange(true)) return;
   if (cri_endpoint_) cri_endpoint_->stop();
   if (event_feed_) event_feed_->stop();
-  if (kernel_) kernel_->stop();
+  // Calls in flight end now (a full list may have a minute left): the threads below that wait
+  // for them stop at once. Then what reads the kernel's state (the reconcile checks coverage
+  // against the BPF map) stops before the kernel source goes.
+  if (cri_) cri_->cancel_calls();
   if (runtime_events_) runtime_events_->stop();
   if (reconciler_) reconciler_->stop();
+  if (kernel_) kernel_->stop();
   if (tracker_) tracker_->stop();
   if (relist_) relist_->stop();
   if (bus_) bus_->close("kplegd shutting down");

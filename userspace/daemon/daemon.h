@@ -39,6 +39,8 @@ struct DaemonOptions {
   std::chrono::milliseconds relist_period{std::chrono::seconds(1)};
   std::chrono::milliseconds relist_health_threshold{std::chrono::minutes(3)};
   std::chrono::milliseconds cri_timeout{std::chrono::seconds(2)};
+  // Full lists (reconcile, relist, removal sweep) get this deadline instead.
+  std::chrono::milliseconds cri_list_timeout{std::chrono::seconds(60)};
   // ebpf mode: confirm by the runtime's GetContainerEvents stream where it is served.
   bool runtime_events = true;
   // The CRI endpoint for the kubelet (--cri-listen): "" off.

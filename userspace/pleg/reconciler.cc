@@ -1,6 +1,7 @@
 #include "pleg/reconciler.h"
 #include "common/thread_name.h"
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 namespace kpleg::pleg {
@@ -10,13 +11,24 @@ Reconciler::Reconciler(cri::CriClient& cri, Tracker& tracker, std::chrono::milli
 
 Reconciler::~Reconciler() { stop(); }
 
-Status Reconciler::start() {
-  auto st = run_once("start", true);
+Status Reconciler::start(std::chrono::milliseconds wait) {
   thread_ = std::thread([this] {
     set_thread_name("kpleg-reconcile");
+    auto st = run_once("start", true);
+    {
+      std::lock_guard lk(mu_);
+      initial_finished_ = true;
+      initial_status_ = st;
+    }
+    cv_.notify_all();
     loop();
   });
-  return st;
+  std::unique_lock lk(mu_);
+  if (!cv_.wait_for(lk, wait, [&] { return initial_finished_ || stopping_; }))
+    return Error{ETIMEDOUT, fmt::format("the runtime's full list has not answered within {} ms "
+                                        "(a large node or a loaded runtime?)",
+                                        wait.count())};
+  return initial_status_;
 }
 
 void Reconciler::stop() {
@@ -52,7 +64,10 @@ Status Reconciler::run_once(const std::string& reason, bool initial) {
   if (!view) {
     ++stats_.failures;
     stats_.last_error = view.error().message;
-    spdlog::warn("reconcile ({}) failed: {}", reason, view.error().message);
+    if (stopping_)  // the daemon cancelled its calls to stop
+      spdlog::debug("reconcile ({}) ended by the shutdown: {}", reason, view.error().message);
+    else
+      spdlog::warn("reconcile ({}) failed: {}", reason, view.error().message);
     if (on_run_) on_run_(stats_, false);
     return view.error();
   }

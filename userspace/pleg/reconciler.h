@@ -34,9 +34,10 @@ class Reconciler {
   Reconciler(cri::CriClient& cri, Tracker& tracker, std::chrono::milliseconds period);
   ~Reconciler();
 
-  // Runs the initial sync on the caller's thread (its error is returned: an unreachable runtime
-  // at start is the caller's to report), then starts the periodic thread.
-  Status start();
+  // Starts the thread, whose first run is the initial sync, and waits up to `wait` for it: its
+  // error is returned (an unreachable runtime at start is the caller's to report), ETIMEDOUT
+  // when it is still running (a full list on a big node may take many seconds; it goes on).
+  Status start(std::chrono::milliseconds wait = std::chrono::seconds(2));
   void stop();
   // Asks for a run as soon as possible (coalesced).
   void request(const std::string& reason);
@@ -61,6 +62,8 @@ class Reconciler {
   bool stopping_ = false;
   std::optional<std::string> requested_;
   bool initial_done_ = false;
+  bool initial_finished_ = false;  // the first run ended, well or not
+  Status initial_status_;
   ReconcilerStats stats_;
   std::function<void(const ReconcilerStats&, bool)> on_run_;
   std::function<void(const std::vector<RuntimeContainer>&)> on_view_;

@@ -16,6 +16,9 @@ TrackerCore::TrackerCore(cri::CriClient& cri, EventSink& sink, TrackerOptions op
 Result<Observation> TrackerCore::look(const std::string& id, bool kind_known, bool sandbox) {
   auto obs = pleg::look(cri, id, kind_known, sandbox);
   note_call(id, obs.ok() ? nullptr : &obs.error());
+  spdlog::trace("tracker: look at {} ({}{}): {}", id.substr(0, 12), sandbox ? "sandbox" : "container",
+                kind_known ? "" : ", kind guessed",
+                obs.ok() ? std::string(to_string(obs->state)) : obs.error().message);
   return obs;
 }
 

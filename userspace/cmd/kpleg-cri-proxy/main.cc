@@ -82,7 +82,7 @@ int main(int argc, char** argv) {
   CLI::App app{"kpleg-cri-proxy: a CRI proxy that can stall one pod's runtime calls"};
   cri::CriProxyOptions opts;
   opts.upstream_endpoint = std::string(cri::kDefaultRuntimeEndpoint);
-  std::string stall_pod, stall_delay, control_file, upstream_timeout = "10s";
+  std::string stall_pod, stall_delay, control_file, upstream_timeout = "10s", full_list_delay;
   bool stall_hang = false;
   std::string log_level = "info", log_format = "text";
 
@@ -98,6 +98,9 @@ int main(int argc, char** argv) {
                             "with --stall-pod)");
   delay->excludes(hang)->needs(pod);
   hang->needs(pod);
+  app.add_option("--full-list-delay", full_list_delay,
+                 "Answer every unfiltered ListContainers/ListPodSandbox this much later (e.g. "
+                 "3s), as a node with thousands of containers would");
   app.add_option("--control-file", control_file,
                  "File re-read on SIGHUP: 'hang <uid>', 'delay <uid> <duration>' or 'clear'");
   app.add_option("--upstream-timeout", upstream_timeout,
@@ -134,6 +137,15 @@ int main(int argc, char** argv) {
       stall->delay = *d;
     }
   }
+  std::chrono::milliseconds list_delay{0};
+  if (!full_list_delay.empty()) {
+    auto d = parse_duration(full_list_delay);
+    if (!d) {
+      std::cerr << "kpleg-cri-proxy: --full-list-delay: " << d.error().message << std::endl;
+      return 2;
+    }
+    list_delay = *d;
+  }
   auto wait_upstream = parse_duration(upstream_timeout);
   if (!wait_upstream) {
     std::cerr << "kpleg-cri-proxy: --upstream-timeout: " << wait_upstream.error().message
@@ -159,6 +171,7 @@ int main(int argc, char** argv) {
   }
   spdlog::info("upstream runtime: {}", *version);
   if (stall) (*proxy)->set_stalled_pod(*stall);
+  if (list_delay.count() > 0) (*proxy)->set_full_list_delay(list_delay);
   // A control file already there at start wins over the flags; one written later is read on
   // SIGHUP.
   if (!control_file.empty() && access(control_file.c_str(), F_OK) == 0) reload(**proxy, control_file);

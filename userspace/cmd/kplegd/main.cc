@@ -164,7 +164,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> roots;
   uint32_t ringbuf_kib = 4096;
   std::string mode = "auto";
-  std::string reconcile_period = "300s", relist_period = "1s", cri_timeout = "2s";
+  std::string reconcile_period = "300s", relist_period = "1s", cri_timeout = "2s",
+              cri_list_timeout = "60s";
   std::string print_events;
   std::string runtime_events = "auto";
   std::string cri_events = "kpleg";
@@ -184,7 +185,13 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--relist-period", relist_period, "Relist period in relist mode")
       ->capture_default_str();
-  app.add_option("--cri-timeout", cri_timeout, "Deadline of every CRI call")->capture_default_str();
+  app.add_option("--cri-timeout", cri_timeout, "Deadline of every CRI call but full lists")
+      ->capture_default_str();
+  app.add_option("--cri-list-timeout", cri_list_timeout,
+                 "Deadline of a full ListContainers/ListPodSandbox (the reconcile, the relist, "
+                 "the removal sweep), at least --cri-timeout: a large or loaded node takes "
+                 "seconds to list everything")
+      ->capture_default_str();
   app.add_option("--runtime-events", runtime_events,
                  "ebpf mode: auto: confirm the kernel's signals by the runtime's "
                  "GetContainerEvents stream where it is served (containerd >= 1.7), by targeted "
@@ -256,6 +263,7 @@ int main(int argc, char** argv) {
   } durations[] = {{"--reconcile-period", reconcile_period, opts.reconcile_period},
                    {"--relist-period", relist_period, opts.relist_period},
                    {"--cri-timeout", cri_timeout, opts.cri_timeout},
+                   {"--cri-list-timeout", cri_list_timeout, opts.cri_list_timeout},
                    {"--stuck-call-threshold", stuck_call_threshold, opts.stuck_call_threshold}};
   for (auto& d : durations) {
     auto v = parse_duration(d.text);
@@ -271,6 +279,17 @@ int main(int argc, char** argv) {
   opts.runtime_events = runtime_events == "auto";
   opts.cri_serve_events = cri_events != "runtime";
   opts.cri_event_statuses = cri_events == "kpleg";
+  if (opts.cri_timeout <= std::chrono::milliseconds::zero() ||
+      opts.cri_list_timeout <= std::chrono::milliseconds::zero()) {
+    std::cerr << "kplegd: --cri-timeout and --cri-list-timeout must be positive" << std::endl;
+    return 2;
+  }
+  if (opts.cri_list_timeout < opts.cri_timeout) {
+    std::cerr << "kplegd: --cri-list-timeout (" << cri_list_timeout
+              << ") is shorter than --cri-timeout (" << cri_timeout
+              << "): a full list is the longest call" << std::endl;
+    return 2;
+  }
   if (opts.stuck_call_threshold <= std::chrono::milliseconds::zero()) {
     std::cerr << "kplegd: --stuck-call-threshold must be positive" << std::endl;
     return 2;
