@@ -27,6 +27,8 @@ PACKAGES=(
   python3-venv libseccomp-dev libcap-ng-dev
   # throwaway CA and certificates for the API's TLS tests
   openssl
+  # a wall-clock step seen by kplegd alone (FaultsTest.AWallClockStep...)
+  libfaketime
 )
 
 missing=()

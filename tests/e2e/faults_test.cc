@@ -15,6 +15,9 @@
 #include <filesystem>
 #include <iterator>
 #include <fstream>
+#include <cstdlib>
+#include <ctime>
+#include <nlohmann/json.hpp>
 
 #include "cri/grpc_cri_client.h"
 #include "e2e/e2e_support.h"
@@ -25,6 +28,12 @@ namespace kpleg::testing {
 namespace {
 
 using namespace std::chrono_literals;
+
+uint64_t realtime_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return uint64_t(ts.tv_sec) * 1'000'000'000ull + uint64_t(ts.tv_nsec);
+}
 
 class FaultsTest : public CriTestBedTest {};
 
@@ -384,6 +393,89 @@ TEST_F(FaultsTest, SigtermUnderChurnWithWatchersAndAStalledStderrExitsCleanly) {
     waitpid(w, nullptr, 0);
   }
   waitpid(churn, nullptr, 0);
+}
+
+// The wall clock steps by an hour, forward then back (NTP after a long drift, a VM resumed,
+// an operator's date -s), while the monotonic clock runs on. kplegd's view of the wall clock
+// is stepped with libfaketime (CLOCK_REALTIME only), so nothing else on the machine is
+// disturbed. Health must not change (it measures ages on the monotonic clock: the last
+// reconcile must not look an hour old), and events after each step carry timestamps of the
+// new wall clock (the kernel's monotonic timestamps are converted with the clocks of the
+// moment), not of the old one.
+TEST_F(FaultsTest, AWallClockStepOfAnHourLeavesHealthAloneAndTimestampsFollowIt) {
+  const char* kLib = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
+  KPLEG_REQUIRE_OR_SKIP(access(kLib, R_OK) == 0,
+                        std::string("libfaketime is not installed (") + kLib + ")");
+  char tmpl[] = "/tmp/kpleg-clockstep-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  const std::string offset_file = dir + "/offset";
+  auto step_to = [&](const char* offset) {
+    std::ofstream(offset_file, std::ios::trunc) << offset << "\n";
+  };
+  step_to("+0");
+  // Only the daemon gets the fake clock: the environment is set around its fork.
+  setenv("LD_PRELOAD", kLib, 1);
+  setenv("FAKETIME_TIMESTAMP_FILE", offset_file.c_str(), 1);
+  setenv("FAKETIME_NO_CACHE", "1", 1);
+  setenv("FAKETIME_DONT_FAKE_MONOTONIC", "1", 1);
+  // A short period keeps the reconcile's health threshold (2 periods + 60 s) well below the
+  // step: with ages on the wall clock, the step alone would make the daemon unhealthy.
+  auto d = start_kplegd(endpoint_, "ebpf", {"--reconcile-period", "5s"});
+  for (const char* v : {"LD_PRELOAD", "FAKETIME_TIMESTAMP_FILE", "FAKETIME_NO_CACHE",
+                        "FAKETIME_DONT_FAKE_MONOTONIC"})
+    unsetenv(v);
+  ASSERT_TRUE(d.ok()) << d.error().message;
+  auto& kplegd = **d;
+
+  auto stats = [&]() -> nlohmann::json {
+    const std::string mark = "api: serving kpleg.v1.PodLifecycle on unix:";
+    auto log = kplegd.log();
+    auto at = log.find(mark);
+    if (at == std::string::npos) return {};
+    at += mark.size();
+    auto r = run_process({KPLEGCTL_BIN, "--socket", log.substr(at, log.find(' ', at) - at),
+                          "stats", "-o", "json"},
+                         10s);
+    if (!r.ok() || r->exit_code != 0) return {};
+    return nlohmann::json::parse(r->out, nullptr, false);
+  };
+  auto healthy = [&] {
+    auto j = stats();
+    return j.is_object() && j.value("healthy", false);
+  };
+  ASSERT_TRUE(eventually(healthy, 20s, 100ms)) << stats().dump();
+
+  int n = 0;
+  for (const auto& [offset, shift_s] : {std::pair{"+3600", 3600}, std::pair{"-3600", -3600}}) {
+    SCOPED_TRACE(std::string("wall clock ") + offset + " s");
+    step_to(offset);
+    auto pod = launch_pod(endpoint_, namespace_, "clockstep" + std::to_string(n++), 1,
+                          "sleep 1000000");
+    ASSERT_TRUE(pod.ok()) << pod.error().message;
+    ASSERT_TRUE(wait_types(kplegd, pod->container_ids[0], {"ContainerStarted"}));
+    const int64_t expected_now = int64_t(realtime_ns()) + int64_t(shift_s) * 1'000'000'000;
+    for (const auto& e : kplegd.events()) {
+      if (e.value("container_id", "") != pod->container_ids[0]) continue;
+      const int64_t kernel_ts = e.value("kernel_ts_ns", int64_t(0));
+      const int64_t emit_ts = e.value("emit_ts_ns", int64_t(0));
+      EXPECT_LT(std::llabs(kernel_ts - expected_now), int64_t(120) * 1'000'000'000)
+          << "kernel timestamp " << kernel_ts << " is not of the stepped clock (" << expected_now
+          << "): " << e.dump();
+      EXPECT_LT(std::llabs(emit_ts - expected_now), int64_t(120) * 1'000'000'000) << e.dump();
+      EXPECT_LE(kernel_ts, emit_ts) << e.dump();
+    }
+    // Healthy at every look across more than one reconcile period after the step.
+    for (auto until = std::chrono::steady_clock::now() + 7s;
+         std::chrono::steady_clock::now() < until;) {
+      auto j = stats();
+      ASSERT_TRUE(j.is_object()) << "kplegctl stats failed";
+      EXPECT_TRUE(j.value("healthy", false)) << j.dump();
+      kplegd.wait_for_log("\x01never", 250ms);  // the interval between looks
+    }
+  }
+  EXPECT_EQ(kplegd.stop(), 0);
+  std::filesystem::remove_all(dir);
 }
 
 TEST_F(FaultsTest, AutoFallsBackToRelistWhenBpfCannotLoad) {

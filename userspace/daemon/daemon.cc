@@ -345,17 +345,16 @@ api::HealthReport Daemon::health() {
     if (!ks.consuming) fail("kernel event source stopped consuming the ring buffer");
     auto rs = reconciler_->stats();
     auto threshold = 2 * opts_.reconcile_period + std::chrono::seconds(60);
-    if (!rs.last_success) {
+    if (!rs.last_success_mono) {
       fail("no successful reconcile yet" + (rs.last_error.empty() ? "" : ": " + rs.last_error));
-    } else if (auto age = std::chrono::system_clock::now() - *rs.last_success; age <= threshold) {
+    } else if (auto age = std::chrono::steady_clock::now() - *rs.last_success_mono;
+               age <= threshold) {
       // Healthy until the last success grows too old (each reconcile announces itself).
       r.recheck_in = std::chrono::duration_cast<std::chrono::milliseconds>(threshold - age) +
                      std::chrono::milliseconds(1);
     } else {
       fail("last successful reconcile " +
-           std::to_string(std::chrono::duration_cast<std::chrono::seconds>(
-                              std::chrono::system_clock::now() - *rs.last_success)
-                              .count()) +
+           std::to_string(std::chrono::duration_cast<std::chrono::seconds>(age).count()) +
            " s ago" + (rs.last_error.empty() ? "" : ": " + rs.last_error));
     }
     if (const uint64_t untracked = ks.untracked_cgroups; untracked > 0) {

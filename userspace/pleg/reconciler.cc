@@ -77,6 +77,7 @@ Status Reconciler::run_once(const std::string& reason, bool initial) {
   if (on_view_) on_view_(*view);
   initial_done_ = true;
   stats_.last_success = std::chrono::system_clock::now();
+  stats_.last_success_mono = std::chrono::steady_clock::now();
   stats_.last_error.clear();
   spdlog::debug("reconcile ({}): {} containers and sandboxes", reason, view->size());
   if (on_run_) on_run_(stats_, true);

@@ -23,7 +23,10 @@ struct ReconcilerStats {
   uint64_t runs = 0;
   uint64_t failures = 0;
   uint64_t requested = 0;  // runs asked for out of schedule
-  std::optional<std::chrono::system_clock::time_point> last_success;
+  std::optional<std::chrono::system_clock::time_point> last_success;  // for people
+  // The same on the monotonic clock, for ages: a step of the wall clock (NTP, a VM resumed)
+  // must not make the last success look an hour old, or from the future.
+  std::optional<std::chrono::steady_clock::time_point> last_success_mono;
   std::chrono::nanoseconds last_duration{0};
   std::string last_error;
   std::string last_reason;  // why the last run happened
