@@ -282,6 +282,37 @@ TEST_F(ApiServerTest, TooManyWatchersAreRefused) {
   EXPECT_NE(st.error_message().find("too many watchers (limit 2"), std::string::npos);
 }
 
+// A consumer that stops reading is cut off; its handler stays blocked in a write its flow
+// control holds. Its place under --max-watchers must come back at once (a stuck consumer may
+// not lock others out), and its call, with the server thread, after the grace.
+TEST_F(ApiServerTest, ACutOffWatcherGivesItsPlaceBackAtOnceAndItsCallAfterTheGrace) {
+  ServerHarness limited(api::ApiServerOptions{.max_watchers = 2, .cut_off_grace = 500ms});
+  ASSERT_TRUE(limited.start().ok());
+  WatchClient stuck(limited.channel(), watch_from(0), {.read = false, .keep_events = false});
+  WatchClient reader(limited.channel(), watch_from(0), {.read = true, .keep_events = false});
+  ASSERT_TRUE(wait_until([&] { return limited.bus.stats().subscribers == 2; }, 5s));
+
+  uint64_t published = 0;
+  while (limited.bus.stats().subscribers_cut_off == 0 && published < 200'000) {
+    for (int i = 0; i < 500; ++i) limited.bus.publish(sample_event(static_cast<int>(published++)));
+    ASSERT_TRUE(wait_until([&] { return reader.last_seq() >= published; }, 10s));
+  }
+  ASSERT_EQ(limited.bus.stats().subscribers_cut_off, 1u) << "never cut off";
+
+  // At once, while the stuck handler still waits in its write: a third consumer gets in.
+  WatchClient late(limited.channel(), watch_from(0), {.read = true, .keep_events = false});
+  limited.bus.publish(sample_event(static_cast<int>(published++)));
+  EXPECT_TRUE(wait_until([&] { return late.last_seq() >= published; }, 10s))
+      << "a cut-off consumer that reads nothing kept its place";
+  EXPECT_FALSE(late.finished());
+
+  // After the grace its call is cancelled, though it never read.
+  EXPECT_TRUE(wait_until([&] { return limited.server->cut_off_watches_cancelled() == 1; }, 10s));
+  grpc::Status st = stuck.finish(15s);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::CANCELLED) << st.error_message();
+  EXPECT_FALSE(reader.finished());
+}
+
 TEST_F(ApiServerTest, NeverReadingWatcherIsCutOffWhileOthersKeepUpAndMemoryStaysBounded) {
   constexpr uint64_t kWarmup = 20'000;  // fills the history (10,000) first
   constexpr uint64_t kEvents = 200'000;

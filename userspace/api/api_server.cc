@@ -21,6 +21,8 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -104,13 +106,87 @@ class ClientIdentityCheck final : public grpc::AuthMetadataProcessor {
   std::vector<std::string> allowed_;
 };
 
+// Cancels the calls of cut-off Watches whose consumers still read nothing after the grace:
+// their handlers stay blocked in a write that the consumer's flow control holds, each on a
+// server thread. One thread for all of them, asleep while none is due (no periodic wakeup).
+class CutOffReaper {
+ public:
+  CutOffReaper() : thread_([this] {
+    set_thread_name("kpleg-api-reap");
+    loop();
+  }) {}
+  ~CutOffReaper() {
+    {
+      std::lock_guard lk(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void arm(grpc::ServerContext* ctx, std::chrono::steady_clock::time_point at) {
+    {
+      std::lock_guard lk(mu_);
+      due_[ctx] = at;
+    }
+    cv_.notify_all();
+  }
+  // After this returns, `ctx` is never cancelled by the reaper (TryCancel runs under mu_).
+  void disarm(grpc::ServerContext* ctx) {
+    std::lock_guard lk(mu_);
+    due_.erase(ctx);
+  }
+  uint64_t cancelled() const { return cancelled_.load(); }
+
+ private:
+  void loop() {
+    std::unique_lock lk(mu_);
+    while (!stopping_) {
+      if (due_.empty()) {
+        cv_.wait(lk, [&] { return stopping_ || !due_.empty(); });
+        continue;
+      }
+      auto next = std::min_element(due_.begin(), due_.end(), [](const auto& a, const auto& b) {
+                    return a.second < b.second;
+                  })->second;
+      if (std::chrono::steady_clock::now() < next) {
+        cv_.wait_until(lk, next);
+        continue;
+      }
+      for (auto it = due_.begin(); it != due_.end();) {
+        if (it->second <= std::chrono::steady_clock::now()) {
+          it->first->TryCancel();
+          ++cancelled_;
+          it = due_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::unordered_map<grpc::ServerContext*, std::chrono::steady_clock::time_point> due_;
+  bool stopping_ = false;
+  std::atomic<uint64_t> cancelled_{0};
+  std::thread thread_;
+};
+
 }  // namespace
 
 class PodLifecycleService final : public v1::PodLifecycle::Service {
  public:
   PodLifecycleService(bus::EventBus& bus, StateProvider& state, HealthProvider& health,
-                      StatsProvider& stats, StreamSlots& streams)
-      : bus_(bus), state_(state), health_(health), stats_(stats), streams_(streams) {}
+                      StatsProvider& stats, StreamSlots& streams,
+                      std::chrono::milliseconds cut_off_grace)
+      : bus_(bus),
+        state_(state),
+        health_(health),
+        stats_(stats),
+        streams_(streams),
+        cut_off_grace_(cut_off_grace) {}
+
+  uint64_t cut_off_watches_cancelled() const { return reaper_.cancelled(); }
 
   // Ends every open Watch at once, and any Watch that starts later.
   void stop() {
@@ -194,7 +270,13 @@ class PodLifecycleService final : public v1::PodLifecycle::Service {
     if (from != 0 && req->instance_id() != bus_.instance_id()) from = bus::kUnknownPosition;
     bus::Subscription sub =
         bus_.subscribe(from, bus::EventFilter{req->pod_uid(), req->pod_namespace()});
-    OpenWatch open{*this, sub};
+    OpenWatch open{*this, sub, ctx};
+    // Cut off for being too slow: its place goes back at once; its call (and thread) after
+    // the grace unless the consumer reads again and the handler returns by itself.
+    sub.set_on_cut_off([this, &slot, ctx] {
+      slot.release();
+      reaper_.arm(ctx, std::chrono::steady_clock::now() + cut_off_grace_);
+    });
 
     // Initial metadata tells the consumer that its subscription is in place: anything
     // published from now on reaches it.
@@ -224,16 +306,21 @@ class PodLifecycleService final : public v1::PodLifecycle::Service {
   }
 
  private:
-  // Registers a Watch's subscription for stop() while the handler runs.
+  // Registers a Watch's subscription for stop() while the handler runs; on the way out, no
+  // cut-off callback or reaper may touch the call any more.
   struct OpenWatch {
     PodLifecycleService& svc;
     bus::Subscription& sub;
-    OpenWatch(PodLifecycleService& s, bus::Subscription& b) : svc(s), sub(b) {
+    grpc::ServerContext* ctx;
+    OpenWatch(PodLifecycleService& s, bus::Subscription& b, grpc::ServerContext* c)
+        : svc(s), sub(b), ctx(c) {
       std::lock_guard lk(svc.open_mu_);
       if (svc.stopping_.load()) sub.cancel();
       svc.open_.insert(&sub);
     }
     ~OpenWatch() {
+      sub.set_on_cut_off(nullptr);
+      svc.reaper_.disarm(ctx);
       std::lock_guard lk(svc.open_mu_);
       svc.open_.erase(&sub);
     }
@@ -244,6 +331,8 @@ class PodLifecycleService final : public v1::PodLifecycle::Service {
   HealthProvider& health_;
   StatsProvider& stats_;
   StreamSlots& streams_;
+  const std::chrono::milliseconds cut_off_grace_;
+  CutOffReaper reaper_;
   std::atomic<bool> stopping_{false};
   std::mutex open_mu_;
   std::unordered_set<bus::Subscription*> open_;
@@ -255,10 +344,15 @@ ApiServer::ApiServer(ApiServerOptions options, bus::EventBus& bus, StateProvider
       bus_(bus),
       health_(health),
       streams_(std::make_unique<StreamSlots>(options_.max_watchers)),
-      service_(std::make_unique<PodLifecycleService>(bus, state, health, stats, *streams_)),
+      service_(std::make_unique<PodLifecycleService>(bus, state, health, stats, *streams_,
+                                                     options_.cut_off_grace)),
       health_service_(std::make_unique<HealthService>(kWatchPoll, streams_.get())) {}
 
 ApiServer::~ApiServer() { stop(); }
+
+uint64_t ApiServer::cut_off_watches_cancelled() const {
+  return service_->cut_off_watches_cancelled();
+}
 
 Status ApiServer::prepare_socket_path() {
   namespace fs = std::filesystem;

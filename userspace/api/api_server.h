@@ -55,6 +55,8 @@ class ApiServer {
 
   // The bound TCP port (useful with --listen host:0); 0 without --listen.
   int tcp_port() const { return tcp_port_; }
+  // Calls of cut-off Watches cancelled after ApiServerOptions::cut_off_grace.
+  uint64_t cut_off_watches_cancelled() const;
   const ApiServerOptions& options() const { return options_; }
 
  private:

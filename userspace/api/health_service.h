@@ -43,16 +43,20 @@ class StreamSlots {
 class StreamSlot {
  public:
   explicit StreamSlot(StreamSlots* slots) : slots_(slots), taken_(slots == nullptr || slots->try_take()) {}
-  ~StreamSlot() {
-    if (slots_ != nullptr && taken_) slots_->give();
-  }
+  ~StreamSlot() { release(); }
   StreamSlot(const StreamSlot&) = delete;
   StreamSlot& operator=(const StreamSlot&) = delete;
   bool taken() const { return taken_; }
+  // Gives the slot back before the scope ends (a cut-off Watch still unwinding); idempotent,
+  // safe from another thread.
+  void release() {
+    if (slots_ != nullptr && taken_ && !released_.exchange(true)) slots_->give();
+  }
 
  private:
   StreamSlots* slots_;
   bool taken_;
+  std::atomic<bool> released_{false};
 };
 
 class HealthService final : public grpc::health::v1::Health::Service {

@@ -41,6 +41,11 @@ struct ApiServerOptions {
 
   // Concurrent Watch streams; each holds one server thread.
   size_t max_watchers = 64;
+  // A Watch cut off for being too slow gives its place back to --max-watchers at once; if its
+  // consumer still reads nothing this long afterwards (its handler stays blocked in a write the
+  // consumer's flow control holds), the call is cancelled so that its thread comes back too. A
+  // consumer that reads again within it gets the cut-off's RESOURCE_EXHAUSTED and its reason.
+  std::chrono::milliseconds cut_off_grace{std::chrono::seconds(10)};
   // The grpc.health.v1 status is re-read from the HealthProvider when the provider announces a
   // change, when its report's recheck_in passes, and on ApiServer::refresh_health(); a positive
   // interval adds a periodic re-read (0: none, the health thread sleeps until then).

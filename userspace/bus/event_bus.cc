@@ -1,5 +1,7 @@
 #include "bus/event_bus.h"
 
+#include <functional>
+
 #include <sys/random.h>
 
 #include <algorithm>
@@ -30,6 +32,7 @@ struct Subscriber {
   size_t max_queued = 0;
   bool cut_off = false;
   std::string close_reason;
+  std::function<void()> on_cut_off;  // under mu; run under mu when the cut-off happens
   // Also readable without `mu`, so the bus can prune closed subscribers cheaply.
   std::atomic<bool> closed{false};
 
@@ -48,6 +51,7 @@ struct Subscriber {
         std::deque<EventPtr>().swap(live);
         std::deque<EventPtr>().swap(backlog);
         closed.store(true, std::memory_order_relaxed);
+        if (on_cut_off) on_cut_off();
       } else {
         live.push_back(ev);
         max_queued = std::max(max_queued, live.size());
@@ -166,6 +170,12 @@ Subscription::Next Subscription::next(std::chrono::milliseconds timeout) {
 
 void Subscription::cancel() {
   if (sub_) sub_->close("cancelled");
+}
+
+void Subscription::set_on_cut_off(std::function<void()> fn) {
+  if (!sub_) return;
+  std::lock_guard l(sub_->mu);
+  sub_->on_cut_off = std::move(fn);
 }
 
 bool Subscription::closed() const { return !sub_ || sub_->closed.load(std::memory_order_relaxed); }

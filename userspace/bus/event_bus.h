@@ -96,6 +96,11 @@ class Subscription {
   // Stops delivery and wakes a blocked next(). Idempotent; safe from any thread.
   void cancel();
 
+  // Runs `fn` (on the publishing thread, under the subscription's lock: keep it short, take
+  // no bus lock) when the subscriber is cut off for being too slow. Setting another (or an
+  // empty one) waits for a running call, so after it returns the old `fn` is never called.
+  void set_on_cut_off(std::function<void()> fn);
+
   bool closed() const;
   bool cut_off() const;
   // Why the subscription closed: "subscriber too slow: queue of N events full", "cancelled",
