@@ -187,6 +187,10 @@ class PodLifecycleService final : public v1::PodLifecycle::Service {
         cut_off_grace_(cut_off_grace) {}
 
   uint64_t cut_off_watches_cancelled() const { return reaper_.cancelled(); }
+  size_t open_watches() {
+    std::lock_guard lk(open_mu_);
+    return open_.size();
+  }
 
   // Ends every open Watch at once, and any Watch that starts later.
   void stop() {
@@ -353,6 +357,7 @@ ApiServer::~ApiServer() { stop(); }
 uint64_t ApiServer::cut_off_watches_cancelled() const {
   return service_->cut_off_watches_cancelled();
 }
+size_t ApiServer::open_watches() const { return service_->open_watches(); }
 
 Status ApiServer::prepare_socket_path() {
   namespace fs = std::filesystem;

@@ -57,6 +57,8 @@ class ApiServer {
   int tcp_port() const { return tcp_port_; }
   // Calls of cut-off Watches cancelled after ApiServerOptions::cut_off_grace.
   uint64_t cut_off_watches_cancelled() const;
+  // Watch handlers running now (a cut-off one until its call ends).
+  size_t open_watches() const;
   const ApiServerOptions& options() const { return options_; }
 
  private:
