@@ -282,6 +282,32 @@ TEST_F(ApiServerTest, TooManyWatchersAreRefused) {
   EXPECT_NE(st.error_message().find("too many watchers (limit 2"), std::string::npos);
 }
 
+// An idle Watch looks for a gone client only once a second; a stream that needs the slot of one
+// whose client cancelled it must not wait for that (nor be refused meanwhile).
+TEST_F(ApiServerTest, CancelledStreamsGiveTheirSlotsBackAtOnce) {
+  ServerHarness limited(api::ApiServerOptions{.max_watchers = 2});
+  ASSERT_TRUE(limited.start().ok());
+  auto health = grpc::health::v1::Health::NewStub(limited.channel());
+  for (int round = 0; round < 3; ++round) {
+    const auto t0 = std::chrono::steady_clock::now();
+    {
+      WatchClient a(limited.channel(), watch_from(0));
+      ASSERT_TRUE(a.subscribed()) << "round " << round;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + 10s);
+      auto reader = health->Watch(&ctx, HealthCheckRequest{});
+      HealthCheckResponse resp;
+      ASSERT_TRUE(reader->Read(&resp)) << "round " << round;
+      ctx.TryCancel();
+      while (reader->Read(&resp)) {
+      }
+      reader->Finish();
+    }  // a cancelled
+    const auto took = std::chrono::steady_clock::now() - t0;
+    EXPECT_LT(took, 900ms) << "round " << round;
+  }
+}
+
 TEST_F(ApiServerTest, NeverReadingWatcherIsCutOffWhileOthersKeepUpAndMemoryStaysBounded) {
   constexpr uint64_t kWarmup = 20'000;  // fills the history (10,000) first
   constexpr uint64_t kEvents = 200'000;

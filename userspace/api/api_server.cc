@@ -112,6 +112,13 @@ class PodLifecycleService final : public v1::PodLifecycle::Service {
                       StatsProvider& stats, StreamSlots& streams)
       : bus_(bus), state_(state), health_(health), stats_(stats), streams_(streams) {}
 
+  // Has every open Watch check now whether its client went away (StreamSlots' reclaim hook):
+  // an idle one otherwise looks only every kWatchPoll.
+  void wake_watches() {
+    std::lock_guard lk(open_mu_);
+    for (bus::Subscription* sub : open_) sub->wake();
+  }
+
   // Ends every open Watch at once, and any Watch that starts later.
   void stop() {
     std::lock_guard lk(open_mu_);
@@ -256,7 +263,14 @@ ApiServer::ApiServer(ApiServerOptions options, bus::EventBus& bus, StateProvider
       health_(health),
       streams_(std::make_unique<StreamSlots>(options_.max_watchers)),
       service_(std::make_unique<PodLifecycleService>(bus, state, health, stats, *streams_)),
-      health_service_(std::make_unique<HealthService>(kWatchPoll, streams_.get())) {}
+      health_service_(std::make_unique<HealthService>(kWatchPoll, streams_.get())) {
+  // A stream that finds every slot taken first has the open ones look whether their clients
+  // went away (a cancelled idle stream would otherwise hold its slot up to kWatchPoll).
+  streams_->set_reclaim([this] {
+    service_->wake_watches();
+    health_service_->wake_watches();
+  });
+}
 
 ApiServer::~ApiServer() { stop(); }
 
