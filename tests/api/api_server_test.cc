@@ -308,6 +308,22 @@ TEST_F(ApiServerTest, CancelledStreamsGiveTheirSlotsBackAtOnce) {
   }
 }
 
+// UINT64_MAX - 1 is the bus's "every retained event" for in-process consumers; from a client it
+// is just a position beyond the stream's last seq.
+TEST_F(ApiServerTest, WatchFromBeyondTheLastSeqGetsResync) {
+  for (uint64_t from : {uint64_t(100), UINT64_MAX - 1, UINT64_MAX}) {
+    for (int i = 0; i < 5; ++i) h_.bus.publish(sample_event(i));
+    const uint64_t last = h_.bus.stats().last_seq;
+    WatchClient w(h_.channel(), watch_from(from, h_.bus.instance_id()));
+    h_.bus.publish(sample_event(5));
+    ASSERT_TRUE(w.wait_for(2, 10s)) << from;
+    auto evs = w.events();
+    EXPECT_EQ(evs[0].type(), v1::EVENT_TYPE_RESYNC) << from;
+    EXPECT_EQ(evs[0].seq(), last) << from;
+    EXPECT_EQ(evs[1].seq(), last + 1) << from << ": the live event, no retained one before it";
+  }
+}
+
 TEST_F(ApiServerTest, NeverReadingWatcherIsCutOffWhileOthersKeepUpAndMemoryStaysBounded) {
   constexpr uint64_t kWarmup = 20'000;  // fills the history (10,000) first
   constexpr uint64_t kEvents = 200'000;

@@ -199,6 +199,11 @@ class PodLifecycleService final : public v1::PodLifecycle::Service {
     // A position is one in a given daemon instance's stream: without the instance it belongs
     // to, it could be another instance's (the daemon restarted since): List again (RESYNC).
     if (from != 0 && req->instance_id() != bus_.instance_id()) from = bus::kUnknownPosition;
+    // The bus reads UINT64_MAX - 1 as kOldestRetained (every retained event, no RESYNC), an
+    // in-process consumer's request. From a client it is a position beyond the stream's last
+    // seq like any other, which docs/api.md promises a RESYNC for; passed on as is, it replayed
+    // the history as if nothing had been lost.
+    if (from == bus::kOldestRetained) from = bus::kUnknownPosition;
     bus::Subscription sub =
         bus_.subscribe(from, bus::EventFilter{req->pod_uid(), req->pod_namespace()});
     OpenWatch open{*this, sub};
