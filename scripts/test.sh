@@ -3,8 +3,9 @@
 # packages), builds, runs the CTest suite (unit, bpf, cri, e2e, kubelet, deploy, bench, vmtest
 # labels) against containerd 1.6, the cri, e2e, kubelet and bench labels again against containerd
 # 2.x (built from
-# the Go module proxy), fuzzes the cgroup path parser and the runtime event decoder for a bounded
-# time each, and takes the local test bed
+# the Go module proxy), fuzzes the cgroup path parser, the runtime event decoder, the kernel event
+# decoder with the cgroup index and the consumer API's request handlers (scripts/fuzz.sh) for a
+# bounded time each, and takes the local test bed
 # down afterwards.
 #
 # Tests that need root, BPF or containerd skip with a reason when run unprivileged; with

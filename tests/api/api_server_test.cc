@@ -318,6 +318,48 @@ TEST_F(ApiServerTest, ACutOffWatcherGivesItsPlaceBackAtOnceAndItsCallAfterTheGra
   EXPECT_FALSE(reader.finished());
 }
 
+// An idle Watch looks for a gone client only once a second; a stream that needs the slot of one
+// whose client cancelled it must not wait for that (nor be refused meanwhile).
+TEST_F(ApiServerTest, CancelledStreamsGiveTheirSlotsBackAtOnce) {
+  ServerHarness limited(api::ApiServerOptions{.max_watchers = 2});
+  ASSERT_TRUE(limited.start().ok());
+  auto health = grpc::health::v1::Health::NewStub(limited.channel());
+  for (int round = 0; round < 3; ++round) {
+    const auto t0 = std::chrono::steady_clock::now();
+    {
+      WatchClient a(limited.channel(), watch_from(0));
+      ASSERT_TRUE(a.subscribed()) << "round " << round;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + 10s);
+      auto reader = health->Watch(&ctx, HealthCheckRequest{});
+      HealthCheckResponse resp;
+      ASSERT_TRUE(reader->Read(&resp)) << "round " << round;
+      ctx.TryCancel();
+      while (reader->Read(&resp)) {
+      }
+      reader->Finish();
+    }  // a cancelled
+    const auto took = std::chrono::steady_clock::now() - t0;
+    EXPECT_LT(took, 900ms) << "round " << round;
+  }
+}
+
+// UINT64_MAX - 1 is the bus's "every retained event" for in-process consumers; from a client it
+// is just a position beyond the stream's last seq.
+TEST_F(ApiServerTest, WatchFromBeyondTheLastSeqGetsResync) {
+  for (uint64_t from : {uint64_t(100), UINT64_MAX - 1, UINT64_MAX}) {
+    for (int i = 0; i < 5; ++i) h_.bus.publish(sample_event(i));
+    const uint64_t last = h_.bus.stats().last_seq;
+    WatchClient w(h_.channel(), watch_from(from, h_.bus.instance_id()));
+    h_.bus.publish(sample_event(5));
+    ASSERT_TRUE(w.wait_for(2, 10s)) << from;
+    auto evs = w.events();
+    EXPECT_EQ(evs[0].type(), v1::EVENT_TYPE_RESYNC) << from;
+    EXPECT_EQ(evs[0].seq(), last) << from;
+    EXPECT_EQ(evs[1].seq(), last + 1) << from << ": the live event, no retained one before it";
+  }
+}
+
 TEST_F(ApiServerTest, NeverReadingWatcherIsCutOffWhileOthersKeepUpAndMemoryStaysBounded) {
   constexpr uint64_t kWarmup = 20'000;  // fills the history (10,000) first
   constexpr uint64_t kEvents = 200'000;

@@ -192,6 +192,13 @@ class PodLifecycleService final : public v1::PodLifecycle::Service {
     return open_.size();
   }
 
+  // Has every open Watch check now whether its client went away (StreamSlots' reclaim hook):
+  // an idle one otherwise looks only every kWatchPoll.
+  void wake_watches() {
+    std::lock_guard lk(open_mu_);
+    for (bus::Subscription* sub : open_) sub->wake();
+  }
+
   // Ends every open Watch at once, and any Watch that starts later.
   void stop() {
     std::lock_guard lk(open_mu_);
@@ -272,6 +279,11 @@ class PodLifecycleService final : public v1::PodLifecycle::Service {
     // A position is one in a given daemon instance's stream: without the instance it belongs
     // to, it could be another instance's (the daemon restarted since): List again (RESYNC).
     if (from != 0 && req->instance_id() != bus_.instance_id()) from = bus::kUnknownPosition;
+    // The bus reads UINT64_MAX - 1 as kOldestRetained (every retained event, no RESYNC), an
+    // in-process consumer's request. From a client it is a position beyond the stream's last
+    // seq like any other, which docs/api.md promises a RESYNC for; passed on as is, it replayed
+    // the history as if nothing had been lost.
+    if (from == bus::kOldestRetained) from = bus::kUnknownPosition;
     bus::Subscription sub =
         bus_.subscribe(from, bus::EventFilter{req->pod_uid(), req->pod_namespace()});
     OpenWatch open{*this, sub, ctx};
@@ -350,7 +362,14 @@ ApiServer::ApiServer(ApiServerOptions options, bus::EventBus& bus, StateProvider
       streams_(std::make_unique<StreamSlots>(options_.max_watchers)),
       service_(std::make_unique<PodLifecycleService>(bus, state, health, stats, *streams_,
                                                      options_.cut_off_grace)),
-      health_service_(std::make_unique<HealthService>(kWatchPoll, streams_.get())) {}
+      health_service_(std::make_unique<HealthService>(kWatchPoll, streams_.get())) {
+  // A stream that finds every slot taken first has the open ones look whether their clients
+  // went away (a cancelled idle stream would otherwise hold its slot up to kWatchPoll).
+  streams_->set_reclaim([this] {
+    service_->wake_watches();
+    health_service_->wake_watches();
+  });
+}
 
 ApiServer::~ApiServer() { stop(); }
 

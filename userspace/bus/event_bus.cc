@@ -31,6 +31,7 @@ struct Subscriber {
   std::deque<EventPtr> live;     // bounded by capacity
   size_t max_queued = 0;
   bool cut_off = false;
+  bool woken = false;  // wake() was called: the next next() returns kTimeout at once
   std::string close_reason;
   std::function<void()> on_cut_off;  // under mu; run under mu when the cut-off happens
   // Also readable without `mu`, so the bus can prune closed subscribers cheaply.
@@ -158,8 +159,9 @@ Subscription::Next Subscription::next(std::chrono::milliseconds timeout) {
   std::unique_lock l(sub_->mu);
   sub_->cv.wait_for(l, timeout, [&] {
     return sub_->closed.load(std::memory_order_relaxed) || !sub_->backlog.empty() ||
-           !sub_->live.empty();
+           !sub_->live.empty() || sub_->woken;
   });
+  sub_->woken = false;
   if (sub_->closed.load(std::memory_order_relaxed)) return {Status::kClosed, nullptr};
   auto& q = !sub_->backlog.empty() ? sub_->backlog : sub_->live;
   if (q.empty()) return {Status::kTimeout, nullptr};
@@ -176,6 +178,15 @@ void Subscription::set_on_cut_off(std::function<void()> fn) {
   if (!sub_) return;
   std::lock_guard l(sub_->mu);
   sub_->on_cut_off = std::move(fn);
+}
+
+void Subscription::wake() {
+  if (!sub_) return;
+  {
+    std::lock_guard l(sub_->mu);
+    sub_->woken = true;
+  }
+  sub_->cv.notify_all();
 }
 
 bool Subscription::closed() const { return !sub_ || sub_->closed.load(std::memory_order_relaxed); }

@@ -95,6 +95,10 @@ class Subscription {
   Next next(std::chrono::milliseconds timeout);
   // Stops delivery and wakes a blocked next(). Idempotent; safe from any thread.
   void cancel();
+  // Makes a blocked next() (or the next call of it) return kTimeout at once, without closing
+  // anything: the reader gets to look at something else now (the API server uses it to make
+  // an idle Watch check whether its client went away). Safe from any thread.
+  void wake();
 
   // Runs `fn` (on the publishing thread, under the subscription's lock: keep it short, take
   // no bus lock) when the subscriber is cut off for being too slow. Setting another (or an
