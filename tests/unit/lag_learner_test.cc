@@ -24,6 +24,14 @@ int confirm_once(LagLearner& l, ms lag) {
   return looks;
 }
 
+TEST(LagLearner, CountsWhatItLearnedFrom) {
+  LagLearner l;
+  EXPECT_EQ(l.samples(), 0);
+  l.settled(std::nullopt);
+  l.found_by_other(ms(30));
+  EXPECT_EQ(l.samples(), 2);
+}
+
 TEST(LagLearner, LooksAtOnceUntilItHasLearned) {
   LagLearner l;
   EXPECT_EQ(l.first_look(), ms(0));

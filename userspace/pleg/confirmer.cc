@@ -57,14 +57,14 @@ void Confirmer::start_chain(Record& rec, const std::string& pod_uid, Anchor anch
   ++rec.pending;
   ++core_.stats.kernel_signals;
   const auto now = Clock::now();
-  const Clock::duration first_look = learner(anchor, core_.table.likely_sandbox(rec)).first_look();
+  const Clock::duration first = first_look(anchor, core_.table.likely_sandbox(rec));
   const auto deadline = now + core_.opts.confirm_budget;
   if (core_.runtime_events_live) {
     // The runtime's event is the confirmation; a look only for an event late or lost.
-    await_event(rec, pod_uid, anchor, chain, now, first_look, deadline);
+    await_event(rec, pod_uid, anchor, chain, now, first, deadline);
     return;
   }
-  post_look(rec.identity.id, pod_uid, anchor, chain, now, now + first_look, deadline);
+  post_look(rec.identity.id, pod_uid, anchor, chain, now, now + first, deadline);
 }
 
 void Confirmer::post_look(const std::string& id, const std::string& pod_uid, Anchor anchor,

@@ -58,6 +58,8 @@ class LagLearner {
   }
 
   double estimate_ms() const { return estimate_ms_; }
+  // Confirmations it has learned from.
+  int samples() const { return samples_; }
 
  private:
   void up_to(double found_ms) {
