@@ -40,6 +40,8 @@ namespace {
 // stop does not wait for it: stop() cancels every open subscription. Each look costs a wakeup
 // of an otherwise idle daemon, hence seconds, not milliseconds.
 constexpr auto kWatchPoll = std::chrono::milliseconds(1000);
+// How long an idle sync-server polling thread waits before it looks again (see start()).
+constexpr int kSyncPollerTimeoutMs = 3600 * 1000;
 // Server threads for unary calls (List, Stats, InflightCalls, health Check) beside the streams.
 constexpr size_t kUnaryThreads = 16;
 
@@ -330,6 +332,12 @@ Status ApiServer::start() {
   grpc::ResourceQuota quota("kpleg-api");
   quota.SetMaxThreads(static_cast<int>(std::min<size_t>(options_.max_watchers + kUnaryThreads, 1 << 20)));
   builder.SetResourceQuota(quota);
+  // A sync server's polling threads wait for calls with this timeout (gRPC's default: 10 s) and
+  // then loop, or end if more than the minimum are polling: with the default each of them woke an
+  // idle daemon every 10 s. Shutdown wakes them at once, so nothing needs the timeout but the
+  // retiring of surplus pollers after a burst, which can wait an hour.
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::CQ_TIMEOUT_MSEC,
+                              kSyncPollerTimeoutMs);
 
   if (!options_.socket_group.empty()) {
     std::vector<char> buf(16384);
