@@ -25,6 +25,7 @@ struct Subscriber {
 
   mutable std::mutex mu;
   std::condition_variable cv;
+  bool woken = false;  // wake(): the next next() returns kTimeout at once
   std::deque<EventPtr> backlog;  // RESYNC + retained events, taken first
   std::deque<EventPtr> live;     // bounded by capacity
   size_t max_queued = 0;
@@ -154,8 +155,9 @@ Subscription::Next Subscription::next(std::chrono::milliseconds timeout) {
   std::unique_lock l(sub_->mu);
   sub_->cv.wait_for(l, timeout, [&] {
     return sub_->closed.load(std::memory_order_relaxed) || !sub_->backlog.empty() ||
-           !sub_->live.empty();
+           !sub_->live.empty() || sub_->woken;
   });
+  sub_->woken = false;
   if (sub_->closed.load(std::memory_order_relaxed)) return {Status::kClosed, nullptr};
   auto& q = !sub_->backlog.empty() ? sub_->backlog : sub_->live;
   if (q.empty()) return {Status::kTimeout, nullptr};
@@ -166,6 +168,15 @@ Subscription::Next Subscription::next(std::chrono::milliseconds timeout) {
 
 void Subscription::cancel() {
   if (sub_) sub_->close("cancelled");
+}
+
+void Subscription::wake() {
+  if (!sub_) return;
+  {
+    std::lock_guard l(sub_->mu);
+    sub_->woken = true;
+  }
+  sub_->cv.notify_all();
 }
 
 bool Subscription::closed() const { return !sub_ || sub_->closed.load(std::memory_order_relaxed); }

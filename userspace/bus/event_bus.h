@@ -95,6 +95,9 @@ class Subscription {
   Next next(std::chrono::milliseconds timeout);
   // Stops delivery and wakes a blocked next(). Idempotent; safe from any thread.
   void cancel();
+  // Makes a blocked next() (or the next call) return kTimeout now, so that its caller can look
+  // at something else (e.g. whether its client is still there). Safe from any thread.
+  void wake();
 
   bool closed() const;
   bool cut_off() const;
