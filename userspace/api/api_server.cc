@@ -36,10 +36,14 @@ namespace kpleg::api {
 namespace {
 
 // How often an idle Watch looks up from its subscription to notice that its client went away
-// (a write to a gone client fails at once, so this only matters while no event comes). A server
-// stop does not wait for it: stop() cancels every open subscription. Each look costs a wakeup
-// of an otherwise idle daemon, hence seconds, not milliseconds.
-constexpr auto kWatchPoll = std::chrono::milliseconds(1000);
+// (a write to a gone client fails at once, so this only matters while no event comes). gRPC's
+// sync API has no notification of a cancelled call: ServerContext::IsCancelled() is the only way
+// to learn it, so a handler that waits for events has to look now and then. Each look is a
+// wakeup of an otherwise idle daemon, hence a minute. A gone client's stream holds its slot, its
+// thread and its subscription until then, unless an event comes first, or a new stream finds
+// every slot taken: that has every open stream look at once (StreamSlots::take). A server stop
+// does not wait for it either: stop() cancels every open subscription.
+constexpr auto kWatchPoll = std::chrono::milliseconds(60'000);
 // How long an idle sync-server polling thread waits before it looks again (see start()).
 constexpr int kSyncPollerTimeoutMs = 3600 * 1000;
 // Server threads for unary calls (List, Stats, InflightCalls, health Check) beside the streams.
@@ -113,6 +117,12 @@ class PodLifecycleService final : public v1::PodLifecycle::Service {
   PodLifecycleService(bus::EventBus& bus, StateProvider& state, HealthProvider& health,
                       StatsProvider& stats, StreamSlots& streams)
       : bus_(bus), state_(state), health_(health), stats_(stats), streams_(streams) {}
+
+  // Has every open Watch look now whether its client went away.
+  void wake_watches() {
+    std::lock_guard lk(open_mu_);
+    for (bus::Subscription* sub : open_) sub->wake();
+  }
 
   // Ends every open Watch at once, and any Watch that starts later.
   void stop() {
@@ -258,7 +268,12 @@ ApiServer::ApiServer(ApiServerOptions options, bus::EventBus& bus, StateProvider
       health_(health),
       streams_(std::make_unique<StreamSlots>(options_.max_watchers)),
       service_(std::make_unique<PodLifecycleService>(bus, state, health, stats, *streams_)),
-      health_service_(std::make_unique<HealthService>(kWatchPoll, streams_.get())) {}
+      health_service_(std::make_unique<HealthService>(kWatchPoll, streams_.get())) {
+  streams_->set_reclaim([this] {
+    service_->wake_watches();
+    health_service_->wake_watches();
+  });
+}
 
 ApiServer::~ApiServer() { stop(); }
 

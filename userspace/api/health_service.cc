@@ -24,6 +24,14 @@ void HealthService::stop() {
   changed_.notify_all();
 }
 
+void HealthService::wake_watches() {
+  {
+    std::lock_guard lk(mu_);
+    ++wakes_;
+  }
+  changed_.notify_all();
+}
+
 HealthService::Status HealthService::status_of(const std::string& service) const {
   auto it = serving_.find(service);
   if (it == serving_.end()) return HealthCheckResponse::SERVICE_UNKNOWN;
@@ -73,7 +81,9 @@ grpc::Status HealthService::Watch(grpc::ServerContext* ctx, const HealthCheckReq
         continue;
       }
     }
-    changed_.wait_for(lk, watch_poll_, [&] { return stopping_ || version_ != seen; });
+    const uint64_t wakes = wakes_;
+    changed_.wait_for(lk, watch_poll_,
+                      [&] { return stopping_ || version_ != seen || wakes_ != wakes; });
   }
 }
 

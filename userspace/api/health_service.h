@@ -10,9 +10,11 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include "grpc/health/v1/health.grpc.pb.h"
 
@@ -20,6 +22,9 @@ namespace kpleg::api {
 
 // A bound on the API's long-lived streams (Watch and grpc.health Watch): each holds a sync server
 // thread for as long as it is open, so an unbounded number would be unbounded threads.
+// A stream whose client went away keeps its slot until its handler notices, which (without an
+// event to write) is at its next look, up to a minute later: so a stream that finds every slot
+// taken first has the open streams look at once (`reclaim`), and waits briefly for a slot.
 class StreamSlots {
  public:
   explicit StreamSlots(size_t limit) : limit_(limit) {}
@@ -30,6 +35,20 @@ class StreamSlots {
     }
     return true;
   }
+  // Set before the server starts: wakes every open stream to look whether its client is gone.
+  void set_reclaim(std::function<void()> fn) { reclaim_ = std::move(fn); }
+  // try_take(), and when every slot is taken, reclaim and retry for up to `patience`.
+  bool take(std::chrono::milliseconds patience = std::chrono::milliseconds(1000)) {
+    if (try_take()) return true;
+    if (!reclaim_) return false;
+    reclaim_();
+    const auto until = std::chrono::steady_clock::now() + patience;
+    while (std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      if (try_take()) return true;
+    }
+    return false;
+  }
   void give() { used_.fetch_sub(1); }
   size_t limit() const { return limit_; }
   size_t used() const { return used_.load(); }
@@ -37,12 +56,13 @@ class StreamSlots {
  private:
   const size_t limit_;
   std::atomic<size_t> used_{0};
+  std::function<void()> reclaim_;
 };
 
 // Holds one slot for a scope (taken: whether it got one).
 class StreamSlot {
  public:
-  explicit StreamSlot(StreamSlots* slots) : slots_(slots), taken_(slots == nullptr || slots->try_take()) {}
+  explicit StreamSlot(StreamSlots* slots) : slots_(slots), taken_(slots == nullptr || slots->take()) {}
   ~StreamSlot() {
     if (slots_ != nullptr && taken_) slots_->give();
   }
@@ -67,6 +87,8 @@ class HealthService final : public grpc::health::v1::Health::Service {
   void set(const std::string& service, bool serving);
   // Ends every Watch, and any that starts later.
   void stop();
+  // Has every Watch look now whether its client went away.
+  void wake_watches();
 
   grpc::Status Check(grpc::ServerContext* ctx, const grpc::health::v1::HealthCheckRequest* req,
                      grpc::health::v1::HealthCheckResponse* resp) override;
@@ -83,6 +105,7 @@ class HealthService final : public grpc::health::v1::Health::Service {
   std::condition_variable changed_;
   std::map<std::string, bool> serving_;
   uint64_t version_ = 0;  // bumped on every change
+  uint64_t wakes_ = 0;    // bumped by wake_watches()
   bool stopping_ = false;
 };
 
