@@ -300,6 +300,26 @@ TEST(EventBus, CancelWakesABlockedReaderPromptly) {
   EXPECT_EQ(bus.stats().subscribers, 0u);
 }
 
+TEST(EventBus, WakeMakesABlockedReaderReturnATimeoutOnce) {
+  EventBus bus;
+  auto sub = bus.subscribe(0);
+  Subscription::Status status = Subscription::Status::kEvent;
+  auto t0 = std::chrono::steady_clock::now();
+  std::thread blocked([&] { status = sub.next(30s).status; });
+  while (std::chrono::steady_clock::now() - t0 < 20ms) std::this_thread::yield();
+  sub.wake();
+  blocked.join();
+  EXPECT_EQ(status, Subscription::Status::kTimeout);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  EXPECT_FALSE(sub.closed());
+  // The wake is used up: the next wait is a full one, and events still come.
+  EXPECT_EQ(sub.next(20ms).status, Subscription::Status::kTimeout);
+  bus.publish(started("a"));
+  auto n = sub.next(1s);
+  ASSERT_EQ(n.status, Subscription::Status::kEvent);
+  EXPECT_EQ(n.event->seq, 1u);
+}
+
 TEST(EventBus, DestroyingASubscriptionUnsubscribes) {
   EventBus bus;
   {

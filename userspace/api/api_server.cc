@@ -38,10 +38,16 @@ namespace kpleg::api {
 namespace {
 
 // How often an idle Watch looks up from its subscription to notice that its client went away
-// (a write to a gone client fails at once, so this only matters while no event comes). A server
-// stop does not wait for it: stop() cancels every open subscription. Each look costs a wakeup
-// of an otherwise idle daemon, hence seconds, not milliseconds.
-constexpr auto kWatchPoll = std::chrono::milliseconds(1000);
+// (a write to a gone client fails at once, so this only matters while no event comes). gRPC's
+// sync API has no notification of a cancelled call: ServerContext::IsCancelled() is the only way
+// to learn it, so a handler that waits for events has to look now and then. Each look is a
+// wakeup of an otherwise idle daemon, hence a minute. A gone client's stream holds its slot, its
+// thread and its subscription until then, unless an event comes first, or a new stream finds
+// every slot taken: that has every open stream look at once (StreamSlots::take). A server stop
+// does not wait for it either: stop() cancels every open subscription.
+constexpr auto kWatchPoll = std::chrono::milliseconds(60'000);
+// How long an idle sync-server polling thread waits before it looks again (see start()).
+constexpr int kSyncPollerTimeoutMs = 3600 * 1000;
 // Server threads for unary calls (List, Stats, InflightCalls, health Check) beside the streams.
 constexpr size_t kUnaryThreads = 16;
 
@@ -448,6 +454,12 @@ Status ApiServer::start() {
   grpc::ResourceQuota quota("kpleg-api");
   quota.SetMaxThreads(static_cast<int>(std::min<size_t>(options_.max_watchers + kUnaryThreads, 1 << 20)));
   builder.SetResourceQuota(quota);
+  // A sync server's polling threads wait for calls with this timeout (gRPC's default: 10 s) and
+  // then loop, or end if more than the minimum are polling: with the default each of them woke an
+  // idle daemon every 10 s. Shutdown wakes them at once, so nothing needs the timeout but the
+  // retiring of surplus pollers after a burst, which can wait an hour.
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::CQ_TIMEOUT_MSEC,
+                              kSyncPollerTimeoutMs);
 
   if (!options_.socket_group.empty()) {
     std::vector<char> buf(16384);

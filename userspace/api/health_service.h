@@ -15,6 +15,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include "grpc/health/v1/health.grpc.pb.h"
 
@@ -24,9 +25,9 @@ namespace kpleg::api {
 // thread for as long as it is open, so an unbounded number would be unbounded threads.
 //
 // A stream whose client cancelled it keeps its slot until its handler notices, and an idle
-// handler looks only about once a second (so that an idle daemon hardly wakes up). Without more,
+// handler looks only once a minute (so that an idle daemon does not wake up). Without more,
 // a client that opens and cancels streams (a consumer reconnecting, kplegctl runs) would have the
-// next stream refused RESOURCE_EXHAUSTED for up to a second although none of its streams is open
+// next stream refused RESOURCE_EXHAUSTED for up to a minute although none of its streams is open
 // any more. So when no slot is free, take() first has the open streams look at their clients
 // now (the reclaim hook) and waits a moment for the ones that went away to give theirs back.
 class StreamSlots {

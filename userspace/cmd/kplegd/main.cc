@@ -18,11 +18,15 @@
 #include "common/logging.h"
 #include "common/thread_name.h"
 #include "daemon/daemon.h"
+#include "grpcidle/grpc_idle.h"
 #include "kernel/kernel_source.h"
 #include "kernel/self_test.h"
 #include "metrics/http_server.h"
 
 namespace {
+
+// What grpcidle::install() said ("" when it did its work), logged once logging is set up.
+std::string g_grpc_idle_note;
 
 using namespace kpleg;
 
@@ -84,6 +88,8 @@ int self_test(const kernel::BpfOptions& bpf, const std::string& cgroup_base) {
 int run_daemon(const daemon::DaemonOptions& opts, const api::ApiServerOptions& api_opts,
                const metrics::MetricsServerOptions& metrics_opts, bool print_events,
                const sigset_t& sigs) {
+  if (!g_grpc_idle_note.empty())
+    spdlog::warn("gRPC's timer threads wake every second while idle: {}", g_grpc_idle_note);
   auto d = daemon::Daemon::start(opts);
   if (!d) {
     spdlog::error("{}", d.error().message);
@@ -153,6 +159,15 @@ int main(int argc, char** argv) {
   // one thread and handed to the one waiting for it, a second wakeup each time. With poll, the
   // thread that waits for a response reads it.
   setenv("GRPC_POLL_STRATEGY", "poll", /*overwrite=*/0);
+  // A client channel with no call in flight is polled by a "backup poller", a timer every 5 s
+  // by default (a wakeup of an idle daemon each time), so that the poll engine still reads a
+  // connection no thread waits on (the runtime closing it, say). The runtime connection's
+  // watcher waits on its own connection all the time; the calls' connection is read by every
+  // call. A minute keeps the safety net for the latter without the wakeups.
+  setenv("GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS", "60000", /*overwrite=*/0);
+  // Before any gRPC object exists: gRPC's timer threads then sleep until a timer is due instead
+  // of waking every second (see grpcidle/grpc_idle.h).
+  g_grpc_idle_note = grpcidle::install();
   CLI::App app{"kplegd: kernel-driven Pod Lifecycle Event Generator"};
   app.set_version_flag("--version", "kplegd 0.1.0");
 

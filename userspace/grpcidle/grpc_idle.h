@@ -1,0 +1,30 @@
+// Makes gRPC 1.51's background threads sleep while nothing is due. Call it first thing in main,
+// before any gRPC object exists (it does nothing, and says so, once gRPC is initialised or with
+// another gRPC version).
+//
+// Why: both of gRPC 1.51's timer lists (iomgr's, run by the "grpc_global_timer" threads, and the
+// default EventEngine's, run by its "timer_manager" thread) are sharded (2 shards per core), and
+// a shard with no timer due within its window reports "window end + 1 ms" as its next deadline,
+// the window being at most 1 s. So each list wakes its thread at least once a second, and up to
+// once per shard per second when the shards' windows drift apart, with no timer pending at all.
+// No channel argument or environment variable changes that.
+//
+// What it does:
+// - iomgr timers: keeps gRPC's own timer list (timers are added, cancelled and run by it as
+//   before) but tracks the pending deadlines itself, and tells the timer threads to sleep until
+//   the earliest real one instead of the next window end; a timer added earlier than that wakes
+//   them, as gRPC does for an earlier timer.
+// - the default EventEngine: replaced by one that only runs closures and timers, on one thread
+//   that sleeps until the next timer is due. In 1.51, with the default experiments, gRPC uses
+//   its EventEngine for nothing else (iomgr does all I/O); connecting, listening and DNS through
+//   it fail with UNIMPLEMENTED.
+#pragma once
+
+#include <string>
+
+namespace kpleg::grpcidle {
+
+// Returns what was done, for the log ("" when both were installed).
+std::string install();
+
+}  // namespace kpleg::grpcidle
