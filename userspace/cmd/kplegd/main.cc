@@ -159,12 +159,11 @@ int main(int argc, char** argv) {
   // one thread and handed to the one waiting for it, a second wakeup each time. With poll, the
   // thread that waits for a response reads it.
   setenv("GRPC_POLL_STRATEGY", "poll", /*overwrite=*/0);
-  // A client channel with no call in flight is polled by a "backup poller", a timer every 5 s
-  // by default (a wakeup of an idle daemon each time), so that the poll engine still reads a
-  // connection no thread waits on (the runtime closing it, say). The runtime connection's
-  // watcher waits on its own connection all the time; the calls' connection is read by every
-  // call. A minute keeps the safety net for the latter without the wakeups.
-  setenv("GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS", "60000", /*overwrite=*/0);
+  // gRPC's "backup poller" (a timer every 5 s, 0.2 wakeups/s of an idle daemon) stays at its
+  // default: with the poll engine it is what reads a connection no thread waits on, and the
+  // calls' connection to a restarted runtime is one: calls fail fast while it reconnects, so
+  // nothing else reads the runtime's SETTINGS frame. At a minute, every reconnection attempt
+  // timed out before it was read (FaultsTest.ContainerdKilledAndRestartedNothingMissed).
   // Before any gRPC object exists: gRPC's timer threads then sleep until a timer is due instead
   // of waking every second (see grpcidle/grpc_idle.h).
   g_grpc_idle_note = grpcidle::install();
