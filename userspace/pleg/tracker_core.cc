@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <string_view>
+
 namespace kpleg::pleg {
 
 uint64_t TrackerStats::corrections_total() const {
@@ -16,9 +18,13 @@ TrackerCore::TrackerCore(cri::CriClient& cri, EventSink& sink, TrackerOptions op
 Result<Observation> TrackerCore::look(const std::string& id, bool kind_known, bool sandbox) {
   auto obs = pleg::look(cri, id, kind_known, sandbox);
   note_call(id, obs.ok() ? nullptr : &obs.error());
-  spdlog::trace("tracker: look at {} ({}{}): {}", id.substr(0, 12), sandbox ? "sandbox" : "container",
-                kind_known ? "" : ", kind guessed",
-                obs.ok() ? std::string(to_string(obs->state)) : obs.error().message);
+  // Checked first: the arguments would cost a copy or two per look even with tracing off.
+  if (spdlog::should_log(spdlog::level::trace)) {
+    spdlog::trace("tracker: look at {} ({}{}): {}", std::string_view(id).substr(0, 12),
+                  sandbox ? "sandbox" : "container", kind_known ? "" : ", kind guessed",
+                  obs.ok() ? std::string_view(to_string(obs->state))
+                           : std::string_view(obs.error().message));
+  }
   return obs;
 }
 
