@@ -1,5 +1,6 @@
 // GrpcCriClient against real sockets: a runtime that never answers, no runtime at all, and the
 // test bed's containerd killed and restarted under a live client.
+#include <google/protobuf/util/message_differencer.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -24,6 +25,7 @@ using cri::CriMethod;
 using cri::GrpcCriClient;
 using cri::GrpcCriClientOptions;
 using Clock = std::chrono::steady_clock;
+using google::protobuf::util::MessageDifferencer;
 namespace v1 = runtime::v1;
 
 std::unique_ptr<GrpcCriClient> make_client(const std::string& endpoint, GrpcCriClientOptions o) {
@@ -233,6 +235,54 @@ TEST_F(GrpcCriClientTestBed, TalksToTheRealRuntime) {
   EXPECT_EQ(client->call_stats().count(CriMethod::kVersion, grpc::StatusCode::OK), 1u);
 }
 
+// The status calls over kpleg's own HTTP/2 connections (the daemon's looks) answer exactly as
+// grpc++ does (field for field: a map's order on the wire is not fixed), for a running
+// container, its sandbox, an exited container and an unknown id.
+TEST_F(GrpcCriClientTestBed, StatusCallsOverKplegsHttp2AnswerAsGrpcDoes) {
+  auto run = run_kpleg_load({"run", "--pods", "1", "--containers", "2", "--namespace", namespace_});
+  ASSERT_TRUE(run.ok()) << run.error().message;
+  ASSERT_EQ(run->exit_code, 0) << run->err;
+  GrpcCriClientOptions grpc_o;
+  grpc_o.h2_status_calls = false;
+  auto via_grpc = make_client(endpoint_, grpc_o);
+  auto via_h2 = make_client(endpoint_, {});
+  ASSERT_NE(via_grpc, nullptr);
+  ASSERT_NE(via_h2, nullptr);
+
+  v1::ContainerFilter filter;
+  (*filter.mutable_label_selector())["io.kubernetes.pod.namespace"] = namespace_;
+  auto containers = via_grpc->list_containers(filter);
+  ASSERT_TRUE(containers.ok()) << containers.error().message;
+  ASSERT_EQ(containers->size(), 2u);
+  // One of them exited, with its exit code and reason in the answer.
+  ASSERT_TRUE(via_grpc->stop_container(containers->at(1).id(), 0).ok());
+  for (const auto& c : *containers) {
+    auto a = via_grpc->container_status(c.id());
+    auto b = via_h2->container_status(c.id());
+    ASSERT_TRUE(a.ok()) << a.error().message;
+    ASSERT_TRUE(b.ok()) << b.error().message;
+    EXPECT_TRUE(MessageDifferencer::Equals(*a, *b))
+        << c.id() << "\n" << a->DebugString() << "\n" << b->DebugString();
+    EXPECT_FALSE(b->id().empty());
+  }
+  auto a = via_grpc->pod_sandbox_status(containers->at(0).pod_sandbox_id());
+  auto b = via_h2->pod_sandbox_status(containers->at(0).pod_sandbox_id());
+  ASSERT_TRUE(a.ok()) << a.error().message;
+  ASSERT_TRUE(b.ok()) << b.error().message;
+  EXPECT_TRUE(MessageDifferencer::Equals(*a, *b)) << a->DebugString() << "\n" << b->DebugString();
+  EXPECT_EQ(b->state(), v1::SANDBOX_READY);
+
+  auto missing = via_h2->container_status(std::string(64, 'e'));
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.error().code, grpc::StatusCode::NOT_FOUND) << missing.error().message;
+  EXPECT_NE(missing.error().message.find("CRI ContainerStatus failed: NOT_FOUND: "),
+            std::string::npos)
+      << missing.error().message;
+  EXPECT_EQ(via_h2->call_stats().count(CriMethod::kContainerStatus, grpc::StatusCode::OK), 2u);
+  EXPECT_EQ(via_h2->call_stats().count(CriMethod::kPodSandboxStatus, grpc::StatusCode::OK), 1u);
+  EXPECT_EQ(via_h2->calls_in_flight(), 0u);
+}
+
 // containerd dies (SIGKILL, as the OOM killer or a crash would) and comes back. The very same
 // client must notice, fail fast while it is gone, reconnect by itself and say so.
 TEST_F(GrpcCriClientTestBed, SameClientReconnectsAfterContainerdIsKilledAndRestarted) {
@@ -291,6 +341,11 @@ TEST_F(GrpcCriClientTestBed, SameClientReconnectsAfterContainerdIsKilledAndResta
   auto pods = client->list_pod_sandboxes(filter);
   ASSERT_TRUE(pods.ok()) << pods.error().message;
   EXPECT_EQ(pods->size(), 1u) << "the pod created before the restart is gone";
+  // The status calls' own connection (cri/h2_unary.h), closed by the restart, is replaced too.
+  ASSERT_FALSE(pods->empty());
+  auto sandbox = client->pod_sandbox_status(pods->at(0).id());
+  ASSERT_TRUE(sandbox.ok()) << sandbox.error().message;
+  EXPECT_EQ(sandbox->state(), v1::SANDBOX_READY);
 }
 
 }  // namespace

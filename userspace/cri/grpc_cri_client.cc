@@ -117,6 +117,11 @@ GrpcCriClient::GrpcCriClient(std::string target, GrpcCriClientOptions options)
   // response that another thread is waiting for.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   watch_channel_ = grpc::CreateCustomChannel(target_, grpc::InsecureChannelCredentials(), args);
+  if (options_.h2_status_calls) {
+    H2UnaryOptions h2o;
+    h2o.max_message_bytes = size_t(options_.max_receive_message_bytes);
+    h2_ = std::make_unique<H2UnaryPool>(socket_path_of(target_), options_.max_in_flight, h2o);
+  }
   watcher_ = std::thread([this] {
     set_thread_name("kpleg-cri-watch");
     watch_connectivity();
@@ -243,7 +248,48 @@ Result<Response> GrpcCriClient::invoke(CriMethod method, std::chrono::millisecon
   return response;
 }
 
+template <typename Response>
+Result<Response> GrpcCriClient::invoke_h2(CriMethod method, std::string_view path,
+                                          const google::protobuf::MessageLite& request,
+                                          std::chrono::milliseconds timeout, CallSubject subject) {
+  const auto deadline = Clock::now() + timeout;
+  InflightCalls::Ticket ticket;
+  if (options_.inflight) {
+    ticket = options_.inflight->begin(cri_method_name(method), CallOrigin::kDaemon,
+                                      std::move(subject));
+  }
+  CallSlot slot(slots_, deadline);
+  if (!slot.held()) {
+    stats_.record(method, grpc::StatusCode::DEADLINE_EXCEEDED);
+    return Error{grpc::StatusCode::DEADLINE_EXCEEDED,
+                 fmt::format("CRI {} failed: DEADLINE_EXCEEDED: no free call slot within {} ms "
+                             "({} calls in flight)",
+                             cri_method_name(method), timeout.count(), slots_.capacity())};
+  }
+  if (h2_cancel_.cancelled()) {
+    stats_.record(method, grpc::StatusCode::CANCELLED);
+    return Error{grpc::StatusCode::CANCELLED,
+                 fmt::format("CRI {} failed: CANCELLED: kplegd is shutting down",
+                             cri_method_name(method))};
+  }
+  auto answer = h2_->call(path, request.SerializeAsString(), deadline, &h2_cancel_);
+  Response response;
+  int code = answer ? int(grpc::StatusCode::OK) : answer.error().code;
+  if (answer && !response.ParseFromString(*answer)) code = grpc::StatusCode::INTERNAL;
+  stats_.record(method, code);
+  if (!answer) {
+    return Error{code, fmt::format("CRI {} failed: {}: {}", cri_method_name(method),
+                                   grpc_code_name(code), answer.error().message)};
+  }
+  if (code != grpc::StatusCode::OK) {
+    return Error{code, fmt::format("CRI {} failed: INTERNAL: the answer does not parse",
+                                   cri_method_name(method))};
+  }
+  return response;
+}
+
 void GrpcCriClient::cancel_calls() {
+  h2_cancel_.cancel();
   std::lock_guard lk(calls_mu_);
   cancelled_ = true;
   for (auto* ctx : calls_) ctx->TryCancel();
@@ -285,6 +331,13 @@ Result<std::vector<v1::PodSandbox>> GrpcCriClient::list_pod_sandboxes(
 Result<v1::PodSandboxStatus> GrpcCriClient::pod_sandbox_status(const std::string& pod_sandbox_id) {
   v1::PodSandboxStatusRequest req;
   req.set_pod_sandbox_id(pod_sandbox_id);
+  if (h2_) {
+    auto r = invoke_h2<v1::PodSandboxStatusResponse>(
+        CriMethod::kPodSandboxStatus, "/runtime.v1.RuntimeService/PodSandboxStatus", req,
+        options_.call_timeout, id_subject(pod_sandbox_id));
+    if (!r) return r.error();
+    return std::move(*r->mutable_status());
+  }
   auto r = invoke<v1::PodSandboxStatusResponse>(
       CriMethod::kPodSandboxStatus, options_.call_timeout, id_subject(pod_sandbox_id),
       [&](grpc::ClientContext* c, v1::PodSandboxStatusResponse* resp) {
@@ -314,6 +367,13 @@ Result<std::vector<v1::Container>> GrpcCriClient::list_containers(
 Result<v1::ContainerStatus> GrpcCriClient::container_status(const std::string& container_id) {
   v1::ContainerStatusRequest req;
   req.set_container_id(container_id);
+  if (h2_) {
+    auto r = invoke_h2<v1::ContainerStatusResponse>(
+        CriMethod::kContainerStatus, "/runtime.v1.RuntimeService/ContainerStatus", req,
+        options_.call_timeout, id_subject(container_id));
+    if (!r) return r.error();
+    return std::move(*r->mutable_status());
+  }
   auto r = invoke<v1::ContainerStatusResponse>(
       CriMethod::kContainerStatus, options_.call_timeout, id_subject(container_id),
       [&](grpc::ClientContext* c, v1::ContainerStatusResponse* resp) {

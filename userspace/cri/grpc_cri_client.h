@@ -37,6 +37,7 @@
 #include "cri/call_stats.h"
 #include "cri/cancel_token.h"
 #include "cri/cri_client.h"
+#include "cri/h2_unary.h"
 #include "cri/inflight_calls.h"
 
 namespace kpleg::cri {
@@ -67,6 +68,10 @@ struct GrpcCriClientOptions {
   std::function<void()> on_state_change;
   // Where every call registers while in flight (the stuck-call watchdog); none: not tracked.
   std::shared_ptr<InflightCalls> inflight;
+  // ContainerStatus and PodSandboxStatus (the daemon's confirmation looks) over kpleg's own
+  // HTTP/2 connections (h2_unary.h) instead of grpc++: a fraction of the CPU per call. Same
+  // deadlines, slots, statistics, in-flight registry and cancellation as every other call.
+  bool h2_status_calls = true;
 };
 
 // The gRPC channel's connectivity state.
@@ -136,6 +141,11 @@ class GrpcCriClient final : public CriClient {
   template <typename Response, typename Invoke>
   Result<Response> invoke(CriMethod method, std::chrono::milliseconds timeout,
                           CallSubject subject, Invoke&& rpc);
+  // A call over h2_ (h2_unary.h): `path` the method's HTTP/2 path.
+  template <typename Response>
+  Result<Response> invoke_h2(CriMethod method, std::string_view path,
+                             const google::protobuf::MessageLite& request,
+                             std::chrono::milliseconds timeout, CallSubject subject);
 
   const std::string target_;
   const GrpcCriClientOptions options_;
@@ -148,6 +158,8 @@ class GrpcCriClient final : public CriClient {
   std::mutex calls_mu_;
   std::unordered_set<grpc::ClientContext*> calls_;  // in flight, under calls_mu_
   bool cancelled_ = false;                          // under calls_mu_
+  std::unique_ptr<H2UnaryPool> h2_;  // with h2_status_calls
+  CancelToken h2_cancel_;            // cancel_calls() ends the calls over h2_
   std::mutex watch_mu_;  // the watcher's use of channel_ against its destruction
   bool stopping_ = false;  // guarded by watch_mu_
   grpc::CompletionQueue watch_cq_;

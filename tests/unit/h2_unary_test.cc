@@ -1,0 +1,258 @@
+// kpleg's own unary gRPC calls over HTTP/2 (cri/h2_unary.h) against a real grpc++ server on a
+// unix socket: the answer, many calls over one connection, the server's status and message,
+// the deadline (and that the server is told it), cancellation, a server restarted between calls
+// (the call is made again on a new connection), no server at all, the size limit, and the pool
+// under calls from several threads.
+#include <gtest/gtest.h>
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "cri/api.grpc.pb.h"
+#include "cri/h2_unary.h"
+#include "support/eventually.h"
+
+namespace kpleg::cri {
+namespace {
+
+using namespace std::chrono_literals;
+namespace v1 = ::runtime::v1;
+using Clock = std::chrono::steady_clock;
+constexpr std::string_view kStatus = "/runtime.v1.RuntimeService/ContainerStatus";
+
+// ContainerStatus answers with the id asked for; "missing" is NOT_FOUND, "slow" sleeps until
+// the client goes away (or 5 s), "big" answers with a 1 MiB label. It records the deadline
+// the server saw.
+class StatusService final : public v1::RuntimeService::Service {
+ public:
+  grpc::Status ContainerStatus(grpc::ServerContext* ctx, const v1::ContainerStatusRequest* req,
+                               v1::ContainerStatusResponse* resp) override {
+    ++calls;
+    last_deadline_left_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                ctx->deadline() - std::chrono::system_clock::now())
+                                .count();
+    if (req->container_id() == "missing")
+      return {grpc::StatusCode::NOT_FOUND, "an error occurred when try to find container \"missing\": 100% not found"};
+    if (req->container_id() == "slow") {
+      const auto until = Clock::now() + 5s;
+      while (!ctx->IsCancelled() && Clock::now() < until) std::this_thread::sleep_for(5ms);
+      return grpc::Status::CANCELLED;
+    }
+    resp->mutable_status()->set_id(req->container_id());
+    resp->mutable_status()->set_state(v1::CONTAINER_EXITED);
+    resp->mutable_status()->set_exit_code(137);
+    if (req->container_id() == "big")
+      (*resp->mutable_status()->mutable_labels())["big"] = std::string(1 << 20, 'x');
+    return grpc::Status::OK;
+  }
+  std::atomic<int> calls{0};
+  std::atomic<int64_t> last_deadline_left_ms{0};
+};
+
+std::string socket_path() {
+  static int n = 0;
+  return "/tmp/kpleg-h2u-test-" + std::to_string(getpid()) + "-" + std::to_string(n++) + ".sock";
+}
+
+struct Server {
+  std::string path;
+  StatusService service;
+  std::unique_ptr<grpc::Server> server;
+  explicit Server(std::string p = socket_path()) : path(std::move(p)) {
+    grpc::ServerBuilder b;
+    b.AddListeningPort("unix://" + path, grpc::InsecureServerCredentials());
+    b.RegisterService(&service);
+    server = b.BuildAndStart();
+  }
+  ~Server() { stop(); }
+  void stop() {
+    if (!server) return;
+    server->Shutdown(std::chrono::system_clock::now() + 1s);
+    server.reset();
+    unlink(path.c_str());
+  }
+};
+
+std::string request(const std::string& id) {
+  v1::ContainerStatusRequest r;
+  r.set_container_id(id);
+  return r.SerializeAsString();
+}
+
+Result<v1::ContainerStatus> status(H2UnaryConnection& c, const std::string& id,
+                                   Clock::duration timeout = 2s, CancelToken* cancel = nullptr) {
+  auto r = c.call(kStatus, request(id), Clock::now() + timeout, cancel);
+  if (!r) return r.error();
+  v1::ContainerStatusResponse resp;
+  if (!resp.ParseFromString(*r)) return Error{-1, "does not parse"};
+  return resp.status();
+}
+
+TEST(H2UnaryTest, AnswersManyCallsOverOneConnection) {
+  Server server;
+  H2UnaryConnection c(server.path);
+  for (int i = 0; i < 300; ++i) {
+    auto st = status(c, "c" + std::to_string(i));
+    ASSERT_TRUE(st.ok()) << st.error().message;
+    EXPECT_EQ(st->id(), "c" + std::to_string(i));
+    EXPECT_EQ(st->state(), v1::CONTAINER_EXITED);
+    EXPECT_EQ(st->exit_code(), 137);
+  }
+  EXPECT_EQ(c.connects(), 1u);
+  EXPECT_EQ(server.service.calls.load(), 300);
+}
+
+TEST(H2UnaryTest, TheServersStatusAndMessageComeBackAndTheConnectionStays) {
+  Server server;
+  H2UnaryConnection c(server.path);
+  auto st = status(c, "missing");
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().code, int(grpc::StatusCode::NOT_FOUND));
+  EXPECT_EQ(st.error().message,
+            "an error occurred when try to find container \"missing\": 100% not found");
+  ASSERT_TRUE(status(c, "after").ok());
+  EXPECT_EQ(c.connects(), 1u);
+}
+
+TEST(H2UnaryTest, TheServerIsToldTheDeadline) {
+  Server server;
+  H2UnaryConnection c(server.path);
+  ASSERT_TRUE(status(c, "x", 1500ms).ok());
+  EXPECT_GT(server.service.last_deadline_left_ms.load(), 1000);
+  EXPECT_LE(server.service.last_deadline_left_ms.load(), 1500);
+}
+
+TEST(H2UnaryTest, ACallPastItsDeadlineFailsThenTheNextOneWorks) {
+  Server server;
+  H2UnaryConnection c(server.path);
+  const auto start = Clock::now();
+  auto st = status(c, "slow", 300ms);
+  const auto took = Clock::now() - start;
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().code, int(grpc::StatusCode::DEADLINE_EXCEEDED)) << st.error().message;
+  EXPECT_GE(took, 300ms);
+  EXPECT_LT(took, 1500ms);
+  auto next = status(c, "next");
+  ASSERT_TRUE(next.ok()) << next.error().message;
+  EXPECT_EQ(next->id(), "next");
+}
+
+TEST(H2UnaryTest, CancelEndsACallThatWaits) {
+  Server server;
+  H2UnaryConnection c(server.path);
+  CancelToken cancel;
+  std::atomic<bool> done{false};
+  Result<v1::ContainerStatus> st = Error{};
+  std::thread t([&] {
+    st = status(c, "slow", 10s, &cancel);
+    done = true;
+  });
+  ASSERT_TRUE(testing::eventually([&] { return server.service.calls.load() == 1; }, 5s));
+  EXPECT_FALSE(done.load());
+  cancel.cancel();
+  EXPECT_TRUE(testing::eventually([&] { return done.load(); }, 2s));
+  t.join();
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().code, int(grpc::StatusCode::CANCELLED));
+  // A cancelled token fails the next call at once, without sending it.
+  auto later = status(c, "later", 2s, &cancel);
+  ASSERT_FALSE(later.ok());
+  EXPECT_EQ(later.error().code, int(grpc::StatusCode::CANCELLED));
+  EXPECT_EQ(server.service.calls.load(), 1);
+}
+
+// The runtime restarted while the connection was idle: the next call notices the closed
+// connection and is made on a new one, instead of failing.
+TEST(H2UnaryTest, AServerRestartedBetweenCallsIsReconnectedTo) {
+  auto server = std::make_unique<Server>();
+  const std::string path = server->path;
+  H2UnaryConnection c(path);
+  ASSERT_TRUE(status(c, "before").ok());
+  server.reset();
+  auto down = status(c, "while-down");
+  ASSERT_FALSE(down.ok());
+  EXPECT_EQ(down.error().code, int(grpc::StatusCode::UNAVAILABLE));
+  EXPECT_NE(down.error().message.find(path), std::string::npos) << down.error().message;
+  server = std::make_unique<Server>(path);
+  auto after = status(c, "after");
+  ASSERT_TRUE(after.ok()) << after.error().message;
+  EXPECT_EQ(after->id(), "after");
+  EXPECT_EQ(c.connects(), 2u);
+}
+
+// The same, with the server gone and back between two calls and nothing in between: the call
+// on the connection the old server closed is made again on a new one.
+TEST(H2UnaryTest, AConnectionClosedWhileIdleIsReplacedWithoutFailingTheCall) {
+  auto server = std::make_unique<Server>();
+  const std::string path = server->path;
+  H2UnaryConnection c(path);
+  ASSERT_TRUE(status(c, "before").ok());
+  server.reset();
+  server = std::make_unique<Server>(path);
+  auto after = status(c, "after");
+  ASSERT_TRUE(after.ok()) << after.error().message;
+  EXPECT_EQ(c.connects(), 2u);
+}
+
+TEST(H2UnaryTest, NoServerIsUnavailableAndNamesTheSocket) {
+  const std::string path = socket_path();
+  H2UnaryConnection c(path);
+  const auto start = Clock::now();
+  auto st = status(c, "x", 5s);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().code, int(grpc::StatusCode::UNAVAILABLE));
+  EXPECT_NE(st.error().message.find(path), std::string::npos) << st.error().message;
+  EXPECT_LT(Clock::now() - start, 1s);
+}
+
+TEST(H2UnaryTest, AnAnswerOverTheLimitFailsTheCall) {
+  Server server;
+  H2UnaryOptions o;
+  o.max_message_bytes = 64 * 1024;
+  H2UnaryConnection c(server.path, o);
+  auto st = status(c, "big");
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().code, int(grpc::StatusCode::RESOURCE_EXHAUSTED)) << st.error().message;
+  ASSERT_TRUE(status(c, "small").ok());
+  H2UnaryConnection roomy(server.path);
+  auto big = status(roomy, "big");
+  ASSERT_TRUE(big.ok()) << big.error().message;
+  EXPECT_EQ(big->labels().at("big").size(), size_t(1) << 20);
+}
+
+TEST(H2UnaryTest, AServerWithoutTheMethodIsUnimplemented) {
+  Server server;
+  H2UnaryConnection c(server.path);
+  auto r = c.call("/runtime.v1.RuntimeService/NoSuchMethod", "", Clock::now() + 2s, nullptr);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, int(grpc::StatusCode::UNIMPLEMENTED)) << r.error().message;
+}
+
+TEST(H2UnaryTest, ThePoolServesThreadsWithAConnectionEachAtMost) {
+  Server server;
+  H2UnaryPool pool(server.path, 4);
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 4; ++t) {
+    ts.emplace_back([&, t] {
+      for (int i = 0; i < 200; ++i) {
+        const std::string id = std::to_string(t) + "-" + std::to_string(i);
+        auto r = pool.call(kStatus, request(id), Clock::now() + 2s, nullptr);
+        v1::ContainerStatusResponse resp;
+        if (!r || !resp.ParseFromString(*r) || resp.status().id() != id) ++wrong;
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(server.service.calls.load(), 800);
+  EXPECT_GE(pool.connects(), 1u);
+  EXPECT_LE(pool.connects(), 4u);
+}
+
+}  // namespace
+}  // namespace kpleg::cri
