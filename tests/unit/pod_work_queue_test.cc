@@ -12,7 +12,13 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <thread>
+#include <cstdio>
 #include <vector>
+#include <dirent.h>
+#include <fstream>
+#include <sstream>
+#include <string>
 
 namespace kpleg::pleg {
 namespace {
@@ -176,6 +182,57 @@ TEST(PodWorkQueue, ADelayedTaskRunsWhileTheWorkerThatWaitedForItIsBusy) {
   hung.release();
   q.stop();  // waits for the running tasks, pod-1's included
   EXPECT_TRUE(first_saw_second.load()) << "the first delayed task never saw the second run";
+}
+
+// Times the threads named kpleg-work (the queue's workers, in this process only) went to sleep
+// and were woken: their voluntary context switches.
+uint64_t worker_wakeups() {
+  uint64_t total = 0;
+  DIR* d = opendir("/proc/self/task");
+  if (!d) return 0;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    const std::string dir = std::string("/proc/self/task/") + e->d_name;
+    std::ifstream comm(dir + "/comm");
+    std::string name;
+    std::getline(comm, name);
+    if (name != "kpleg-work") continue;
+    std::ifstream status(dir + "/status");
+    for (std::string line; std::getline(status, line);) {
+      if (line.rfind("voluntary_ctxt_switches:", 0) == 0)
+        total += std::stoull(line.substr(line.find(':') + 1));
+    }
+  }
+  closedir(d);
+  return total;
+}
+
+// A delayed task costs one wakeup of one worker, when it is due: posting it wakes nobody,
+// and no other worker wakes to wait in its place. (Each one cost three or four wakeups with one
+// worker waiting out the earliest time on a condition variable.)
+TEST(PodWorkQueue, ADelayedTaskWakesOneWorkerOnceWhenItIsDue) {
+  PodWorkQueue q(4);
+  constexpr int kTasks = 40;
+  std::atomic<int> ran{0};
+  Latch all;
+  // The workers have started (a worker that goes to sleep only now adds one wakeup at most).
+  Latch warm;
+  q.post("warm", [&] { warm.open(); });
+  ASSERT_TRUE(warm.wait());
+  const uint64_t before = worker_wakeups();
+  const auto start = Clock::now() + 20ms;
+  for (int i = 0; i < kTasks; ++i) {
+    q.post("pod-" + std::to_string(i), [&] {
+      if (++ran == kTasks) all.open();
+    }, start + i * 4ms);
+  }
+  ASSERT_TRUE(all.wait());
+  const uint64_t wakeups = worker_wakeups() - before;
+  RecordProperty("wakeups", std::to_string(wakeups));
+  std::printf("%llu wakeups for %d delayed tasks\n", (unsigned long long)wakeups, kTasks);
+  EXPECT_LE(wakeups, uint64_t(kTasks * 3 / 2)) << wakeups << " wakeups for " << kTasks << " tasks";
+  EXPECT_GE(wakeups, uint64_t(kTasks / 2)) << "the count does not see the workers";
+  q.stop();
 }
 
 TEST(PodWorkQueue, StopDropsPendingTasksAndReturns) {

@@ -1,9 +1,39 @@
 #include "pleg/pod_work_queue.h"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/timerfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+
 #include "common/thread_name.h"
 
 namespace kpleg::pleg {
+namespace {
+
+void drain(int fd) {
+  uint64_t v;
+  while (read(fd, &v, sizeof v) < 0 && errno == EINTR) {
+  }
+}
+
+void signal(int fd) {
+  const uint64_t one = 1;
+  while (write(fd, &one, sizeof one) < 0 && errno == EINTR) {
+  }
+}
+
+}  // namespace
 
 PodWorkQueue::PodWorkQueue(size_t workers) {
+  timer_fd_ = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
+  ready_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (timer_fd_ < 0 || ready_fd_ < 0 || stop_fd_ < 0)
+    throw std::runtime_error(std::string("pod work queue: ") + std::strerror(errno));
   for (size_t i = 0; i < workers; ++i)
     threads_.emplace_back([this] {
       set_thread_name("kpleg-work");
@@ -11,20 +41,41 @@ PodWorkQueue::PodWorkQueue(size_t workers) {
     });
 }
 
-PodWorkQueue::~PodWorkQueue() { stop(); }
+PodWorkQueue::~PodWorkQueue() {
+  stop();
+  for (int fd : {timer_fd_, ready_fd_, stop_fd_})
+    if (fd >= 0) close(fd);
+}
+
+void PodWorkQueue::wake_one() { signal(ready_fd_); }
+
+void PodWorkQueue::arm(Clock::time_point at) {
+  if (at == armed_at_) return;
+  armed_at_ = at;
+  itimerspec its{};
+  if (at != Clock::time_point::max()) {
+    // steady_clock is CLOCK_MONOTONIC: its time_since_epoch is the timer's absolute time.
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(at.time_since_epoch()).count();
+    its.it_value.tv_sec = ns / 1'000'000'000;
+    its.it_value.tv_nsec = ns % 1'000'000'000;
+    if (its.it_value.tv_sec == 0 && its.it_value.tv_nsec == 0) its.it_value.tv_nsec = 1;
+  }
+  timerfd_settime(timer_fd_, TFD_TIMER_ABSTIME, &its, nullptr);
+}
 
 void PodWorkQueue::post(const std::string& pod, Task task, Clock::time_point not_before) {
-  bool wake;
-  {
-    std::lock_guard lk(mu_);
-    if (stopping_) return;
-    queues_[pod].push_back({not_before, std::move(task)});
-    // An idle worker must look only if the task may run before anyone would look anyway: the
-    // worker of a busy pod looks again when its task is done, and the timer's worker wakes at
-    // timer_at_. Idle workers are interchangeable: one of them looks (see run()).
-    wake = !busy_.count(pod) && (!timer_armed_ || not_before < timer_at_);
+  std::lock_guard lk(mu_);
+  if (stopping_) return;
+  queues_[pod].push_back({not_before, std::move(task)});
+  // The worker of a busy pod looks again when its task is done; otherwise a ready task wakes
+  // one idle worker, and a delayed one moves the timer earlier if it is due first.
+  if (busy_.count(pod)) return;
+  const auto now = Clock::now();
+  if (not_before <= now) {
+    wake_one();
+  } else if (not_before < armed_at_ || armed_at_ <= now) {
+    arm(not_before);
   }
-  if (wake) cv_.notify_one();
 }
 
 void PodWorkQueue::stop() {
@@ -33,7 +84,7 @@ void PodWorkQueue::stop() {
     stopping_ = true;
     queues_.clear();
   }
-  cv_.notify_all();
+  signal(stop_fd_);
   for (auto& t : threads_) {
     if (t.joinable()) t.join();
   }
@@ -48,58 +99,61 @@ size_t PodWorkQueue::pending() const {
 }
 
 void PodWorkQueue::run() {
+  const int ep = epoll_create1(EPOLL_CLOEXEC);
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLEXCLUSIVE;
+  ev.data.fd = timer_fd_;
+  epoll_ctl(ep, EPOLL_CTL_ADD, timer_fd_, &ev);
+  ev.data.fd = ready_fd_;
+  epoll_ctl(ep, EPOLL_CTL_ADD, ready_fd_, &ev);
+  ev.events = EPOLLIN;  // every worker wakes to stop
+  ev.data.fd = stop_fd_;
+  epoll_ctl(ep, EPOLL_CTL_ADD, stop_fd_, &ev);
+
   std::unique_lock lk(mu_);
   while (!stopping_) {
     // The first ready task of an idle pod. A delayed task (a retry, a removal check) does not
     // hold back the ready tasks queued behind it: every task re-reads the runtime and moves its
     // container forward only, so their order within a pod does not change what is emitted.
-    auto now = Clock::now();
+    const auto now = Clock::now();
     Clock::time_point next_due = Clock::time_point::max();
     std::string pick;
     std::deque<Item>::iterator item;
-    bool found = false;
+    bool found = false, more_ready = false;
     for (auto& [pod, q] : queues_) {
       if (q.empty() || busy_.count(pod)) continue;
       for (auto it = q.begin(); it != q.end(); ++it) {
         if (it->not_before <= now) {
-          pick = pod;
-          item = it;
-          found = true;
-          break;
+          if (found) {
+            more_ready = true;
+          } else {
+            pick = pod;
+            item = it;
+            found = true;
+          }
+          break;  // this pod's other tasks wait for this one
         }
         next_due = std::min(next_due, it->not_before);
       }
-      if (found) break;
+      if (more_ready) break;
     }
+    // The timer follows the earliest delayed task of an idle pod (a busy pod's worker looks
+    // again itself), and another ready task goes to another idle worker.
+    if (!more_ready && (next_due < armed_at_ || armed_at_ <= now)) arm(next_due);
+    if (more_ready) wake_one();
     if (!found) {
-      // Only one idle worker waits for the earliest delayed task (the timer); the others sleep
-      // until a post or a hand-over wakes one of them. Waking every idle worker at every due
-      // time and every post was most of an idle pool's CPU under churn.
-      if (next_due != Clock::time_point::max() && (!timer_armed_ || next_due < timer_at_)) {
-        timer_armed_ = true;
-        timer_at_ = next_due;
-        cv_.wait_until(lk, next_due);
-        if (timer_armed_ && timer_at_ == next_due) timer_armed_ = false;
-      } else {
-        cv_.wait(lk);
+      lk.unlock();
+      epoll_event out[3];
+      const int n = epoll_wait(ep, out, 3, -1);
+      for (int i = 0; i < n; ++i) {
+        if (out[i].data.fd != stop_fd_) drain(out[i].data.fd);
       }
+      lk.lock();
       continue;
     }
     Task task = std::move(item->task);
     queues_[pick].erase(item);
     busy_.insert(pick);
-    // This worker may have been the timer, and other pods' tasks may be ready or delayed: hand
-    // the looking over to an idle worker. (This pod's other tasks wait for this one anyway.)
-    if (!timer_armed_) {
-      bool others = false;
-      for (const auto& [pod, q] : queues_) {
-        if (!q.empty() && !busy_.count(pod)) {
-          others = true;
-          break;
-        }
-      }
-      if (others) cv_.notify_one();
-    }
     lk.unlock();
     task();
     lk.lock();
@@ -108,6 +162,8 @@ void PodWorkQueue::run() {
     if (it != queues_.end() && it->second.empty()) queues_.erase(it);
     // This worker looks again itself (the pod's next task included) before it sleeps.
   }
+  lk.unlock();
+  close(ep);
 }
 
 }  // namespace kpleg::pleg

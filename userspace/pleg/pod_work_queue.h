@@ -2,10 +2,17 @@
 // among those that are due, different pods run in parallel, and a task can be delayed (retries
 // while the runtime catches up, removal checks) without holding a thread or the tasks behind it. A pod whose CRI calls hang occupies at
 // most one worker, so the others keep confirming other pods' events.
+//
+// Idle workers sleep in epoll on two descriptors they share, each registered EPOLLEXCLUSIVE so
+// that the kernel wakes one of them per event: a timerfd set to the earliest delayed task, and an
+// eventfd written for a task that is ready at once. Posting a delayed task costs a
+// timerfd_settime and wakes nobody; when it is due, one worker wakes and runs it. (With a
+// condition variable and one worker waiting out the earliest time, each look cost three or four
+// wakeups: the post woke a worker to re-arm the wait, a superseded wait still woke at its old
+// time, and a worker that took the timer's task woke another to wait in its place.)
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <map>
@@ -40,14 +47,20 @@ class PodWorkQueue {
     Task task;
   };
   void run();
+  // Wakes one idle worker (the eventfd). Caller holds mu_.
+  void wake_one();
+  // Sets the timerfd to `at` unless it is set to that already. Caller holds mu_.
+  void arm(Clock::time_point at);
 
   mutable std::mutex mu_;
-  std::condition_variable cv_;
   std::map<std::string, std::deque<Item>> queues_;
   std::set<std::string> busy_;  // pods with a task running
   bool stopping_ = false;
-  bool timer_armed_ = false;     // an idle worker waits for timer_at_
-  Clock::time_point timer_at_{};
+  // When the timerfd fires next; max: not set. Once past, it has fired (or is about to).
+  Clock::time_point armed_at_ = Clock::time_point::max();
+  int timer_fd_ = -1;  // CLOCK_MONOTONIC, the clock of steady_clock
+  int ready_fd_ = -1;  // eventfd: a task is ready now
+  int stop_fd_ = -1;   // eventfd: every worker ends
   std::vector<std::thread> threads_;
 };
 
