@@ -5,6 +5,7 @@
 #include <sys/timerfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
@@ -52,15 +53,17 @@ void PodWorkQueue::wake_one() { signal(ready_fd_); }
 void PodWorkQueue::arm(Clock::time_point at) {
   if (at == armed_at_) return;
   armed_at_ = at;
-  itimerspec its{};
+  itimerspec its{};  // all zero: disarmed
   if (at != Clock::time_point::max()) {
-    // steady_clock is CLOCK_MONOTONIC: its time_since_epoch is the timer's absolute time.
-    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(at.time_since_epoch()).count();
-    its.it_value.tv_sec = ns / 1'000'000'000;
-    its.it_value.tv_nsec = ns % 1'000'000'000;
-    if (its.it_value.tv_sec == 0 && its.it_value.tv_nsec == 0) its.it_value.tv_nsec = 1;
+    // Relative to now, not an absolute CLOCK_MONOTONIC time: the same thing, except to tools
+    // that shift the clocks of a process (libfaketime rewrites absolute timer times, which
+    // moved every look by the wall clock's step in the clock-step test).
+    const auto left = std::max<int64_t>(
+        1, std::chrono::duration_cast<std::chrono::nanoseconds>(at - Clock::now()).count());
+    its.it_value.tv_sec = left / 1'000'000'000;
+    its.it_value.tv_nsec = left % 1'000'000'000;
   }
-  timerfd_settime(timer_fd_, TFD_TIMER_ABSTIME, &its, nullptr);
+  timerfd_settime(timer_fd_, 0, &its, nullptr);
 }
 
 void PodWorkQueue::post(const std::string& pod, Task task, Clock::time_point not_before) {
