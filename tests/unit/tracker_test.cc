@@ -840,6 +840,54 @@ TEST_F(RuntimeEventsTrackerTest, ALifecycleConfirmedByTheRuntimesEventsCostsNoCa
   EXPECT_EQ(tracker_->stats().runtime_events_late, 0u);
 }
 
+// The stream and the kernel's records are read on different threads: a container's STARTED
+// event can be taken before the exec signal that makes its record. It is kept for that
+// signal, which it then confirms at once: no look, and no wait for the grace.
+TEST_F(RuntimeEventsTrackerTest, AnEventTakenBeforeTheSignalThatMakesTheRecordConfirmsIt) {
+  restart_with_events(60s);
+  auto id = create("app");
+  ASSERT_TRUE(cri_.start_container(id).ok());
+  auto started_ev = event(id, v1::CONTAINER_STARTED_EVENT);
+  const auto before = calls();
+  const auto unmatched = tracker_->stats().runtime_events_unmatched;
+  tracker_->on_runtime_event(started_ev);
+  EXPECT_EQ(tracker_->stats().runtime_events_unmatched, unmatched + 1);
+  EXPECT_TRUE(sink_.types_for(id).empty()) << "an event alone made the container";
+  kernel_exec(id);
+  // Within wait_types' 5 s: with a 60 s grace, anything but the early event takes a minute.
+  ASSERT_TRUE(wait_types(id, {"ContainerStarted"}));
+  EXPECT_EQ(calls(), before);
+  EXPECT_EQ(tracker_->stats().runtime_events_early, 1u);
+  const auto evs = sink_.events();
+  EXPECT_EQ(evs.back().container_name, "app");
+  EXPECT_EQ(evs.back().source, EventSource::kKernel);
+
+  // Its death, with the STOPPED event before the exit signal, goes as before: the record is
+  // there now.
+  ASSERT_TRUE(cri_.exit_container(id, 7).ok());
+  tracker_->on_runtime_event(event(id, v1::CONTAINER_STOPPED_EVENT));
+  kernel_exit(id, 7);
+  ASSERT_TRUE(wait_types(id, {"ContainerStarted", "ContainerDied"}));
+  EXPECT_EQ(sink_.events().back().exit_code, 7);
+  EXPECT_EQ(calls(), before);
+  EXPECT_EQ(tracker_->stats().runtime_events_early, 1u);
+}
+
+// An early event that does not settle the signal's chain (the sandbox's DELETED for a
+// container it never started, say) changes nothing: the signal waits for its event as usual.
+TEST_F(RuntimeEventsTrackerTest, AnEarlyEventThatSaysNothingNewIsNotTaken) {
+  restart_with_events(60s);
+  auto id = create("app");
+  tracker_->on_runtime_event(event(id, v1::CONTAINER_CREATED_EVENT));
+  ASSERT_TRUE(cri_.start_container(id).ok());
+  kernel_exec(id);
+  EXPECT_FALSE(eventually([&] { return !sink_.types_for(id).empty(); }, 200ms))
+      << "a CREATED event started the container";
+  EXPECT_EQ(tracker_->stats().runtime_events_early, 0u);
+  tracker_->on_runtime_event(event(id, v1::CONTAINER_STARTED_EVENT));
+  ASSERT_TRUE(wait_types(id, {"ContainerStarted"}));
+}
+
 // An event that does not come (lost, or later than the grace) is covered by the look the
 // signal would have had; the stream is not trusted again until its next event, and the late
 // event changes nothing.

@@ -11,7 +11,7 @@ using std::chrono::milliseconds;
 
 void Confirmer::on_signal(const std::string& id, const std::string& pod_uid, Signal signal,
                           uint64_t ts_ns) {
-  std::lock_guard lk(core_.mu);
+  TrackerCore::Lock lk(core_.mu);
   Record& rec = core_.table.at(id, pod_uid);
   if (rec.foreign) {
     ++core_.stats.foreign_signals;
@@ -45,18 +45,53 @@ void Confirmer::on_signal(const std::string& id, const std::string& pod_uid, Sig
       anchor = Anchor::kRmdir;
       break;
   }
-  start_chain(rec, pod_uid, anchor);
+  Events out;
+  start_chain(rec, pod_uid, anchor, out);
+  if (!out.empty()) core_.publish(lk, out);
 }
 
-void Confirmer::start_chain(Record& rec, const std::string& pod_uid, Anchor anchor) {
+void Confirmer::remember_early(const std::string& id, const Observation& obs,
+                               Clock::time_point now) {
+  if (early_.size() >= kMaxEarly) {
+    for (auto it = early_.begin(); it != early_.end();) {
+      if (now - it->second.at >= kEarlyFor) it = early_.erase(it);
+      else ++it;
+    }
+    if (early_.size() >= kMaxEarly) return;  // a burst of them: the grace's look covers it
+  }
+  auto [it, fresh] = early_.try_emplace(id, Early{obs, now});
+  if (!fresh && rank(obs.state) >= rank(it->second.obs.state)) it->second = Early{obs, now};
+}
+
+void Confirmer::start_chain(Record& rec, const std::string& pod_uid, Anchor anchor,
+                            Events& out) {
   uint32_t chain = 0;
   if (anchor != Anchor::kExec) {
     chain = ++rec.death_chain;
     rec.confirm_overdue = false;  // a fresh chain, within its budget
   }
-  ++rec.pending;
   ++core_.stats.kernel_signals;
   const auto now = Clock::now();
+  if (!early_.empty()) {
+    auto it = early_.find(rec.identity.id);
+    if (it != early_.end()) {
+      // Taken once: the record exists from now on, and later events find it.
+      const Early early = it->second;
+      early_.erase(it);
+      const ContainerState s = early.obs.state;
+      const bool says = s == ContainerState::kRunning || s == ContainerState::kExited;
+      if (now - early.at < kEarlyFor && says &&
+          rank(s) >= (want_of(anchor) == Want::kRunning ? 1 : 2)) {
+        // The runtime already said so, before this signal made the record.
+        core_.table.adopt_identity(rec, early.obs);
+        if (core_.advance(rec, s, early.obs.snapshot, EventSource::kKernel, false, out) > 0)
+          ++core_.stats.runtime_event_confirmations;
+        ++core_.stats.runtime_events_early;
+        return;
+      }
+    }
+  }
+  ++rec.pending;
   const Clock::duration first = first_look(anchor, core_.table.likely_sandbox(rec));
   const auto deadline = now + core_.opts.confirm_budget;
   if (core_.runtime_events_live) {
@@ -240,8 +275,10 @@ void Confirmer::on_report(const std::string& id, const Observation& obs) {
   if (rec == nullptr || rec->foreign) {
     // Not one of the kernel path's containers (yet): a container the kernel has not signalled
     // is found by its signal's look or by the reconcile, never made from an event alone (the
-    // stream starts with a backlog of events about containers long gone).
+    // stream starts with a backlog of events about containers long gone). Its signal may be
+    // on its way, though: kept briefly for it (early_).
     ++core_.stats.runtime_events_unmatched;
+    if (rec == nullptr) remember_early(id, obs, Clock::now());
     return;
   }
   ++core_.stats.runtime_events;

@@ -11,6 +11,7 @@
 #include <deque>
 #include <optional>
 #include <string>
+#include <unordered_map>
 
 #include "common/log_limiter.h"
 #include "pleg/lag_learner.h"
@@ -53,7 +54,8 @@ class Confirmer {
                Clock::time_point signal_at, Clock::duration last_miss);
   // Queues the first look of a new chain, in pod `pod_uid`'s queue, or, while the runtime's
   // event stream is live, waits for its event. Caller holds core_.mu.
-  void start_chain(Record& rec, const std::string& pod_uid, Anchor anchor);
+  // An early report (see early_) that settles the chain is applied into `out` instead.
+  void start_chain(Record& rec, const std::string& pod_uid, Anchor anchor, Events& out);
   void post_look(const std::string& id, const std::string& pod_uid, Anchor anchor,
                  uint32_t chain, Clock::time_point signal_at, Clock::time_point at,
                  Clock::time_point deadline);
@@ -100,6 +102,21 @@ class Confirmer {
   std::deque<Awaiting> awaiting_;
   std::optional<Clock::time_point> check_due_;
   Clock::time_point last_check_{};
+  // The runtime's events for containers the tracker has no record of yet. The event stream and
+  // the kernel's records are read on different threads, so a container's STARTED event can be
+  // taken before the exec signal that makes its record; unmatched, the signal then waited the
+  // whole grace for an event that had come and went to a look (a Started 100 ms late). Kept
+  // for kEarlyFor, at most kMaxEarly, and taken as the runtime's word by the signal's chain
+  // when it settles it. A container id is never reused, so an old report can only be behind
+  // the container's state, never ahead of it.
+  struct Early {
+    Observation obs;
+    Clock::time_point at;
+  };
+  static constexpr size_t kMaxEarly = 1024;
+  static constexpr std::chrono::seconds kEarlyFor{2};
+  void remember_early(const std::string& id, const Observation& obs, Clock::time_point now);
+  std::unordered_map<std::string, Early> early_;
 };
 
 }  // namespace kpleg::pleg

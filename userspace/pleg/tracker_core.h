@@ -81,6 +81,7 @@ struct TrackerStats {
   uint64_t removal_sweeps = 0;      // list calls of the removal sweep
   uint64_t runtime_events = 0;      // events of the runtime's stream for a known container
   uint64_t runtime_event_confirmations = 0;  // of those, the ones that changed state
+  uint64_t runtime_events_early = 0;  // came before the kernel's signal made the record, then settled its chain
   uint64_t runtime_events_unmatched = 0;  // for no known container (or saying nothing new to look for)
   uint64_t runtime_events_late = 0;  // looks that settled a signal while the stream was live
   bool runtime_events_live = false;  // the runtime's event stream confirms (see runtime_events.h)
