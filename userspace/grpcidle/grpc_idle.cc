@@ -119,11 +119,24 @@ grpc_timer_check_result timer_check(grpc_core::Timestamp* next) {
   if (next == nullptr || r != GRPC_TIMERS_CHECKED_AND_EMPTY) return r;
   Pending& p = pending();
   std::lock_guard lk(p.mu);
-  // gRPC's check ran every timer due at `now`; what is left before it has fired (or been
-  // re-armed, which replaced its entry).
+  // What is left from before `now` has fired (or been re-armed, which replaced its entry) —
+  // or is due and was not run: gRPC's check first compares `now` with a per-thread copy of its
+  // earliest deadline, which only a kick this thread consumed refreshes, and returns "empty"
+  // without looking when that copy is later. Left alone, gRPC would wake this thread at that
+  // stale time and run the timer late; told the next pending deadline instead, the thread
+  // slept past it forever (an alarm that never fired, within a few dozen runs of
+  // GrpcIdle.AnAlarmFiresOnTime). So: drop the copy and look again at once.
+  bool overdue = false;
   while (!p.deadlines.empty() && p.deadlines.begin()->first < now) {
     p.by_timer.erase(p.deadlines.begin()->second);
     p.deadlines.erase(p.deadlines.begin());
+    overdue = true;
+  }
+  if (overdue) {
+    grpc_generic_timer_vtable.consume_kick();  // this thread's copy: gRPC's check will look
+    next->millis = now;
+    p.reported = now;
+    return r;
   }
   const int64_t earliest = p.deadlines.empty() ? kInfFuture : p.deadlines.begin()->first;
   next->millis = earliest;

@@ -13,7 +13,9 @@
 // - iomgr timers: keeps gRPC's own timer list (timers are added, cancelled and run by it as
 //   before) but tracks the pending deadlines itself, and tells the timer threads to sleep until
 //   the earliest real one instead of the next window end; a timer added earlier than that wakes
-//   them, as gRPC does for an earlier timer.
+//   them, as gRPC does for an earlier timer. A check that left a due timer unrun (gRPC's check
+//   trusts a per-thread copy of its earliest deadline, refreshed only by a kick the thread
+//   took) is made again at once with that copy dropped, instead of sleeping past the timer.
 // - the default EventEngine: replaced by one that only runs closures and timers, on one thread
 //   that sleeps until the next timer is due. In 1.51, with the default experiments, gRPC uses
 //   its EventEngine for nothing else (iomgr does all I/O); connecting, listening and DNS through
