@@ -9,6 +9,8 @@
 #include <cerrno>
 #include <cstring>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "common/thread_name.h"
 
@@ -33,12 +35,35 @@ PodWorkQueue::PodWorkQueue(size_t workers) {
   timer_fd_ = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
   ready_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (timer_fd_ < 0 || ready_fd_ < 0 || stop_fd_ < 0)
-    throw std::runtime_error(std::string("pod work queue: ") + std::strerror(errno));
-  for (size_t i = 0; i < workers; ++i)
-    threads_.emplace_back([this] {
+  // Each worker's epoll descriptor is made here, where a failure can be reported: a worker
+  // without one would spin.
+  std::vector<int> eps;
+  auto fail = [&](const char* what) {
+    const int err = errno;
+    for (int fd : eps) close(fd);
+    for (int fd : {timer_fd_, ready_fd_, stop_fd_})
+      if (fd >= 0) close(fd);
+    throw std::runtime_error(std::string("pod work queue: ") + what + ": " + std::strerror(err));
+  };
+  if (timer_fd_ < 0 || ready_fd_ < 0 || stop_fd_ < 0) fail("timerfd/eventfd");
+  for (size_t i = 0; i < workers; ++i) {
+    const int ep = epoll_create1(EPOLL_CLOEXEC);
+    if (ep < 0) fail("epoll_create1");
+    eps.push_back(ep);
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLEXCLUSIVE;
+    ev.data.fd = timer_fd_;
+    if (epoll_ctl(ep, EPOLL_CTL_ADD, timer_fd_, &ev) != 0) fail("epoll_ctl");
+    ev.data.fd = ready_fd_;
+    if (epoll_ctl(ep, EPOLL_CTL_ADD, ready_fd_, &ev) != 0) fail("epoll_ctl");
+    ev.events = EPOLLIN;  // every worker wakes to stop
+    ev.data.fd = stop_fd_;
+    if (epoll_ctl(ep, EPOLL_CTL_ADD, stop_fd_, &ev) != 0) fail("epoll_ctl");
+  }
+  for (int ep : eps)
+    threads_.emplace_back([this, ep] {
       set_thread_name("kpleg-work");
-      run();
+      run(ep);
     });
 }
 
@@ -101,18 +126,7 @@ size_t PodWorkQueue::pending() const {
   return n;
 }
 
-void PodWorkQueue::run() {
-  const int ep = epoll_create1(EPOLL_CLOEXEC);
-  epoll_event ev{};
-  ev.events = EPOLLIN | EPOLLEXCLUSIVE;
-  ev.data.fd = timer_fd_;
-  epoll_ctl(ep, EPOLL_CTL_ADD, timer_fd_, &ev);
-  ev.data.fd = ready_fd_;
-  epoll_ctl(ep, EPOLL_CTL_ADD, ready_fd_, &ev);
-  ev.events = EPOLLIN;  // every worker wakes to stop
-  ev.data.fd = stop_fd_;
-  epoll_ctl(ep, EPOLL_CTL_ADD, stop_fd_, &ev);
-
+void PodWorkQueue::run(int ep) {
   std::unique_lock lk(mu_);
   while (!stopping_) {
     // The first ready task of an idle pod. A delayed task (a retry, a removal check) does not
@@ -147,7 +161,7 @@ void PodWorkQueue::run() {
     if (!found) {
       lk.unlock();
       epoll_event out[3];
-      const int n = epoll_wait(ep, out, 3, -1);
+      const int n = epoll_wait(ep, out, 3, -1);  // EINTR: n < 0, look again
       for (int i = 0; i < n; ++i) {
         if (out[i].data.fd != stop_fd_) drain(out[i].data.fd);
       }

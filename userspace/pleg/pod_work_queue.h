@@ -46,7 +46,8 @@ class PodWorkQueue {
     Clock::time_point not_before;
     Task task;
   };
-  void run();
+  // A worker's loop; `ep` is its own epoll descriptor (made by the constructor, closed here).
+  void run(int ep);
   // Wakes one idle worker (the eventfd). Caller holds mu_.
   void wake_one();
   // Sets the timerfd to `at` unless it is set to that already. Caller holds mu_.
