@@ -3,6 +3,7 @@
 
 #include <future>
 #include <spdlog/spdlog.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -102,6 +103,32 @@ TEST(Logging, AStderrNobodyReadsNeverBlocksTheLoggingThreads) {
   if (!finished) logging.wait();
   EXPECT_TRUE(finished) << "logging blocked on a stderr nobody read";
   EXPECT_NE(out.find("log lines dropped: stderr was not read fast enough"), std::string::npos);
+}
+
+// The line a process logs just before it exits (its reason for exiting) reaches stderr: the
+// writer thread is given its time at exit.
+TEST(Logging, TheLastLineBeforeExitIsWritten) {
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    close(fds[0]);
+    dup2(fds[1], 2);
+    if (!setup_logging("info", LogFormat::kText).ok()) _exit(3);
+    spdlog::error("the reason for exiting");
+    exit(1);  // as returning from main does
+  }
+  close(fds[1]);
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = read(fds[0], buf, sizeof(buf))) > 0;) out.append(buf, size_t(n));
+  close(fds[0]);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 1);
+  EXPECT_NE(out.find("the reason for exiting"), std::string::npos) << "stderr: " << out;
 }
 
 }  // namespace

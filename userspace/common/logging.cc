@@ -10,6 +10,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -152,6 +153,15 @@ Status setup_logging(const std::string& level, LogFormat format) {
   // little for them.
   logger->flush_on(spdlog::level::off);
   spdlog::set_default_logger(logger);
+  // A process that logs its error and returns from main (a bad flag, a kernel path that cannot
+  // start) must not exit before the writer thread has written that line. Registered after the
+  // logger registry exists, so it runs before the registry is destroyed.
+  static std::once_flag at_exit;
+  std::call_once(at_exit, [] {
+    std::atexit([] {
+      if (auto* l = spdlog::default_logger_raw()) l->flush();
+    });
+  });
   return {};
 }
 
