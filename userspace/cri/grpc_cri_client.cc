@@ -201,11 +201,20 @@ void GrpcCriClient::watch_connectivity() {
   }
 }
 
-template <typename Response, typename Invoke>
-Result<Response> GrpcCriClient::invoke(CriMethod method, std::chrono::milliseconds timeout,
-                                       CallSubject subject, Invoke&& rpc) {
+Error GrpcCriClient::failed(CriMethod method, int code, std::string_view what) {
+  stats_.record(method, code);
+  return Error{code, fmt::format("CRI {} failed: {}: {}", cri_method_name(method),
+                                 grpc_code_name(code), what)};
+}
+
+// What every call does around its transport: it is in flight (for the stuck-call watchdog) from
+// the start, since a call waiting for a slot is stuck too from its caller's view; it waits for
+// a call slot until its deadline; and it is refused once kplegd is shutting down. `body` makes
+// the call with the monotonic deadline and returns the answer or a failed(...) error.
+template <typename Response, typename Body>
+Result<Response> GrpcCriClient::guarded(CriMethod method, std::chrono::milliseconds timeout,
+                                        CallSubject subject, Body&& body) {
   const auto deadline = Clock::now() + timeout;
-  // In flight from here: a call waiting for a slot is stuck too, from its caller's view.
   InflightCalls::Ticket ticket;
   if (options_.inflight) {
     ticket = options_.inflight->begin(cri_method_name(method), CallOrigin::kDaemon,
@@ -213,79 +222,57 @@ Result<Response> GrpcCriClient::invoke(CriMethod method, std::chrono::millisecon
   }
   CallSlot slot(slots_, deadline);
   if (!slot.held()) {
-    stats_.record(method, grpc::StatusCode::DEADLINE_EXCEEDED);
-    return Error{grpc::StatusCode::DEADLINE_EXCEEDED,
-                 fmt::format("CRI {} failed: DEADLINE_EXCEEDED: no free call slot within {} ms "
-                             "({} calls in flight)",
-                             cri_method_name(method), timeout.count(), slots_.capacity())};
+    return failed(method, grpc::StatusCode::DEADLINE_EXCEEDED,
+                  fmt::format("no free call slot within {} ms ({} calls in flight)",
+                              timeout.count(), slots_.capacity()));
   }
-  grpc::ClientContext ctx;
-  // gRPC deadlines are wall-clock; convert what is left of the monotonic one.
-  ctx.set_deadline(
-      std::chrono::system_clock::now() +
-      std::chrono::duration_cast<std::chrono::system_clock::duration>(deadline - Clock::now()));
-  {
-    std::lock_guard lk(calls_mu_);
-    if (cancelled_) {
-      stats_.record(method, grpc::StatusCode::CANCELLED);
-      return Error{grpc::StatusCode::CANCELLED,
-                   fmt::format("CRI {} failed: CANCELLED: kplegd is shutting down",
-                               cri_method_name(method))};
-    }
-    calls_.insert(&ctx);
-  }
-  Response response;
-  grpc::Status st = rpc(&ctx, &response);
-  {
-    std::lock_guard lk(calls_mu_);
-    calls_.erase(&ctx);
-  }
-  stats_.record(method, st.error_code());
-  if (!st.ok()) {
-    return Error{st.error_code(), fmt::format("CRI {} failed: {}: {}", cri_method_name(method),
-                                              grpc_code_name(st.error_code()), st.error_message())};
-  }
-  return response;
+  return body(deadline);
+}
+
+template <typename Response, typename Invoke>
+Result<Response> GrpcCriClient::invoke(CriMethod method, std::chrono::milliseconds timeout,
+                                       CallSubject subject, Invoke&& rpc) {
+  return guarded<Response>(
+      method, timeout, std::move(subject), [&](Clock::time_point deadline) -> Result<Response> {
+        grpc::ClientContext ctx;
+        // gRPC deadlines are wall-clock; convert what is left of the monotonic one.
+        ctx.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::duration_cast<std::chrono::system_clock::duration>(
+                             deadline - Clock::now()));
+        {
+          std::lock_guard lk(calls_mu_);
+          if (cancelled_)
+            return failed(method, grpc::StatusCode::CANCELLED, "kplegd is shutting down");
+          calls_.insert(&ctx);
+        }
+        Response response;
+        grpc::Status st = rpc(&ctx, &response);
+        {
+          std::lock_guard lk(calls_mu_);
+          calls_.erase(&ctx);
+        }
+        if (!st.ok()) return failed(method, st.error_code(), st.error_message());
+        stats_.record(method, grpc::StatusCode::OK);
+        return response;
+      });
 }
 
 template <typename Response>
 Result<Response> GrpcCriClient::invoke_h2(CriMethod method, std::string_view path,
                                           const google::protobuf::MessageLite& request,
                                           std::chrono::milliseconds timeout, CallSubject subject) {
-  const auto deadline = Clock::now() + timeout;
-  InflightCalls::Ticket ticket;
-  if (options_.inflight) {
-    ticket = options_.inflight->begin(cri_method_name(method), CallOrigin::kDaemon,
-                                      std::move(subject));
-  }
-  CallSlot slot(slots_, deadline);
-  if (!slot.held()) {
-    stats_.record(method, grpc::StatusCode::DEADLINE_EXCEEDED);
-    return Error{grpc::StatusCode::DEADLINE_EXCEEDED,
-                 fmt::format("CRI {} failed: DEADLINE_EXCEEDED: no free call slot within {} ms "
-                             "({} calls in flight)",
-                             cri_method_name(method), timeout.count(), slots_.capacity())};
-  }
-  if (h2_cancel_.cancelled()) {
-    stats_.record(method, grpc::StatusCode::CANCELLED);
-    return Error{grpc::StatusCode::CANCELLED,
-                 fmt::format("CRI {} failed: CANCELLED: kplegd is shutting down",
-                             cri_method_name(method))};
-  }
-  auto answer = h2_->call(path, request.SerializeAsString(), deadline, &h2_cancel_);
-  Response response;
-  int code = answer ? int(grpc::StatusCode::OK) : answer.error().code;
-  if (answer && !response.ParseFromString(*answer)) code = grpc::StatusCode::INTERNAL;
-  stats_.record(method, code);
-  if (!answer) {
-    return Error{code, fmt::format("CRI {} failed: {}: {}", cri_method_name(method),
-                                   grpc_code_name(code), answer.error().message)};
-  }
-  if (code != grpc::StatusCode::OK) {
-    return Error{code, fmt::format("CRI {} failed: INTERNAL: the answer does not parse",
-                                   cri_method_name(method))};
-  }
-  return response;
+  return guarded<Response>(
+      method, timeout, std::move(subject), [&](Clock::time_point deadline) -> Result<Response> {
+        if (h2_cancel_.cancelled())
+          return failed(method, grpc::StatusCode::CANCELLED, "kplegd is shutting down");
+        auto answer = h2_->call(path, request.SerializeAsString(), deadline, &h2_cancel_);
+        if (!answer) return failed(method, answer.error().code, answer.error().message);
+        Response response;
+        if (!response.ParseFromString(*answer))
+          return failed(method, grpc::StatusCode::INTERNAL, "the answer does not parse");
+        stats_.record(method, grpc::StatusCode::OK);
+        return response;
+      });
 }
 
 void GrpcCriClient::cancel_calls() {

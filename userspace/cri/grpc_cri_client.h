@@ -138,6 +138,11 @@ class GrpcCriClient final : public CriClient {
   std::chrono::milliseconds list_timeout() const {
     return std::max(options_.list_timeout, options_.call_timeout);
   }
+  // Counts the failed call and says what failed: "CRI <method> failed: <CODE>: <what>".
+  Error failed(CriMethod method, int code, std::string_view what);
+  template <typename Response, typename Body>
+  Result<Response> guarded(CriMethod method, std::chrono::milliseconds timeout,
+                           CallSubject subject, Body&& body);
   template <typename Response, typename Invoke>
   Result<Response> invoke(CriMethod method, std::chrono::milliseconds timeout,
                           CallSubject subject, Invoke&& rpc);

@@ -1,13 +1,19 @@
 // What the two nghttp2 clients (h2_stream.cc, h2_unary.cc) share: the gRPC HTTP/2 protocol's
-// status rules and a header helper. Internal to kpleg_cri.
+// status rules (a response's status from its headers, trailers and end) and a header helper.
+// Internal to kpleg_cri.
 #pragma once
 
 #include <grpcpp/support/status_code_enum.h>
 #include <nghttp2/nghttp2.h>
 
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <string_view>
+
+#include "common/result.h"
 
 namespace kpleg::cri::h2 {
 
@@ -51,6 +57,50 @@ inline int code_for_http_status(int http) {
     default: return StatusCode::UNKNOWN;
   }
 }
+
+// A call's response as far as its status goes: fed every header of the response's stream and
+// its close, it says how the call ended, with the gRPC HTTP/2 protocol's rules.
+struct ResponseStatus {
+  int http_status = 0;
+  std::optional<int> grpc_status;
+  std::string grpc_message;
+  bool closed = false;
+  uint32_t reset_code = 0;
+
+  void on_header(std::string_view name, std::string_view value) {
+    if (name == ":status") {
+      http_status = std::atoi(std::string(value).c_str());
+    } else if (name == "grpc-status") {
+      grpc_status = std::atoi(std::string(value).c_str());
+    } else if (name == "grpc-message") {
+      grpc_message = percent_decode(value);
+    }
+  }
+  void on_close(uint32_t error_code) {
+    closed = true;
+    reset_code = error_code;
+  }
+  // OK when the response ended with grpc-status 0; else the reason, in the order the protocol
+  // gives: the connection closed first, a grpc-status, a reset, an HTTP status, nothing.
+  Status status() const {
+    if (!closed) return Error{StatusCode::UNAVAILABLE, "the runtime closed the connection"};
+    if (grpc_status) {
+      if (*grpc_status == 0) return {};
+      return Error{*grpc_status, grpc_message.empty() ? "(no message)" : grpc_message};
+    }
+    if (reset_code != 0) {
+      return Error{reset_code == NGHTTP2_REFUSED_STREAM ? int(StatusCode::UNAVAILABLE)
+                                                        : int(StatusCode::INTERNAL),
+                   "the runtime reset the stream (HTTP/2 error " +
+                       std::string(nghttp2_http2_strerror(reset_code)) + ")"};
+    }
+    if (http_status != 200) {
+      return Error{code_for_http_status(http_status),
+                   "the runtime answered HTTP status " + std::to_string(http_status)};
+    }
+    return Error{StatusCode::INTERNAL, "the response ended without a gRPC status"};
+  }
+};
 
 inline nghttp2_nv header(const char* name, std::string_view value) {
   return nghttp2_nv{reinterpret_cast<uint8_t*>(const_cast<char*>(name)),

@@ -18,9 +18,7 @@ namespace kpleg::cri {
 namespace {
 
 using grpc::StatusCode;
-using h2::code_for_http_status;
 using h2::header;
-using h2::percent_decode;
 
 struct Call {
   int fd = -1;
@@ -29,11 +27,7 @@ struct Call {
   std::string body;  // the request, framed
   size_t body_sent = 0;
   std::string pending;  // received bytes of messages not complete yet
-  int http_status = 0;
-  std::optional<int> grpc_status;
-  std::string grpc_message;
-  bool closed = false;
-  uint32_t reset_code = 0;
+  h2::ResponseStatus response;
   std::optional<Error> failure;  // the first local reason to end the call
   size_t max_message = 0;
   const std::function<bool(std::string_view)>* on_message = nullptr;
@@ -59,13 +53,7 @@ int on_header(nghttp2_session*, const nghttp2_frame* frame, const uint8_t* name,
   if (frame->hd.stream_id != c->stream_id) return 0;
   std::string_view n(reinterpret_cast<const char*>(name), namelen);
   std::string_view v(reinterpret_cast<const char*>(value), valuelen);
-  if (n == ":status") {
-    c->http_status = std::atoi(std::string(v).c_str());
-  } else if (n == "grpc-status") {
-    c->grpc_status = std::atoi(std::string(v).c_str());
-  } else if (n == "grpc-message") {
-    c->grpc_message = percent_decode(v);
-  }
+  c->response.on_header(n, v);
   return 0;
 }
 
@@ -108,8 +96,7 @@ int on_data(nghttp2_session* session, uint8_t, int32_t stream_id, const uint8_t*
 int on_close(nghttp2_session*, int32_t stream_id, uint32_t error_code, void* user) {
   auto* c = static_cast<Call*>(user);
   if (stream_id != c->stream_id) return 0;
-  c->closed = true;
-  c->reset_code = error_code;
+  c->response.on_close(error_code);
   return 0;
 }
 
@@ -127,22 +114,7 @@ ssize_t read_body(nghttp2_session*, int32_t, uint8_t* buf, size_t len, uint32_t*
 // How the call ended, once the loop is over.
 Status outcome(const Call& c) {
   if (c.failure) return *c.failure;
-  if (!c.closed) return Error{StatusCode::UNAVAILABLE, "the runtime closed the connection"};
-  if (c.grpc_status) {
-    if (*c.grpc_status == 0) return {};
-    return Error{*c.grpc_status, c.grpc_message.empty() ? "(no message)" : c.grpc_message};
-  }
-  if (c.reset_code != 0) {
-    return Error{c.reset_code == NGHTTP2_REFUSED_STREAM ? int(StatusCode::UNAVAILABLE)
-                                                        : int(StatusCode::INTERNAL),
-                 "the runtime reset the stream (HTTP/2 error " +
-                     std::string(nghttp2_http2_strerror(c.reset_code)) + ")"};
-  }
-  if (c.http_status != 200) {
-    return Error{code_for_http_status(c.http_status),
-                 "the runtime answered HTTP status " + std::to_string(c.http_status)};
-  }
-  return Error{StatusCode::INTERNAL, "the stream ended without a gRPC status"};
+  return c.response.status();
 }
 
 struct SessionGuard {
@@ -217,7 +189,7 @@ Status h2_server_stream(const std::string& socket_path, std::string_view method,
   }
 
   char buf[64 * 1024];
-  while (!c.closed && !c.failure) {
+  while (!c.response.closed && !c.failure) {
     if (cancel.cancelled()) return Error{StatusCode::CANCELLED, "cancelled"};
     if (int r = nghttp2_session_send(c.session); r != 0) {
       c.fail(StatusCode::UNAVAILABLE, std::string("sending to the runtime: ") + nghttp2_strerror(r));
@@ -234,7 +206,7 @@ Status h2_server_stream(const std::string& socket_path, std::string_view method,
     if (cancel.fd() >= 0 && (fds[1].revents & POLLIN)) return Error{StatusCode::CANCELLED, "cancelled"};
     if ((fds[0].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
     // Everything the socket has, in as few reads as it takes.
-    while (!c.closed && !c.failure) {
+    while (!c.response.closed && !c.failure) {
       ssize_t got = recv(c.fd, buf, sizeof(buf), MSG_DONTWAIT);
       if (got < 0) {
         if (errno == EINTR) continue;
@@ -243,7 +215,7 @@ Status h2_server_stream(const std::string& socket_path, std::string_view method,
         break;
       }
       if (got == 0) {
-        if (!c.closed) c.fail(StatusCode::UNAVAILABLE, "the runtime closed the connection");
+        if (!c.response.closed) c.fail(StatusCode::UNAVAILABLE, "the runtime closed the connection");
         break;
       }
       ssize_t used = nghttp2_session_mem_recv(c.session, reinterpret_cast<const uint8_t*>(buf), size_t(got));

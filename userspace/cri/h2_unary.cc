@@ -25,11 +25,7 @@ struct H2UnaryConnection::Stream {
   size_t body_sent = 0;
   std::string data;  // the answer, framed
   size_t max_message = 0;
-  int http_status = 0;
-  std::optional<int> grpc_status;
-  std::string grpc_message;
-  bool closed = false;
-  uint32_t reset_code = 0;
+  h2::ResponseStatus response;
   bool answered = false;  // anything of the answer arrived
   std::optional<Error> failure;
 
@@ -52,13 +48,7 @@ int on_header(nghttp2_session*, const nghttp2_frame* frame, const uint8_t* name,
   s->answered = true;
   std::string_view n(reinterpret_cast<const char*>(name), namelen);
   std::string_view v(reinterpret_cast<const char*>(value), valuelen);
-  if (n == ":status") {
-    s->http_status = std::atoi(std::string(v).c_str());
-  } else if (n == "grpc-status") {
-    s->grpc_status = std::atoi(std::string(v).c_str());
-  } else if (n == "grpc-message") {
-    s->grpc_message = h2::percent_decode(v);
-  }
+  s->response.on_header(n, v);
   return 0;
 }
 
@@ -82,8 +72,7 @@ int on_data(nghttp2_session* session, uint8_t, int32_t stream_id, const uint8_t*
 int on_close(nghttp2_session*, int32_t stream_id, uint32_t error_code, void* user) {
   Stream* s = stream_of(user);
   if (!s || stream_id != s->id) return 0;
-  s->closed = true;
-  s->reset_code = error_code;
+  s->response.on_close(error_code);
   return 0;
 }
 
@@ -100,21 +89,7 @@ ssize_t read_body(nghttp2_session*, int32_t, uint8_t* buf, size_t len, uint32_t*
 // The answer's one message, or how the call ended otherwise.
 Result<std::string> outcome(Stream& s) {
   if (s.failure) return *s.failure;
-  if (!s.closed) return Error{StatusCode::UNAVAILABLE, "the runtime closed the connection"};
-  if (s.grpc_status) {
-    if (*s.grpc_status != 0)
-      return Error{*s.grpc_status, s.grpc_message.empty() ? "(no message)" : s.grpc_message};
-  } else if (s.reset_code != 0) {
-    return Error{s.reset_code == NGHTTP2_REFUSED_STREAM ? int(StatusCode::UNAVAILABLE)
-                                                        : int(StatusCode::INTERNAL),
-                 "the runtime reset the stream (HTTP/2 error " +
-                     std::string(nghttp2_http2_strerror(s.reset_code)) + ")"};
-  } else if (s.http_status != 200) {
-    return Error{h2::code_for_http_status(s.http_status),
-                 "the runtime answered HTTP status " + std::to_string(s.http_status)};
-  } else {
-    return Error{StatusCode::INTERNAL, "the answer ended without a gRPC status"};
-  }
+  if (auto st = s.response.status(); !st) return st.error();
   // gRPC's framing: a compressed flag (1 byte), the length (4 bytes, big-endian), the message.
   if (s.data.size() < 5)
     return Error{StatusCode::INTERNAL, "the runtime's answer carried no message"};
@@ -210,7 +185,7 @@ bool H2UnaryConnection::receive(Stream* stream) {
       return false;
     }
     if (got == 0) {
-      if (stream && !stream->closed)
+      if (stream && !stream->response.closed)
         stream->fail(StatusCode::UNAVAILABLE, "the runtime closed the connection");
       return false;
     }
@@ -329,7 +304,7 @@ Result<std::string> H2UnaryConnection::attempt(std::string_view method, std::str
   }
 
   bool broken = false;
-  while (!s.closed && !s.failure) {
+  while (!s.response.closed && !s.failure) {
     if (!flush(s, deadline, cancel)) {
       broken = true;
       break;
@@ -358,7 +333,7 @@ Result<std::string> H2UnaryConnection::attempt(std::string_view method, std::str
   }
   // A stream left open (deadline, cancel) or a failed connection: start afresh next time. So
   // does a session that will take no more streams (after a GOAWAY).
-  if (broken || !s.closed || s.failure || nghttp2_session_want_read(session_) == 0) {
+  if (broken || !s.response.closed || s.failure || nghttp2_session_want_read(session_) == 0) {
     close_connection();
     // The connection was closed before the call got any answer: the runtime closed it while
     // it was idle (it restarted, say), not in answer to this call.
@@ -366,7 +341,7 @@ Result<std::string> H2UnaryConnection::attempt(std::string_view method, std::str
         s.failure->code == int(StatusCode::UNAVAILABLE))
       *retry = true;
   }
-  if (!s.closed && !s.failure) s.fail(StatusCode::UNAVAILABLE, "the runtime closed the connection");
+  if (!s.response.closed && !s.failure) s.fail(StatusCode::UNAVAILABLE, "the runtime closed the connection");
   return outcome(s);
 }
 
