@@ -235,6 +235,45 @@ TEST(PodWorkQueue, ADelayedTaskWakesOneWorkerOnceWhenItIsDue) {
   q.stop();
 }
 
+// A cancelled task never runs and, delayed, wakes nobody: the timer set for it moves to the
+// next task. (A look a later signal made pointless was a wakeup for nothing.)
+TEST(PodWorkQueue, ACancelledTaskNeverRunsAndWakesNobody) {
+  PodWorkQueue q(4);
+  constexpr int kTasks = 20;
+  std::atomic<int> ran{0}, cancelled_ran{0};
+  Latch warm;
+  q.post("warm", [&] { warm.open(); });
+  ASSERT_TRUE(warm.wait());
+  const uint64_t before = worker_wakeups();
+  for (int i = 0; i < kTasks; ++i) {
+    const std::string pod = "pod-" + std::to_string(i);
+    // The twin is the earliest task when it is posted, so the timer is set for it; dropped, the
+    // timer must move on to the task due after it.
+    const auto now = Clock::now();
+    Latch round;
+    const uint64_t twin = q.post(pod, [&] { ++cancelled_ran; }, now + 3ms);
+    q.post(pod, [&] {
+      ++ran;
+      round.open();
+    }, now + 6ms);
+    EXPECT_TRUE(q.cancel(pod, twin));
+    EXPECT_FALSE(q.cancel(pod, twin)) << "dropped once";
+    ASSERT_TRUE(round.wait());
+  }
+  const uint64_t wakeups = worker_wakeups() - before;
+  std::printf("%llu wakeups for %d tasks and %d cancelled ones\n", (unsigned long long)wakeups,
+              kTasks, kTasks);
+  EXPECT_EQ(cancelled_ran.load(), 0);
+  EXPECT_LE(wakeups, uint64_t(kTasks * 3 / 2)) << "the cancelled tasks woke workers";
+  // A task that ran (or is unknown) is not cancelled.
+  Latch done;
+  const uint64_t t = q.post("pod-x", [&] { done.open(); });
+  ASSERT_TRUE(done.wait());
+  EXPECT_FALSE(q.cancel("pod-x", t));
+  EXPECT_FALSE(q.cancel("pod-y", 12345));
+  q.stop();
+}
+
 TEST(PodWorkQueue, StopDropsPendingTasksAndReturns) {
   PodWorkQueue q(2);
   std::atomic<int> ran{0};

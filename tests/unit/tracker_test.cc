@@ -650,6 +650,8 @@ TEST_F(TrackerTest, TheCgroupRmdirTakesOverTheLooksForADeath) {
   ASSERT_TRUE(wait_types(id, {"ContainerStarted", "ContainerDied"}));
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s) << "the rmdir waited for the exit's retry";
   EXPECT_EQ(cri_.calls(cri::CriMethod::kContainerStatus), calls + 1);
+  // The exit's queued retry, pointless now, was dropped rather than left to wake a worker.
+  EXPECT_EQ(tracker_->stats().looks_dropped, 1u);
 }
 
 // A pod's first exec is its sandbox's: looked up with PodSandboxStatus at once, not after a

@@ -91,19 +91,44 @@ void PodWorkQueue::arm(Clock::time_point at) {
   timerfd_settime(timer_fd_, 0, &its, nullptr);
 }
 
-void PodWorkQueue::post(const std::string& pod, Task task, Clock::time_point not_before) {
+uint64_t PodWorkQueue::post(const std::string& pod, Task task, Clock::time_point not_before) {
   std::lock_guard lk(mu_);
-  if (stopping_) return;
-  queues_[pod].push_back({not_before, std::move(task)});
+  const uint64_t ticket = ++last_ticket_;
+  if (stopping_) return ticket;
+  queues_[pod].push_back({not_before, std::move(task), ticket});
   // The worker of a busy pod looks again when its task is done; otherwise a ready task wakes
   // one idle worker, and a delayed one moves the timer earlier if it is due first.
-  if (busy_.count(pod)) return;
+  if (busy_.count(pod)) return ticket;
   const auto now = Clock::now();
   if (not_before <= now) {
     wake_one();
   } else if (not_before < armed_at_ || armed_at_ <= now) {
     arm(not_before);
   }
+  return ticket;
+}
+
+bool PodWorkQueue::cancel(const std::string& pod, uint64_t ticket) {
+  std::lock_guard lk(mu_);
+  auto q = queues_.find(pod);
+  if (q == queues_.end()) return false;
+  auto it = std::find_if(q->second.begin(), q->second.end(),
+                         [&](const Item& i) { return i.ticket == ticket; });
+  if (it == q->second.end()) return false;
+  const auto at = it->not_before;
+  q->second.erase(it);
+  if (q->second.empty() && !busy_.count(pod)) queues_.erase(q);
+  // The timer set for this task alone would wake a worker for nothing: set it to the next one.
+  const auto now = Clock::now();
+  if (at == armed_at_ && armed_at_ > now) {
+    Clock::time_point next = Clock::time_point::max();
+    for (const auto& [p, items] : queues_) {
+      if (busy_.count(p)) continue;
+      for (const auto& i : items) next = std::min(next, i.not_before);
+    }
+    arm(next);
+  }
+  return true;
 }
 
 void PodWorkQueue::stop() {

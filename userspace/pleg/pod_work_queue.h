@@ -34,8 +34,12 @@ class PodWorkQueue {
   PodWorkQueue(const PodWorkQueue&) = delete;
   PodWorkQueue& operator=(const PodWorkQueue&) = delete;
 
-  // Runs `task` for `pod` no earlier than `not_before`, after the pod's earlier tasks.
-  void post(const std::string& pod, Task task, Clock::time_point not_before = Clock::now());
+  // Runs `task` for `pod` no earlier than `not_before`, after the pod's earlier tasks. Returns
+  // the task's ticket for cancel().
+  uint64_t post(const std::string& pod, Task task, Clock::time_point not_before = Clock::now());
+  // Drops `pod`'s task `ticket` if it has not started: true when it was dropped (it will never
+  // run), false when it ran, is running or is unknown. A dropped delayed task wakes nobody.
+  bool cancel(const std::string& pod, uint64_t ticket);
   // Stops the workers; pending tasks are dropped.
   void stop();
 
@@ -45,6 +49,7 @@ class PodWorkQueue {
   struct Item {
     Clock::time_point not_before;
     Task task;
+    uint64_t ticket;
   };
   // A worker's loop; `ep` is its own epoll descriptor (made by the constructor, closed here).
   void run(int ep);
@@ -57,6 +62,7 @@ class PodWorkQueue {
   std::map<std::string, std::deque<Item>> queues_;
   std::set<std::string> busy_;  // pods with a task running
   bool stopping_ = false;
+  uint64_t last_ticket_ = 0;
   // When the timerfd fires next; max: not set. Once past, it has fired (or is about to).
   Clock::time_point armed_at_ = Clock::time_point::max();
   int timer_fd_ = -1;  // CLOCK_MONOTONIC, the clock of steady_clock

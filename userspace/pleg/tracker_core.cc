@@ -51,9 +51,9 @@ void TrackerCore::publish(Lock& lk, Events& out) {
   out.clear();
 }
 
-void TrackerCore::post(const std::string& pod_uid, const std::string& id, PodWorkQueue::Task task,
-                       Clock::time_point at) {
-  queue.post(pod_uid.empty() ? id : pod_uid, std::move(task), at);
+uint64_t TrackerCore::post(const std::string& pod_uid, const std::string& id,
+                           PodWorkQueue::Task task, Clock::time_point at) {
+  return queue.post(pod_uid.empty() ? id : pod_uid, std::move(task), at);
 }
 
 void TrackerCore::set_inconsistency_handler(std::function<void(const std::string&)> fn) {

@@ -77,6 +77,7 @@ struct TrackerStats {
   uint64_t confirmations = 0;       // targeted CRI confirmations that changed state
   uint64_t confirm_retries = 0;
   uint64_t confirm_failures = 0;    // still unsettled after the budget (it keeps looking)
+  uint64_t looks_dropped = 0;       // queued looks of a death chain a later signal replaced
   uint64_t removal_checks = 0;      // targeted removal checks (asked for by a reconcile)
   uint64_t removal_sweeps = 0;      // list calls of the removal sweep
   uint64_t runtime_events = 0;      // events of the runtime's stream for a known container
@@ -130,9 +131,14 @@ class TrackerCore {
     return f();
   }
 
-  // Runs `task` in the pod's order (a container of no known pod is its own key).
-  void post(const std::string& pod_uid, const std::string& id, PodWorkQueue::Task task,
-            Clock::time_point at = Clock::now());
+  // Runs `task` in the pod's order (a container of no known pod is its own key). Returns the
+  // task's ticket for cancel().
+  uint64_t post(const std::string& pod_uid, const std::string& id, PodWorkQueue::Task task,
+                Clock::time_point at = Clock::now());
+  // Drops a task post() queued, if it has not started: true when it will never run.
+  bool cancel(const std::string& pod_uid, const std::string& id, uint64_t ticket) {
+    return queue.cancel(pod_uid.empty() ? id : pod_uid, ticket);
+  }
 
   // Asks the daemon for a reconcile (logged).
   void inconsistent(const std::string& reason);
