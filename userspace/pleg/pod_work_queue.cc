@@ -95,7 +95,9 @@ uint64_t PodWorkQueue::post(const std::string& pod, Task task, Clock::time_point
   std::lock_guard lk(mu_);
   const uint64_t ticket = ++last_ticket_;
   if (stopping_) return ticket;
-  queues_[pod].push_back({not_before, std::move(task), ticket});
+  auto q = queues_.try_emplace(pod).first;
+  q->second.push_back({not_before, std::move(task), ticket});
+  due_.emplace(std::pair{not_before, ticket}, &q->first);
   // The worker of a busy pod looks again when its task is done; otherwise a ready task wakes
   // one idle worker, and a delayed one moves the timer earlier if it is due first.
   if (busy_.count(pod)) return ticket;
@@ -116,18 +118,11 @@ bool PodWorkQueue::cancel(const std::string& pod, uint64_t ticket) {
                          [&](const Item& i) { return i.ticket == ticket; });
   if (it == q->second.end()) return false;
   const auto at = it->not_before;
+  due_.erase({at, ticket});
   q->second.erase(it);
   if (q->second.empty() && !busy_.count(pod)) queues_.erase(q);
   // The timer set for this task alone would wake a worker for nothing: set it to the next one.
-  const auto now = Clock::now();
-  if (at == armed_at_ && armed_at_ > now) {
-    Clock::time_point next = Clock::time_point::max();
-    for (const auto& [p, items] : queues_) {
-      if (busy_.count(p)) continue;
-      for (const auto& i : items) next = std::min(next, i.not_before);
-    }
-    arm(next);
-  }
+  if (at == armed_at_ && armed_at_ > Clock::now()) arm(earliest_idle());
   return true;
 }
 
@@ -135,6 +130,7 @@ void PodWorkQueue::stop() {
   {
     std::lock_guard lk(mu_);
     stopping_ = true;
+    due_.clear();
     queues_.clear();
   }
   signal(stop_fd_);
@@ -146,44 +142,42 @@ void PodWorkQueue::stop() {
 
 size_t PodWorkQueue::pending() const {
   std::lock_guard lk(mu_);
-  size_t n = 0;
-  for (const auto& [_, q] : queues_) n += q.size();
-  return n;
+  return due_.size();
+}
+
+PodWorkQueue::Clock::time_point PodWorkQueue::earliest_idle() const {
+  for (const auto& [key, pod] : due_) {
+    if (!busy_.count(*pod)) return key.first;
+  }
+  return Clock::time_point::max();
 }
 
 void PodWorkQueue::run(int ep) {
   std::unique_lock lk(mu_);
   while (!stopping_) {
-    // The first ready task of an idle pod. A delayed task (a retry, a removal check) does not
-    // hold back the ready tasks queued behind it: every task re-reads the runtime and moves its
-    // container forward only, so their order within a pod does not change what is emitted.
+    // The idle pod whose earliest task is due first, in one walk over the due times that stops
+    // at the first delayed task of an idle pod (a busy pod's tasks are skipped).
     const auto now = Clock::now();
     Clock::time_point next_due = Clock::time_point::max();
-    std::string pick;
-    std::deque<Item>::iterator item;
-    bool found = false, more_ready = false;
-    for (auto& [pod, q] : queues_) {
-      if (q.empty() || busy_.count(pod)) continue;
-      for (auto it = q.begin(); it != q.end(); ++it) {
-        if (it->not_before <= now) {
-          if (found) {
-            more_ready = true;
-          } else {
-            pick = pod;
-            item = it;
-            found = true;
-          }
-          break;  // this pod's other tasks wait for this one
-        }
-        next_due = std::min(next_due, it->not_before);
+    const std::string* pick = nullptr;
+    bool more_ready = false;
+    for (const auto& [key, pod] : due_) {
+      if (busy_.count(*pod) || (pick && *pod == *pick)) continue;
+      if (key.first > now) {
+        next_due = key.first;  // the earliest delayed task of another idle pod
+        break;
       }
-      if (more_ready) break;
+      if (pick) {
+        more_ready = true;
+        break;
+      }
+      pick = pod;
     }
     // The timer follows the earliest delayed task of an idle pod (a busy pod's worker looks
     // again itself), and another ready task goes to another idle worker.
     if (!more_ready && (next_due < armed_at_ || armed_at_ <= now)) arm(next_due);
     if (more_ready) wake_one();
-    if (!found) {
+    if (!pick) {
       lk.unlock();
       epoll_event out[3];
       const int n = epoll_wait(ep, out, 3, -1);  // EINTR: n < 0, look again
@@ -193,14 +187,22 @@ void PodWorkQueue::run(int ep) {
       lk.lock();
       continue;
     }
+    // The pod's first task that is due, in the order they were posted: a delayed task (a
+    // retry, a removal check) does not hold back the ready tasks queued behind it, and every
+    // task re-reads the runtime and moves its container forward only, so their order within a
+    // pod does not change what is emitted.
+    auto& q = queues_.find(*pick)->second;
+    auto item = std::find_if(q.begin(), q.end(), [&](const Item& i) { return i.not_before <= now; });
     Task task = std::move(item->task);
-    queues_[pick].erase(item);
-    busy_.insert(pick);
+    due_.erase({item->not_before, item->ticket});
+    const std::string pod = *pick;
+    q.erase(item);
+    busy_.insert(pod);
     lk.unlock();
     task();
     lk.lock();
-    busy_.erase(pick);
-    auto it = queues_.find(pick);
+    busy_.erase(pod);
+    auto it = queues_.find(pod);
     if (it != queues_.end() && it->second.empty()) queues_.erase(it);
     // This worker looks again itself (the pod's next task included) before it sleeps.
   }

@@ -57,9 +57,15 @@ class PodWorkQueue {
   void wake_one();
   // Sets the timerfd to `at` unless it is set to that already. Caller holds mu_.
   void arm(Clock::time_point at);
+  // When the earliest task of a pod without a running task is due (max: none). Caller holds mu_.
+  Clock::time_point earliest_idle() const;
 
   mutable std::mutex mu_;
   std::map<std::string, std::deque<Item>> queues_;
+  // Every queued task by (due time, ticket), to its pod (the key of its queue in queues_, which
+  // lives while the queue holds a task): a worker finds the earliest task of an idle pod without
+  // scanning every pod's queue.
+  std::map<std::pair<Clock::time_point, uint64_t>, const std::string*> due_;
   std::set<std::string> busy_;  // pods with a task running
   bool stopping_ = false;
   uint64_t last_ticket_ = 0;
