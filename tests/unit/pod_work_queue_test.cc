@@ -251,13 +251,13 @@ TEST(PodWorkQueue, ACancelledTaskNeverRunsAndWakesNobody) {
     // timer must move on to the task due after it.
     const auto now = Clock::now();
     Latch round;
-    const uint64_t twin = q.post(pod, [&] { ++cancelled_ran; }, now + 3ms);
+    const PodWorkQueue::Ticket twin = q.post(pod, [&] { ++cancelled_ran; }, now + 3ms);
     q.post(pod, [&] {
       ++ran;
       round.open();
     }, now + 6ms);
-    EXPECT_TRUE(q.cancel(pod, twin));
-    EXPECT_FALSE(q.cancel(pod, twin)) << "dropped once";
+    EXPECT_TRUE(q.cancel(twin));
+    EXPECT_FALSE(q.cancel(twin)) << "dropped once";
     ASSERT_TRUE(round.wait());
   }
   const uint64_t wakeups = worker_wakeups() - before;
@@ -267,10 +267,11 @@ TEST(PodWorkQueue, ACancelledTaskNeverRunsAndWakesNobody) {
   EXPECT_LE(wakeups, uint64_t(kTasks * 3 / 2)) << "the cancelled tasks woke workers";
   // A task that ran (or is unknown) is not cancelled.
   Latch done;
-  const uint64_t t = q.post("pod-x", [&] { done.open(); });
+  const PodWorkQueue::Ticket t = q.post("pod-x", [&] { done.open(); });
   ASSERT_TRUE(done.wait());
-  EXPECT_FALSE(q.cancel("pod-x", t));
-  EXPECT_FALSE(q.cancel("pod-y", 12345));
+  EXPECT_FALSE(q.cancel(t));
+  EXPECT_FALSE(q.cancel({Clock::now(), 12345}));
+  EXPECT_FALSE(q.cancel({})) << "a default ticket names no task";
   q.stop();
 }
 

@@ -82,9 +82,13 @@ class TrackerTest : public ::testing::Test {
   void TearDown() override { tracker_->stop(); }
 
   static uint64_t cgroup_of(const std::string& id) { return std::hash<std::string>{}(id) | 1; }
-  static std::string path_of(const std::string& id) {
-    return "/kubepods/burstable/pod" + kUid + "/" + id;
+  // A kubelet's cgroup path, or with flat_paths_ containerd's own (/k8s.io/<id>: no pod uid, so
+  // the runtime's first answer tells the container's pod).
+  std::string path_of(const std::string& id) const {
+    return flat_paths_ ? "/k8s.io/" + id : "/kubepods/burstable/pod" + kUid + "/" + id;
   }
+  bool flat_paths_ = false;
+  void rmdir_takes_over_the_looks_for_a_death();
 
   std::string create(const std::string& name) {
     v1::ContainerConfig c;
@@ -633,7 +637,7 @@ TEST_F(TrackerTest, ACgroupRmdirConfirmsAnOverdueDeathAtOnce) {
 // The runtime records a death after it removed the container's cgroup (runc delete), at a
 // steadier time after the rmdir than after the exit: the rmdir starts the death's looks anew
 // instead of leaving them to the exit's chain, whatever step that chain is at.
-TEST_F(TrackerTest, TheCgroupRmdirTakesOverTheLooksForADeath) {
+void TrackerTest::rmdir_takes_over_the_looks_for_a_death() {
   TrackerOptions o;
   o.confirm_retry_first = 3s;  // a missed look waits long: the rmdir must not wait for it
   restart_tracker(o);
@@ -652,6 +656,17 @@ TEST_F(TrackerTest, TheCgroupRmdirTakesOverTheLooksForADeath) {
   EXPECT_EQ(cri_.calls(cri::CriMethod::kContainerStatus), calls + 1);
   // The exit's queued retry, pointless now, was dropped rather than left to wake a worker.
   EXPECT_EQ(tracker_->stats().looks_dropped, 1u);
+}
+
+TEST_F(TrackerTest, TheCgroupRmdirTakesOverTheLooksForADeath) {
+  rmdir_takes_over_the_looks_for_a_death();
+}
+
+// The same where the cgroup path names no pod: the exit's first look was queued under the
+// container's id and its retry under the pod the runtime named; the rmdir drops it all the same.
+TEST_F(TrackerTest, TheCgroupRmdirTakesOverTheLooksForADeathOfAContainerOfNoKnownPod) {
+  flat_paths_ = true;
+  rmdir_takes_over_the_looks_for_a_death();
 }
 
 // A pod's first exec is its sandbox's: looked up with PodSandboxStatus at once, not after a

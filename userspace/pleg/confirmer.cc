@@ -71,11 +71,11 @@ void Confirmer::start_chain(Record& rec, const std::string& pod_uid, Anchor anch
     rec.confirm_overdue = false;  // a fresh chain, within its budget
     // The chain this one replaces would only wake a worker to find itself superseded (an
     // exit's look is learned to come after the rmdir's): its queued look is dropped.
-    if (rec.death_look != 0 && core_.cancel(pod_uid, rec.identity.id, rec.death_look)) {
+    if (rec.death_look && core_.cancel(rec.death_look)) {
       --rec.pending;
       ++core_.stats.looks_dropped;
     }
-    rec.death_look = 0;
+    rec.death_look = {};
   }
   ++core_.stats.kernel_signals;
   const auto now = Clock::now();
@@ -112,7 +112,7 @@ void Confirmer::start_chain(Record& rec, const std::string& pod_uid, Anchor anch
 void Confirmer::post_look(const std::string& id, const std::string& pod_uid, Anchor anchor,
                           uint32_t chain, Clock::time_point signal_at, Clock::time_point at,
                           Clock::time_point deadline) {
-  const uint64_t ticket = core_.post(
+  const PodWorkTicket ticket = core_.post(
       pod_uid, id,
       [this, id, anchor, chain, deadline, signal_at] {
         confirm(id, anchor, chain, core_.opts.confirm_retry_first, deadline, signal_at,
@@ -123,7 +123,7 @@ void Confirmer::post_look(const std::string& id, const std::string& pod_uid, Anc
 }
 
 void Confirmer::note_death_look(const std::string& id, Anchor anchor, uint32_t chain,
-                                uint64_t ticket) {
+                                const PodWorkTicket& ticket) {
   if (anchor == Anchor::kExec) return;
   Record* rec = core_.table.find(id);
   if (rec != nullptr && rec->death_chain == chain) rec->death_look = ticket;
@@ -229,7 +229,7 @@ void Confirmer::confirm(const std::string& id, Anchor anchor, uint32_t chain, mi
   if (!settled) {
     const auto next = next_delay(rec, want, delay, deadline, signal_at, unknown_start, obs);
     // Posted under the lock, so that a chain that replaces this one finds the retry's ticket.
-    const uint64_t ticket = core_.post(
+    const PodWorkTicket ticket = core_.post(
         rec.identity.pod_uid, id,
         [this, id, anchor, chain, next, deadline, signal_at, look] {
           confirm(id, anchor, chain, next, deadline, signal_at, look);

@@ -78,7 +78,8 @@ class Confirmer {
   void check_awaiting(Clock::time_point due);
   void schedule_check(Clock::time_point at);  // caller holds core_.mu
   // Keeps a death chain's queued look on its record, for the chain that may replace it.
-  void note_death_look(const std::string& id, Anchor anchor, uint32_t chain, uint64_t ticket);
+  void note_death_look(const std::string& id, Anchor anchor, uint32_t chain,
+                       const PodWorkTicket& ticket);
   bool settled_or_superseded(const Record& rec, Anchor anchor, uint32_t chain) const;
   static Want want_of(Anchor a) { return a == Anchor::kExec ? Want::kRunning : Want::kExited; }
   LagLearner& learner(Anchor anchor, bool sandbox) {

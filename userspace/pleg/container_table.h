@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "pleg/event.h"
+#include "pleg/pod_work_queue.h"
 #include "pleg/runtime_looks.h"
 
 namespace kpleg::pleg {
@@ -45,7 +46,7 @@ struct Record {
   int pending = 0;               // kernel confirmations queued or running
   bool confirm_overdue = false;  // a pending confirmation is past its budget
   uint32_t death_chain = 0;      // the death's current chain of looks (Confirmer)
-  uint64_t death_look = 0;       // that chain's queued look (its PodWorkQueue ticket), 0: none
+  PodWorkTicket death_look;      // that chain's queued look, if any
   std::chrono::steady_clock::time_point exit_signal_at{};  // when the init's exit came in
   bool removal_swept = false;    // exited: the removal watcher watches it
   bool foreign = false;          // the runtime does not know it (see foreign_after)

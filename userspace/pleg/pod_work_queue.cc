@@ -91,13 +91,14 @@ void PodWorkQueue::arm(Clock::time_point at) {
   timerfd_settime(timer_fd_, 0, &its, nullptr);
 }
 
-uint64_t PodWorkQueue::post(const std::string& pod, Task task, Clock::time_point not_before) {
+PodWorkQueue::Ticket PodWorkQueue::post(const std::string& pod, Task task,
+                                        Clock::time_point not_before) {
   std::lock_guard lk(mu_);
-  const uint64_t ticket = ++last_ticket_;
+  const Ticket ticket{not_before, ++last_ticket_};
   if (stopping_) return ticket;
   auto q = queues_.try_emplace(pod).first;
-  q->second.push_back({not_before, std::move(task), ticket});
-  due_.emplace(std::pair{not_before, ticket}, &q->first);
+  q->second.push_back({not_before, std::move(task), ticket.id});
+  due_.emplace(std::pair{not_before, ticket.id}, &q->first);
   // The worker of a busy pod looks again when its task is done; otherwise a ready task wakes
   // one idle worker, and a delayed one moves the timer earlier if it is due first.
   if (busy_.count(pod)) return ticket;
@@ -110,19 +111,19 @@ uint64_t PodWorkQueue::post(const std::string& pod, Task task, Clock::time_point
   return ticket;
 }
 
-bool PodWorkQueue::cancel(const std::string& pod, uint64_t ticket) {
+bool PodWorkQueue::cancel(const Ticket& ticket) {
   std::lock_guard lk(mu_);
-  auto q = queues_.find(pod);
-  if (q == queues_.end()) return false;
-  auto it = std::find_if(q->second.begin(), q->second.end(),
-                         [&](const Item& i) { return i.ticket == ticket; });
-  if (it == q->second.end()) return false;
-  const auto at = it->not_before;
-  due_.erase({at, ticket});
-  q->second.erase(it);
-  if (q->second.empty() && !busy_.count(pod)) queues_.erase(q);
+  auto d = due_.find({ticket.at, ticket.id});
+  if (d == due_.end()) return false;  // ran, running, dropped or never queued
+  const std::string* pod = d->second;
+  due_.erase(d);
+  auto q = queues_.find(*pod);
+  auto& items = q->second;
+  items.erase(std::find_if(items.begin(), items.end(),
+                           [&](const Item& i) { return i.ticket == ticket.id; }));
+  if (items.empty() && !busy_.count(q->first)) queues_.erase(q);
   // The timer set for this task alone would wake a worker for nothing: set it to the next one.
-  if (at == armed_at_ && armed_at_ > Clock::now()) arm(earliest_idle());
+  if (ticket.at == armed_at_ && armed_at_ > Clock::now()) arm(earliest_idle());
   return true;
 }
 

@@ -24,10 +24,19 @@
 
 namespace kpleg::pleg {
 
+// A queued task, as post() returns it for cancel(): its due time and its number (never 0 for a
+// task; a default ticket names none).
+struct PodWorkTicket {
+  std::chrono::steady_clock::time_point at{};
+  uint64_t id = 0;
+  explicit operator bool() const { return id != 0; }
+};
+
 class PodWorkQueue {
  public:
   using Clock = std::chrono::steady_clock;
   using Task = std::function<void()>;
+  using Ticket = PodWorkTicket;
 
   explicit PodWorkQueue(size_t workers);
   ~PodWorkQueue();
@@ -36,10 +45,10 @@ class PodWorkQueue {
 
   // Runs `task` for `pod` no earlier than `not_before`, after the pod's earlier tasks. Returns
   // the task's ticket for cancel().
-  uint64_t post(const std::string& pod, Task task, Clock::time_point not_before = Clock::now());
-  // Drops `pod`'s task `ticket` if it has not started: true when it was dropped (it will never
+  Ticket post(const std::string& pod, Task task, Clock::time_point not_before = Clock::now());
+  // Drops the task of `ticket` if it has not started: true when it was dropped (it will never
   // run), false when it ran, is running or is unknown. A dropped delayed task wakes nobody.
-  bool cancel(const std::string& pod, uint64_t ticket);
+  bool cancel(const Ticket& ticket);
   // Stops the workers; pending tasks are dropped.
   void stop();
 

@@ -51,7 +51,7 @@ void TrackerCore::publish(Lock& lk, Events& out) {
   out.clear();
 }
 
-uint64_t TrackerCore::post(const std::string& pod_uid, const std::string& id,
+PodWorkTicket TrackerCore::post(const std::string& pod_uid, const std::string& id,
                            PodWorkQueue::Task task, Clock::time_point at) {
   return queue.post(pod_uid.empty() ? id : pod_uid, std::move(task), at);
 }

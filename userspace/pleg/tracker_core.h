@@ -133,12 +133,10 @@ class TrackerCore {
 
   // Runs `task` in the pod's order (a container of no known pod is its own key). Returns the
   // task's ticket for cancel().
-  uint64_t post(const std::string& pod_uid, const std::string& id, PodWorkQueue::Task task,
-                Clock::time_point at = Clock::now());
+  PodWorkTicket post(const std::string& pod_uid, const std::string& id, PodWorkQueue::Task task,
+                     Clock::time_point at = Clock::now());
   // Drops a task post() queued, if it has not started: true when it will never run.
-  bool cancel(const std::string& pod_uid, const std::string& id, uint64_t ticket) {
-    return queue.cancel(pod_uid.empty() ? id : pod_uid, ticket);
-  }
+  bool cancel(const PodWorkTicket& ticket) { return queue.cancel(ticket); }
 
   // Asks the daemon for a reconcile (logged).
   void inconsistent(const std::string& reason);
