@@ -197,6 +197,8 @@ Status Daemon::start_ebpf() {
     metrics_.lookalike_signals.set(static_cast<double>(ts.lookalike_signals));
     metrics_.tracked_records.set(static_cast<double>(ts.records));
     metrics_.runtime_events_live.set(ts.runtime_events_live ? 1 : 0);
+    metrics_.runtime_events_missed_removals.set(
+        static_cast<double>(ts.runtime_events_missed_removals));
     if (runtime_events_) {
       metrics_.runtime_events.set(static_cast<double>(runtime_events_->stats().events));
     }

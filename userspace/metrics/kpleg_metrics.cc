@@ -81,6 +81,12 @@ KplegMetrics::KplegMetrics(Registry& r)
                                   "1 while the runtime's event stream confirms the kernel's "
                                   "signals, 0 while targeted looks do.")
                               .get()),
+      runtime_events_missed_removals(
+          r.counter("kpleg_runtime_events_missed_removals_total",
+                    "Removals the removal sweep found that the runtime's live event stream never "
+                    "reported (no DELETED event): after the first, removals are swept for as "
+                    "without the stream until it stops.")
+              .get()),
       uncovered_containers(r.gauge("kpleg_uncovered_containers",
                                    "Running containers and sandboxes the last reconcile listed "
                                    "that the kernel path does not see.")

@@ -63,6 +63,9 @@ struct KplegMetrics {
   // kpleg_runtime_events_live: 1 while that stream confirms the kernel's signals (ebpf mode).
   Counter& runtime_events;
   Gauge& runtime_events_live;
+  // kpleg_runtime_events_missed_removals_total: removals the sweep found that the live stream
+  // never reported (after the first, removals are swept for as without the stream).
+  Counter& runtime_events_missed_removals;
   // kpleg_uncovered_containers: running containers and sandboxes that the last reconcile listed
   // but that the kernel path does not see (their cgroup is not under a tracked root, or they
   // have none on the host: kata, gVisor): their events come from the reconcile alone.
@@ -119,7 +122,7 @@ struct KplegMetrics {
 };
 
 // The metric names, for docs and tests.
-inline constexpr std::array<std::string_view, 19> kMetricNames = {
+inline constexpr std::array<std::string_view, 20> kMetricNames = {
     "kubelet_pleg_relist_duration_seconds",
     "kubelet_pleg_relist_interval_seconds",
     "kubelet_pleg_last_seen_seconds",
@@ -137,6 +140,7 @@ inline constexpr std::array<std::string_view, 19> kMetricNames = {
     "kpleg_tracked_records",
     "kpleg_runtime_events_total",
     "kpleg_runtime_events_live",
+    "kpleg_runtime_events_missed_removals_total",
     "kpleg_uncovered_containers",
     "kpleg_build_info",
 };

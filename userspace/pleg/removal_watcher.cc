@@ -18,7 +18,7 @@ void RemovalWatcher::join(Record& rec) {
   watched_.insert(rec.identity.id);
   joined_ = true;
   const auto now = Clock::now();
-  if (core_.runtime_events_live) {
+  if (events_cover_removals()) {
     if (!due_) interval_ = core_.opts.removal_sweep_with_events;
     schedule(now + core_.opts.removal_sweep_with_events);
   } else if (!due_) {
@@ -30,9 +30,42 @@ void RemovalWatcher::join(Record& rec) {
 }
 
 void RemovalWatcher::on_runtime_events_live(bool live) {
-  if (live || watched_.empty()) return;
+  if (live) return;
+  // A new stream (the runtime reconnected, perhaps upgraded) is trusted anew.
+  suspects_.clear();
+  events_miss_removals_ = false;
+  core_.stats.runtime_events_cover_removals = true;
+  if (watched_.empty()) return;
   interval_ = core_.opts.removal_sweep_period;
   schedule(Clock::now() + core_.opts.removal_sweep_first);
+}
+
+void RemovalWatcher::on_deleted_event(const std::string& id) {
+  if (!suspects_.empty()) suspects_.erase(id);  // a sweep was first: a race, not a miss
+}
+
+void RemovalWatcher::judge_suspects(Clock::time_point now) {
+  size_t missed = 0;
+  std::string example;
+  for (auto it = suspects_.begin(); it != suspects_.end();) {
+    if (now - it->second < core_.opts.removal_event_grace) {
+      ++it;
+      continue;
+    }
+    ++missed;
+    example = it->first;
+    it = suspects_.erase(it);
+  }
+  if (missed == 0) return;
+  core_.stats.runtime_events_missed_removals += missed;
+  if (events_miss_removals_ || !core_.runtime_events_live) return;
+  events_miss_removals_ = true;
+  core_.stats.runtime_events_cover_removals = false;
+  spdlog::info("tracker: the runtime's event stream did not report {} removal(s) the sweep found "
+               "(e.g. {}): removals are swept for as without the stream ({} ms after a death, "
+               "not {} s) until it stops",
+               missed, example.substr(0, 12), core_.opts.removal_sweep_period.count(),
+               core_.opts.removal_sweep_with_events.count() / 1000);
 }
 
 void RemovalWatcher::schedule(Clock::time_point at) {
@@ -66,6 +99,7 @@ void RemovalWatcher::sweep(Clock::time_point due) {
     std::lock_guard lk(core_.mu);
     if (due_ != due) return;  // superseded by an earlier sweep
     due_.reset();
+    judge_suspects(Clock::now());
     joined = std::exchange(joined_, false);
     for (auto it = watched_.begin(); it != watched_.end();) {
       const Record* rec = core_.table.find(*it);
@@ -100,6 +134,8 @@ void RemovalWatcher::sweep(Clock::time_point due) {
   core_.stats.removal_sweeps += uint64_t(containers) + uint64_t(sandboxes);
   size_t watched = 0, removed = 0;
   bool remaining = false;
+  const bool covered = events_cover_removals();
+  const auto now = Clock::now();
   Events out;
   for (auto wit = watched_.begin(); wit != watched_.end();) {
     Record* found = core_.table.find(*wit);
@@ -117,6 +153,8 @@ void RemovalWatcher::sweep(Clock::time_point due) {
       gone.state = ContainerState::kNonExistent;
       core_.advance(rec, ContainerState::kNonExistent, gone, EventSource::kKernel, false, out);
       ++removed;
+      // Its DELETED should have come: it may still be on its way, or never come.
+      if (covered) suspects_.emplace(id, now);
     }
     ++watched;
     if (rec.reported == ContainerState::kNonExistent) {
@@ -127,16 +165,20 @@ void RemovalWatcher::sweep(Clock::time_point due) {
       ++wit;
     }
   }
+  auto next = Clock::time_point::max();
   if (remaining) {
     // While containers die and go, one sweep a period answers for all of them; while nothing
     // changes (long-exited containers only: init containers, finished jobs, the dead instance
     // the kubelet keeps for its logs), less and less often.
     interval_ = removed > 0 || joined ? core_.opts.removal_sweep_period
                                       : std::min(interval_ * 2, core_.opts.removal_sweep_idle_max);
-    if (core_.runtime_events_live)
-      interval_ = std::max(interval_, core_.opts.removal_sweep_with_events);
-    schedule(Clock::now() + interval_);
+    if (covered) interval_ = std::max(interval_, core_.opts.removal_sweep_with_events);
+    next = now + interval_;
   }
+  // The verdict on the removals whose DELETED is awaited (no list is made for it alone).
+  for (const auto& [_, at] : suspects_)
+    next = std::min(next, at + core_.opts.removal_event_grace);
+  if (next != Clock::time_point::max()) schedule(next);
   core_.publish(lk, out);
   spdlog::debug("tracker: removal sweep: {} exited watched, {} removed{}", watched, removed,
                 listed ? "" : " (the list failed: next sweep)");

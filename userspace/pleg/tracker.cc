@@ -25,6 +25,10 @@ void Tracker::on_runtime_event(const cri::v1::ContainerEventResponse& ev) {
     ++core_.stats.runtime_events_unmatched;
     return;
   }
+  if (report->second.state == ContainerState::kNonExistent) {
+    std::lock_guard lk(core_.mu);
+    removal_.on_deleted_event(report->first);
+  }
   confirmer_.on_report(report->first, report->second);
 }
 

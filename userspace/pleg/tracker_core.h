@@ -56,6 +56,9 @@ struct TrackerOptions {
   std::chrono::milliseconds runtime_event_grace{100};
   std::chrono::milliseconds runtime_event_check{250};  // at most one check of overdue events per
   std::chrono::milliseconds removal_sweep_with_events{30'000};
+  // A removal such a sweep finds is one the stream left out unless its DELETED comes within
+  // this long (it may be on its way); then the sweep runs as without the stream.
+  std::chrono::milliseconds removal_event_grace{1000};
   // A difference found by a reconcile is re-checked after this grace period (a kernel event in
   // flight is not a missed one) before it becomes a correction.
   std::chrono::milliseconds correction_grace{300};
@@ -85,6 +88,8 @@ struct TrackerStats {
   uint64_t runtime_events_early = 0;  // came before the kernel's signal made the record, then settled its chain
   uint64_t runtime_events_unmatched = 0;  // for no known container (or saying nothing new to look for)
   uint64_t runtime_events_late = 0;  // looks that settled a signal while the stream was live
+  uint64_t runtime_events_missed_removals = 0;  // removals the sweep found and the stream never reported
+  bool runtime_events_cover_removals = true;  // false once the stream left a removal out (until it stops)
   bool runtime_events_live = false;  // the runtime's event stream confirms (see runtime_events.h)
   uint64_t foreign_containers = 0;  // started containers the runtime does not know
   uint64_t foreign_signals = 0;     // kernel signals of those, ignored
