@@ -5,7 +5,7 @@ set -euo pipefail
 
 usage() {
   cat <<'EOF'
-usage: scripts/testbed.sh up [--cni] [--runtime containerd-1.6|containerd-2] | down | status
+usage: scripts/testbed.sh up [--cni] [--runtime containerd-1.6|containerd-2|crio] | down | status
 
   up      Install containerd/runc if missing, build the local image, start a private containerd
           and print one line on stdout:  KPLEG_RUNTIME_ENDPOINT=unix://<socket>
@@ -16,13 +16,20 @@ usage: scripts/testbed.sh up [--cni] [--runtime containerd-1.6|containerd-2] | d
   --runtime NAME
           containerd-1.6 (default): Debian 12's containerd 1.6 and runc.
           containerd-2: containerd 2.x built by scripts/runtimes.sh (pinned, from the Go module
-          proxy, cached outside the tree) with Debian's runc. 'up' with one runtime while the
-          test bed is up with the other fails; run 'down' first.
+          proxy, cached outside the tree) with Debian's runc.
+          crio: CRI-O built by scripts/runtimes.sh (pinned by tools/crio, cached outside the
+          tree) with Debian's conmon and runc (through tools/crio/runc-restrict-oom); config,
+          storage and socket (crio.sock) under the test bed's directory, image imported with
+          skopeo. No --cni and no runc-hooked handler (containerd only); a pod-network sandbox
+          does not fail at once but waits for a CNI config until the call's deadline.
+          'up' with one runtime while the test bed is up with another fails; run 'down' first.
   --cni   Also give pods a network: a bridge (kpleg0) with host-local addresses from
           KPLEG_TESTBED_SUBNET (default 10.88.0.0/16), reachable only from this host; pods get
           no default route.
   down    Remove every pod sandbox and container, stop containerd and its shims, remove the
           pod cgroups, mounts and shim sockets they left. Exits 0 when nothing was up.
+          CRI-O gets 10 s after SIGTERM (its graceful stop waits for open GetContainerEvents
+          streams), then SIGKILL; its conmons take the place of shims.
   status  Print state, PID and endpoint; exit 0 when up, 3 when not.
 
 environment:
@@ -52,9 +59,12 @@ BRIDGE=${KPLEG_TESTBED_BRIDGE:-kpleg0}
 NS=k8s.io
 IMAGE_REBUILT=0
 READY_TIMEOUT_S=30
-RUNTIMES=(containerd-1.6 containerd-2)
+RUNTIMES=(containerd-1.6 containerd-2 crio)
 DEFAULT_RUNTIME=containerd-1.6
 STOP_TIMEOUT_S=20
+# CRI-O's graceful stop waits for every open GetContainerEvents stream (kplegd, crictl events)
+# and then may panic: it gets this long after SIGTERM, then SIGKILL.
+CRIO_STOP_TIMEOUT_S=10
 
 log() { echo "testbed: $*" >&2; }
 die() { echo "testbed: error: $*" >&2; exit 1; }
@@ -76,6 +86,7 @@ set_paths() {
   RUNTIMEFILE=$TB/runtime
   HOOKED_SPEC=$TB/hooked-spec.json
   ENDPOINT=unix://$SOCK
+  DAEMON_ARGS=(--config "$CONFIG" --log-level info)
   # sun_path holds 108 bytes; containerd fails later with a confusing bind error otherwise.
   [ "${#SOCK}" -lt 100 ] || die "socket path too long (${#SOCK} bytes): $SOCK; set a shorter KPLEG_TESTBED_DIR"
 }
@@ -86,6 +97,11 @@ RUNTIME=""
 CONTAINERD=containerd
 CTR=ctr
 ROOT_DIR=""
+DAEMON_ARGS=()
+# The daemon's name in messages.
+DAEMON=containerd
+# CRI-O's own directories (crio_paths).
+CRIO_DIR=""
 
 ctr_() { "$CTR" --address "$SOCK" "$@"; }
 
@@ -130,6 +146,7 @@ recorded_runtime() {
 root_dir_of() {
   case $1 in
     containerd-1.6) echo "$TB/root" ;;
+    crio) echo "$TB/crio/storage" ;;
     *) echo "$TB/root-$1" ;;
   esac
 }
@@ -161,6 +178,21 @@ use_runtime() {
       # start Debian's 1.6 containerd-shim-runc-v2.
       export PATH=$bin:$PATH
       ;;
+    crio)
+      if ((build)); then
+        # runtimes.sh only names missing build packages; install them as install-deps would.
+        install_packages gcc libc6-dev pkg-config libseccomp-dev
+        bin=$("$REPO/scripts/runtimes.sh" bin crio) || die "building CRI-O failed"
+      else
+        bin=$(sed -n 2p "$RUNTIMEFILE" 2>/dev/null || true)
+        [ -x "$bin/crio" ] || bin=$("$REPO/scripts/runtimes.sh" bin crio) ||
+          die "CRI-O binaries missing; cannot act on this test bed"
+      fi
+      CONTAINERD=$bin/crio
+      CTR=""
+      ROOT_DIR=$(root_dir_of crio)
+      crio_paths "$bin"
+      ;;
     *) die "unknown runtime '$RUNTIME' (one of: ${RUNTIMES[*]})" ;;
   esac
 }
@@ -168,10 +200,17 @@ use_runtime() {
 # --- packages -------------------------------------------------------------------------------
 
 ensure_packages() {
-  local want=(runc busybox-static gcc libc6-dev jq curl) missing=() p
+  local want=(runc busybox-static gcc libc6-dev jq curl)
   [ "$RUNTIME" = containerd-1.6 ] && want+=(containerd)
+  [ "$RUNTIME" = crio ] && want+=(conmon skopeo util-linux)
   [ "${1:-}" = cni ] && want+=(containernetworking-plugins iproute2)
-  for p in "${want[@]}"; do
+  install_packages "${want[@]}"
+}
+
+# install_packages PKG...: apt-get install those of PKG that are not installed.
+install_packages() {
+  local missing=() p
+  for p in "$@"; do
     [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)" = "install ok installed" ] || missing+=("$p")
   done
   [ ${#missing[@]} -eq 0 ] && return 0
@@ -188,11 +227,14 @@ ensure_packages() {
 
 cmdline_of() { tr '\0' ' ' 2>/dev/null <"/proc/$1/cmdline" || true; }
 
-# Our containerd is the one started with our config file; PIDs alone can be reused.
+# Our containerd is the one started with our config file; PIDs alone can be reused. A CRI-O
+# started with the test bed's crio.conf is ours too, whichever runtime this command selected:
+# then 'up' with another runtime sees that the bed is up and refuses.
 is_our_containerd() {
   local cmd
   cmd=$(cmdline_of "$1")
-  [[ $cmd == *containerd\ --config\ "$CONFIG"\ * ]]
+  [[ $cmd == *containerd\ --config\ "$TB/config.toml"\ * ]] ||
+    [[ $cmd == *crio\ --config\ "$TB/crio.conf"\ * ]]
 }
 
 # Prints the PID of this test bed's containerd, or nothing. Falls back to a /proc scan so a lost
@@ -209,7 +251,8 @@ containerd_pid() {
   for pid in /proc/[0-9]*; do
     pid=${pid#/proc/}
     if is_our_containerd "$pid"; then
-      echo "$pid" 2>/dev/null >"$PIDFILE" || true
+      # Only a daemon of the selected runtime goes into its PID file.
+      [[ $(cmdline_of "$pid") != *\ --config\ "$CONFIG"\ * ]] || echo "$pid" 2>/dev/null >"$PIDFILE" || true
       echo "$pid"
       return 0
     fi
@@ -220,6 +263,10 @@ containerd_pid() {
 # Prints "pid namespace id" lines.
 our_shims() {
   local d pid ns id addr arg prev
+  if [ "$RUNTIME" = crio ]; then
+    our_conmons
+    return 0
+  fi
   for d in /proc/[0-9]*; do
     pid=${d#/proc/}
     [ -r "$d/cmdline" ] || continue
@@ -253,6 +300,8 @@ shim_listen_sockets() {
 
 record_shims() {
   local pid ns id h
+  # conmon's sockets live under the bed (crio's attach dir), removed with it.
+  [ "$RUNTIME" = crio ] && return 0
   touch "$SHIMFILE"
   while read -r pid ns id; do
     shim_listen_sockets "$pid"
@@ -263,6 +312,156 @@ record_shims() {
     fi
   done < <(our_shims) >>"$SHIMFILE"
   sort -u -o "$SHIMFILE" "$SHIMFILE"
+}
+
+# --- CRI-O ----------------------------------------------------------------------------------
+# What docs/testbed.md ("CRI-O") found to work on this kind of host: cgroupfs, conmon in the pod
+# cgroup, an infra (pause) container in every pod, pod events on, runc through
+# tools/crio/runc-restrict-oom, and every directory CRI-O would otherwise create under /etc,
+# /var/lib or /run moved under the test bed.
+
+# crio_paths BIN: the socket, config, PID file and directories of CRI-O (bin dir BIN).
+crio_paths() {
+  CRIO_BIN=$1
+  DAEMON=crio
+  CRIO_DIR=$TB/crio
+  CONFIG=$TB/crio.conf
+  CRIO_CONF_D=$TB/crio.conf.d
+  SOCK=$TB/crio.sock
+  PIDFILE=$TB/crio.pid
+  LOGFILE=$TB/crio.log
+  RUNC_ROOT=$CRIO_DIR/runc
+  ENDPOINT=unix://$SOCK
+  # An empty drop-in directory, so nothing in /etc/crio/crio.conf.d applies.
+  DAEMON_ARGS=(--config "$CONFIG" --config-dir "$CRIO_CONF_D" --log-level info)
+}
+
+crio_write_config() {
+  mkdir -p "$ROOT_DIR" "$CRIO_DIR"/{runroot,logs,exits,attach,ns,hooks.d,cdi,keys,policies,auth} \
+    "$RUNC_ROOT" "$CRIO_CONF_D" "$CNI_CONF_DIR"
+  rm -f "$CRIO_CONF_D"/* "$CNI_CONF_DIR"/*
+  echo '{"default": [{"type": "insecureAcceptAnything"}]}' >"$CRIO_DIR/policy.json"
+  # No runc-hooked handler: containerd's comes from a base OCI spec (base_runtime_spec); CRI-O
+  # takes hooks from hooks_dir for every container alike, so it would need hook files matched on
+  # an annotation instead. Not written yet.
+  cat >"$CONFIG" <<EOF
+# Written by scripts/testbed.sh; rewritten on every start.
+[crio]
+root = "$ROOT_DIR"
+runroot = "$CRIO_DIR/runroot"
+storage_driver = "overlay"
+log_dir = "$CRIO_DIR/logs"
+version_file = "$CRIO_DIR/version"
+version_file_persist = "$CRIO_DIR/version-persist"
+clean_shutdown_file = "$CRIO_DIR/clean.shutdown"
+
+[crio.api]
+listen = "$SOCK"
+stream_address = "127.0.0.1"
+stream_port = "0"
+
+[crio.runtime]
+default_runtime = "runc"
+cgroup_manager = "cgroupfs"
+# conmon in the pod's cgroup, not crio's.
+conmon_cgroup = "pod"
+selinux = false
+container_exits_dir = "$CRIO_DIR/exits"
+container_attach_socket_dir = "$CRIO_DIR/attach"
+namespaces_dir = "$CRIO_DIR/ns"
+pinns_path = "$CRIO_BIN/pinns"
+hooks_dir = ["$CRIO_DIR/hooks.d"]
+cdi_spec_dirs = ["$CRIO_DIR/cdi"]
+decryption_keys_path = "$CRIO_DIR/keys"
+irqbalance_config_file = ""
+irqbalance_config_restore_file = ""
+enable_criu_support = false
+# GetContainerEvents.
+enable_pod_events = true
+# A pause process in every pod, as containerd runs, so the kernel sees every sandbox.
+drop_infra_ctr = false
+
+[crio.runtime.runtimes.runc]
+# Raises the -998/-997 oom_score_adj runc cannot set without CAP_SYS_RESOURCE.
+runtime_path = "$REPO/tools/crio/runc-restrict-oom"
+runtime_type = "oci"
+runtime_root = "$RUNC_ROOT"
+monitor_path = "/usr/bin/conmon"
+monitor_cgroup = "pod"
+
+[crio.image]
+# Nothing is pulled: the sandbox image is imported locally (and pinned by being the pause image).
+pause_image = "$IMAGE"
+pause_command = "/pause"
+pause_image_auth_file = ""
+signature_policy = "$CRIO_DIR/policy.json"
+signature_policy_dir = "$CRIO_DIR/policies"
+namespaced_auth_dir = "$CRIO_DIR/auth"
+
+[crio.network]
+# Empty: host-network pods only (no --cni with crio yet).
+network_dir = "$CNI_CONF_DIR"
+plugin_dirs = ["/usr/lib/cni"]
+
+[crio.metrics]
+enable_metrics = false
+
+[crio.nri]
+enable_nri = false
+EOF
+}
+
+# The image archive into CRI-O's storage, with skopeo. skopeo (as root) keeps a blob-info cache in
+# /var/lib/containers/cache; a private mount namespace with a tmpfs on /var/lib keeps it off the
+# host (the storage itself is under the test bed).
+crio_import_image() {
+  mkdir -p "$ROOT_DIR" "$CRIO_DIR/runroot"
+  [ -f "$CRIO_DIR/policy.json" ] ||
+    echo '{"default": [{"type": "insecureAcceptAnything"}]}' >"$CRIO_DIR/policy.json"
+  unshare --mount --propagation private sh -c 'mount -t tmpfs kpleg-skopeo /var/lib && exec "$@"' sh \
+    skopeo --policy "$CRIO_DIR/policy.json" copy -q "oci-archive:$IMAGE_DIR/image.tar" \
+    "containers-storage:[overlay@$ROOT_DIR+$CRIO_DIR/runroot]$IMAGE" >&2 ||
+    die "importing $IMAGE into $ROOT_DIR with skopeo failed"
+}
+
+# Whether CRI-O has the image (only while it runs).
+crio_has_image() { crictl_ 10s inspecti "$IMAGE" >/dev/null 2>&1; }
+
+# conmon processes of this test bed: those whose --exit-dir is ours. Prints "pid crio id".
+our_conmons() {
+  local d pid id exitdir arg prev
+  for d in /proc/[0-9]*; do
+    pid=${d#/proc/}
+    [ "$(cat "$d/comm" 2>/dev/null)" = conmon ] || continue
+    id="" exitdir="" prev=""
+    while IFS= read -r -d '' arg; do
+      case $prev in
+        -c | --cid) id=$arg ;;
+        --exit-dir) exitdir=$arg ;;
+      esac
+      prev=$arg
+    done 2>/dev/null <"$d/cmdline" || continue
+    [ "$exitdir" = "$CRIO_DIR/exits" ] && echo "$pid crio ${id:-?}"
+  done
+  return 0
+}
+
+# Every pod through CRI (the storage is the test bed's own, so every pod in it is ours); then any
+# container still listed. Without crictl nothing can be removed this way: conmons are killed by
+# wait_shims_gone and the mounts go in unmount_leftovers.
+crio_remove_workloads() {
+  local id
+  if [ -z "$CRICTL" ]; then
+    log "warning: no crictl; CRI-O's pods are not removed through CRI"
+    return 0
+  fi
+  for id in $(crictl_ 10s pods -q 2>/dev/null); do
+    crictl_ 30s stopp "$id" >/dev/null || log "warning: StopPodSandbox $id failed"
+    crictl_ 30s rmp "$id" >/dev/null || log "warning: RemovePodSandbox $id failed"
+  done
+  for id in $(crictl_ 10s ps -aq 2>/dev/null); do
+    crictl_ 30s rm -f "$id" >/dev/null || log "warning: RemoveContainer $id failed"
+  done
 }
 
 # --- the image ------------------------------------------------------------------------------
@@ -356,6 +555,10 @@ build_image() {
 }
 
 import_image() {
+  if [ "$RUNTIME" = crio ]; then
+    crio_import_image
+    return
+  fi
   ctr_ -n "$NS" images import "$IMAGE_DIR/image.tar" >&2 || die "importing $IMAGE failed"
   local images
   images=$(ctr_ -n "$NS" images ls -q) || die "listing images failed"
@@ -366,6 +569,11 @@ import_image() {
 
 write_config() {
   local mode=$1
+  if [ "$RUNTIME" = crio ]; then
+    crio_write_config
+    echo "$mode" >"$MODEFILE"
+    return
+  fi
   mkdir -p "$ROOT_DIR" "$TB"/{state,opt,certs.d} "$RUNC_ROOT" "$CNI_CONF_DIR" "$TB/cni/ipam"
   # The CRI plugin watches this directory: it must hold exactly the network we want.
   rm -f "$CNI_CONF_DIR"/*
@@ -584,15 +792,17 @@ start_containerd() {
       fd=${fd##*/}
       [ "$fd" -gt 2 ] 2>/dev/null && eval "exec $fd>&-"
     done
-    exec nohup setsid "$CONTAINERD" --config "$CONFIG" --log-level info </dev/null >>"$LOGFILE" 2>&1
+    exec nohup setsid "$CONTAINERD" "${DAEMON_ARGS[@]}" </dev/null >>"$LOGFILE" 2>&1
   ) &
   pid=$!
   echo "$pid" >"$PIDFILE"
-  log "containerd started, pid $pid, log $LOGFILE"
+  log "$DAEMON started, pid $pid, log $LOGFILE"
 }
 
 cri_plugin_ok() {
   local plugins
+  # CRI-O is a CRI server and nothing else: the Version probe in wait_ready is its check.
+  [ "$RUNTIME" = crio ] && return 0
   plugins=$(ctr_ plugins ls 2>/dev/null) || return 1
   [ "$(awk '$1 == "io.containerd.grpc.v1" && $2 == "cri" { print $NF }' <<<"$plugins")" = ok ]
 }
@@ -632,10 +842,10 @@ wait_ready() {
         pid=$found
         continue
       fi
-      log "containerd (pid $pid) exited during start; last log lines:"
+      log "$DAEMON (pid $pid) exited during start; last log lines:"
       tail -n 20 "$LOGFILE" >&2 || true
       rm -f "$PIDFILE"
-      die "containerd failed to start"
+      die "$DAEMON failed to start"
     fi
     if [ ! -S "$SOCK" ]; then
       why="socket $SOCK not there yet"
@@ -649,7 +859,7 @@ wait_ready() {
     if ((SECONDS >= deadline)); then
       log "not ready after ${READY_TIMEOUT_S}s: $why; last log lines:"
       tail -n 20 "$LOGFILE" >&2 || true
-      die "containerd (pid $pid) did not become ready within ${READY_TIMEOUT_S}s"
+      die "$DAEMON (pid $pid) did not become ready within ${READY_TIMEOUT_S}s"
     fi
     sleep 0.2
   done
@@ -670,6 +880,10 @@ wait_ready() {
 # crictl everything goes through ctr, and unmount_leftovers takes the netns and shm mounts.
 remove_workloads() {
   local id ns deadline
+  if [ "$RUNTIME" = crio ]; then
+    crio_remove_workloads
+    return
+  fi
   if [ -n "$CRICTL" ]; then
     for id in $(ctr_ -n "$NS" containers ls -q 'labels."io.cri-containerd.kind"==sandbox' 2>/dev/null); do
       crictl_ 30s stopp "$id" >/dev/null || log "warning: StopPodSandbox $id failed"
@@ -698,12 +912,13 @@ remove_workloads() {
 }
 
 stop_containerd() {
-  local pid=$1 deadline
+  local pid=$1 deadline timeout=$STOP_TIMEOUT_S
+  [ "$RUNTIME" = crio ] && timeout=$CRIO_STOP_TIMEOUT_S
   kill -TERM "$pid" 2>/dev/null || return 0
-  deadline=$((SECONDS + STOP_TIMEOUT_S))
+  deadline=$((SECONDS + timeout))
   while kill -0 "$pid" 2>/dev/null; do
     if ((SECONDS >= deadline)); then
-      log "containerd (pid $pid) ignored SIGTERM for ${STOP_TIMEOUT_S}s; sending SIGKILL"
+      log "$DAEMON (pid $pid) ignored SIGTERM for ${timeout}s; sending SIGKILL"
       kill -KILL "$pid" 2>/dev/null || true
       deadline=$((SECONDS + 5))
       while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.1; done
@@ -762,14 +977,14 @@ unmount_leftovers() {
 remove_cgroups() {
   local mnt top left=""
   while read -r mnt; do
-    for top in kubepods k8s.io; do
+    for top in kubepods k8s.io kpleg-crio; do
       [ -d "$mnt/$top" ] || continue
       find "$mnt/$top" -depth -type d -exec rmdir {} \; 2>/dev/null || true
       [ -d "$mnt/$top" ] && [ -z "$left" ] && left=$(find "$mnt/$top" -depth -mindepth 1 -type d | head -n3 | tr '\n' ' ')
     done
   done < <(awk '$3 == "cgroup" || $3 == "cgroup2" { print $2 }' /proc/self/mounts)
   # Another runtime on the host may have pods there too; they are not ours to remove.
-  [ -z "$left" ] || log "cgroups still in use under kubepods/ or k8s.io/ (not ours or not empty): $left"
+  [ -z "$left" ] || log "cgroups still in use under kubepods/, k8s.io/ or kpleg-crio/ (not ours or not empty): $left"
   return 0
 }
 
@@ -801,11 +1016,11 @@ start_and_wait() {
   if ! (wait_ready "$pid"); then
     pid=$(containerd_pid)
     if [ -n "$pid" ]; then
-      log "stopping the containerd that did not become ready (pid $pid)"
+      log "stopping the $DAEMON that did not become ready (pid $pid)"
       stop_containerd "$pid"
     fi
     rm -f "$PIDFILE"
-    die "containerd did not become ready; see $LOGFILE.1 and $LOGFILE"
+    die "$DAEMON did not become ready; see $LOGFILE.1 and $LOGFILE"
   fi
   containerd_pid >/dev/null
 }
@@ -815,7 +1030,7 @@ start_and_wait() {
 repair_socket() {
   local pid=$1
   [ -S "$SOCK" ] && return 0
-  log "containerd (pid $pid) has lost its socket $SOCK; restarting it"
+  log "$DAEMON (pid $pid) has lost its socket $SOCK; restarting it"
   stop_containerd "$pid"
   start_and_wait
 }
@@ -833,6 +1048,7 @@ cmd_up() {
     shift
   done
   valid_runtime "$runtime" || die "unknown runtime '$runtime' (one of: ${RUNTIMES[*]})"
+  [ "$runtime" != crio ] || [ "$mode" != cni ] || die "--cni is not supported with --runtime crio yet"
   need_root
   mkdir -p "$TB"
   # Built (once, minutes) before taking the lock, so other callers are not kept waiting on it.
@@ -849,7 +1065,12 @@ cmd_up() {
   fi
 
   ensure_packages "$mode"
-  [ -x "$(command -v containerd-shim-runc-v2)" ] || die "containerd-shim-runc-v2 not on PATH"
+  if [ "$RUNTIME" = crio ]; then
+    [ -x /usr/bin/conmon ] || die "/usr/bin/conmon missing (package conmon)"
+    [ -x "$CRIO_BIN/pinns" ] || die "$CRIO_BIN/pinns missing; rebuild with scripts/runtimes.sh build crio"
+  else
+    [ -x "$(command -v containerd-shim-runc-v2)" ] || die "containerd-shim-runc-v2 not on PATH"
+  fi
   [ -x "$(command -v "$CONTAINERD")" ] || die "$CONTAINERD not found"
   [ "$mode" != cni ] || [ -x /usr/lib/cni/bridge ] || die "/usr/lib/cni/bridge missing (containernetworking-plugins)"
 
@@ -863,6 +1084,14 @@ cmd_up() {
     # Repairs a bed whose first 'up' failed half way, or picks up a changed pause.c.
     build_image
     local images
+    if [ "$RUNTIME" = crio ]; then
+      if ((IMAGE_REBUILT)) || ! crio_has_image; then
+        import_image
+        crio_has_image || die "$IMAGE imported but CRI-O does not list it"
+      fi
+      echo "KPLEG_RUNTIME_ENDPOINT=$ENDPOINT"
+      return 0
+    fi
     images=$(ctr_ -n "$NS" images ls -q) || die "listing images failed"
     if ((IMAGE_REBUILT)) || ! grep -qxF "$IMAGE" <<<"$images"; then
       import_image
@@ -878,8 +1107,15 @@ cmd_up() {
   build_image
   printf '%s\n%s\n' "$RUNTIME" "$(dirname "$(command -v "$CONTAINERD")")" >"$RUNTIMEFILE"
   write_config "$mode"
-  start_and_wait
-  import_image
+  if [ "$RUNTIME" = crio ]; then
+    # Into the storage before CRI-O opens it; the pause image must be there for the first pod.
+    import_image
+    start_and_wait
+    crio_has_image || die "CRI-O does not list $IMAGE after the import"
+  else
+    start_and_wait
+    import_image
+  fi
   record_shims
   log "up: $(cri_version 2>/dev/null || echo CRI), image $IMAGE, pod network: $([ "$mode" = cni ] && echo "$BRIDGE $SUBNET" || echo "host only")"
   echo "KPLEG_RUNTIME_ENDPOINT=$ENDPOINT"
@@ -907,7 +1143,7 @@ cmd_down() {
   if [ -z "$pid" ]; then
     # containerd died but its shims (and their containers) or mounts live on: a containerd on the
     # same state reconnects to them, and then they can be removed the normal way.
-    log "containerd is gone but its shims or mounts are not; restarting it to clean up"
+    log "$DAEMON is gone but its shims (conmons) or mounts are not; restarting it to clean up"
     [ -f "$CONFIG" ] || die "$CONFIG missing; cannot reconnect to the shims of this test bed"
     start_and_wait
     pid=$(containerd_pid)
@@ -916,7 +1152,7 @@ cmd_down() {
     repair_socket "$pid"
     pid=$(containerd_pid)
   fi
-  log "stopping (containerd pid $pid)"
+  log "stopping ($DAEMON pid $pid)"
   record_shims
   remove_workloads
   record_shims
@@ -934,6 +1170,9 @@ cmd_down() {
   remove_cgroups
   remove_network
   rm -rf "$TB/state" "$RUNC_ROOT" "$TB/runc-v1" "$TB/cni/ipam"
+  # CRI-O's run-time state (its storage, with the image, stays like containerd's root).
+  # $TB/seccomp: CRI-O's seccomp notifier directory, beside its socket.
+  [ "$RUNTIME" != crio ] || rm -rf "$CRIO_DIR"/{runroot,exits,attach,ns} "$TB/seccomp"
   rm -f "$PIDFILE" "$SOCK" "$SOCK.ttrpc" "$RUNTIMEFILE"
   ((restarted == 0)) || log "cleaned up after an unclean stop"
   log "down"
@@ -943,6 +1182,10 @@ cmd_status() {
   local pid ver
   [ $# -eq 0 ] || die "status takes no options"
   pid=""
+  if [ "$(recorded_runtime)" = crio ]; then
+    RUNTIME=crio
+    crio_paths "$(sed -n 2p "$RUNTIMEFILE" 2>/dev/null)"
+  fi
   [ -d "$TB" ] && pid=$(containerd_pid 2>/dev/null)
   if [ -z "$pid" ]; then
     echo "state: down"
