@@ -2,10 +2,19 @@
 // unix socket: the answer, many calls over one connection, the server's status and message,
 // the deadline (and that the server is told it), cancellation, a server restarted between calls
 // (the call is made again on a new connection), no server at all, the size limit, and the pool
-// under calls from several threads.
+// under calls from several threads. The server's PINGs (held back, then answered after a later
+// request) against a small nghttp2 server that sends one with every answer.
 #include <gtest/gtest.h>
 #include <grpcpp/grpcpp.h>
+#include <nghttp2/nghttp2.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
+
+#include <cstring>
+#include <mutex>
+#include <string>
 
 #include <atomic>
 #include <chrono>
@@ -252,6 +261,183 @@ TEST(H2UnaryTest, ThePoolServesThreadsWithAConnectionEachAtMost) {
   EXPECT_EQ(server.service.calls.load(), 800);
   EXPECT_GE(pool.connects(), 1u);
   EXPECT_LE(pool.connects(), 4u);
+}
+
+// A gRPC server on nghttp2, one connection at a time, that sends a PING (payload: the number of
+// the request) before each answer, as a gRPC-Go server's bandwidth estimator does. It logs, in
+// the order it read them, each request ("req N") and each PING answer ("ack N").
+class PingingServer {
+ public:
+  PingingServer() : path_(socket_path()) {
+    lfd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::strncpy(a.sun_path, path_.c_str(), sizeof(a.sun_path) - 1);
+    if (bind(lfd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || listen(lfd_, 4) != 0)
+      ADD_FAILURE() << "listen on " << path_ << ": " << std::strerror(errno);
+    if (pipe(stop_) != 0) ADD_FAILURE() << "pipe";
+    thread_ = std::thread([this] { serve(); });
+  }
+  ~PingingServer() {
+    (void)!write(stop_[1], "x", 1);
+    thread_.join();
+    close(lfd_);
+    close(stop_[0]);
+    close(stop_[1]);
+    unlink(path_.c_str());
+  }
+  const std::string& path() const { return path_; }
+  std::vector<std::string> log() const {
+    std::lock_guard lk(mu_);
+    return log_;
+  }
+
+ private:
+  struct Conn {
+    PingingServer* server;
+    nghttp2_session* session = nullptr;
+    std::string body;  // the framed answer
+    size_t sent = 0;
+  };
+
+  static int on_frame(nghttp2_session* session, const nghttp2_frame* f, void* user) {
+    auto* c = static_cast<Conn*>(user);
+    if (f->hd.type == NGHTTP2_PING && (f->hd.flags & NGHTTP2_FLAG_ACK)) {
+      uint64_t n = 0;
+      std::memcpy(&n, f->ping.opaque_data, sizeof(n));
+      c->server->add("ack " + std::to_string(n));
+      return 0;
+    }
+    // A request's end (its DATA, with END_STREAM): a PING, then the answer.
+    if (f->hd.type != NGHTTP2_DATA || !(f->hd.flags & NGHTTP2_FLAG_END_STREAM)) return 0;
+    const uint64_t n = c->server->requests_++;
+    c->server->add("req " + std::to_string(n));
+    uint8_t payload[8];
+    std::memcpy(payload, &n, sizeof(payload));
+    nghttp2_submit_ping(session, NGHTTP2_FLAG_NONE, payload);
+    v1::ContainerStatusResponse resp;
+    resp.mutable_status()->set_id("c" + std::to_string(n));
+    const std::string msg = resp.SerializeAsString();
+    c->body.assign(5, '\0');
+    c->body[4] = char(msg.size());
+    c->body += msg;
+    c->sent = 0;
+    const nghttp2_nv headers[] = {nv(":status", "200"), nv("content-type", "application/grpc")};
+    nghttp2_data_provider data{};
+    data.read_callback = [](nghttp2_session* s, int32_t id, uint8_t* buf, size_t len,
+                            uint32_t* flags, nghttp2_data_source*, void* u) -> ssize_t {
+      auto* c = static_cast<Conn*>(u);
+      const size_t n = std::min(len, c->body.size() - c->sent);
+      std::memcpy(buf, c->body.data() + c->sent, n);
+      c->sent += n;
+      if (c->sent == c->body.size()) {
+        *flags |= NGHTTP2_DATA_FLAG_EOF | NGHTTP2_DATA_FLAG_NO_END_STREAM;
+        const nghttp2_nv trailers[] = {nv("grpc-status", "0")};
+        nghttp2_submit_trailer(s, id, trailers, 1);
+      }
+      return ssize_t(n);
+    };
+    nghttp2_submit_response(session, f->hd.stream_id, headers, 2, &data);
+    return 0;
+  }
+  static nghttp2_nv nv(const char* name, const char* value) {
+    return {const_cast<uint8_t*>(reinterpret_cast<const uint8_t*>(name)),
+            const_cast<uint8_t*>(reinterpret_cast<const uint8_t*>(value)), std::strlen(name),
+            std::strlen(value), NGHTTP2_NV_FLAG_NONE};
+  }
+  void add(std::string line) {
+    std::lock_guard lk(mu_);
+    log_.push_back(std::move(line));
+  }
+
+  void serve() {
+    for (;;) {
+      pollfd p[2] = {{lfd_, POLLIN, 0}, {stop_[0], POLLIN, 0}};
+      if (poll(p, 2, -1) < 0 || (p[1].revents & POLLIN)) return;
+      const int fd = accept4(lfd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) continue;
+      if (!talk(fd)) {
+        close(fd);
+        return;
+      }
+      close(fd);
+    }
+  }
+  // One connection until the client closes it; false when told to stop.
+  bool talk(int fd) {
+    Conn c{this};
+    nghttp2_session_callbacks* cbs = nullptr;
+    nghttp2_session_callbacks_new(&cbs);
+    nghttp2_session_callbacks_set_on_frame_recv_callback(cbs, on_frame);
+    nghttp2_session_server_new(&c.session, cbs, &c);
+    nghttp2_session_callbacks_del(cbs);
+    nghttp2_submit_settings(c.session, NGHTTP2_FLAG_NONE, nullptr, 0);
+    bool go_on = true;
+    for (;;) {
+      const uint8_t* out = nullptr;
+      for (ssize_t n; (n = nghttp2_session_mem_send(c.session, &out)) > 0;)
+        if (send(fd, out, size_t(n), MSG_NOSIGNAL) != n) break;
+      pollfd p[2] = {{fd, POLLIN, 0}, {stop_[0], POLLIN, 0}};
+      if (poll(p, 2, -1) < 0) break;
+      if (p[1].revents & POLLIN) {
+        go_on = false;
+        break;
+      }
+      char buf[16384];
+      const ssize_t got = recv(fd, buf, sizeof(buf), 0);
+      if (got <= 0) break;
+      if (nghttp2_session_mem_recv(c.session, reinterpret_cast<uint8_t*>(buf), size_t(got)) < 0)
+        break;
+    }
+    nghttp2_session_del(c.session);
+    return go_on;
+  }
+
+  const std::string path_;
+  int lfd_ = -1;
+  int stop_[2] = {-1, -1};
+  uint64_t requests_ = 0;  // on the server's thread
+  mutable std::mutex mu_;
+  std::vector<std::string> log_;
+  std::thread thread_;
+};
+
+// Each call brings a PING: with no hold, its answer goes out after the next request, not before
+// it (a gRPC-Go server then sends its next PING one request later, not with every request).
+TEST(H2UnaryTest, TheServersPingIsAnsweredAfterTheNextRequest) {
+  PingingServer server;
+  H2UnaryOptions o;
+  o.ping_ack_hold = std::chrono::milliseconds(0);
+  H2UnaryConnection c(server.path(), o);
+  for (int i = 0; i < 3; ++i) {
+    auto st = status(c, "x");
+    ASSERT_TRUE(st.ok()) << st.error().message;
+    EXPECT_EQ(st->id(), "c" + std::to_string(i));
+  }
+  ASSERT_TRUE(testing::eventually([&] { return server.log().size() == 5; }, 2s));
+  EXPECT_EQ(server.log(),
+            (std::vector<std::string>{"req 0", "req 1", "ack 0", "req 2", "ack 1"}));
+  EXPECT_EQ(c.connects(), 1u);
+}
+
+// With a hold, a PING is answered with the first request made once it is that old, and every
+// PING due by then with it; a younger one stays held.
+TEST(H2UnaryTest, AHeldPingIsAnsweredWithTheFirstRequestOnceItIsOld) {
+  PingingServer server;
+  H2UnaryOptions o;
+  o.ping_ack_hold = std::chrono::milliseconds(1000);
+  H2UnaryConnection c(server.path(), o);
+  const auto first = Clock::now();
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(status(c, "x").ok());
+  // The server logs a request before it answers: everything before the answer is in the log.
+  EXPECT_EQ(server.log(), (std::vector<std::string>{"req 0", "req 1", "req 2"}));
+  ASSERT_LT(Clock::now() - first, 900ms);
+  // The hold is the behaviour under test: let it pass.
+  std::this_thread::sleep_until(first + 1000ms);
+  ASSERT_TRUE(status(c, "x").ok());
+  ASSERT_TRUE(testing::eventually([&] { return server.log().size() >= 7; }, 2s));
+  EXPECT_EQ(server.log(), (std::vector<std::string>{"req 0", "req 1", "req 2", "req 3", "ack 0",
+                                                    "ack 1", "ack 2"}));
 }
 
 }  // namespace

@@ -38,8 +38,28 @@ namespace {
 
 using Stream = H2UnaryConnection::Stream;
 
-// nghttp2's user data is the connection's current stream (null between calls).
-Stream* stream_of(void* user) { return *static_cast<Stream**>(user); }
+using Peer = H2UnaryConnection::Peer;
+
+// nghttp2's user data is the connection's Peer.
+Stream* stream_of(void* user) { return static_cast<Peer*>(user)->current; }
+
+// At most this many PINGs are held back (h2_unary.h, ping_ack_hold); past it the oldest is
+// answered with the next frames sent.
+constexpr size_t kMaxHeldPings = 8;
+
+int on_frame(nghttp2_session* session, const nghttp2_frame* frame, void* user) {
+  if (frame->hd.type != NGHTTP2_PING || (frame->hd.flags & NGHTTP2_FLAG_ACK)) return 0;
+  auto& pings = static_cast<Peer*>(user)->pings;
+  H2UnaryConnection::HeldPing held;
+  std::memcpy(held.payload.data(), frame->ping.opaque_data, held.payload.size());
+  held.at = std::chrono::steady_clock::now();
+  pings.push_back(held);
+  if (pings.size() > kMaxHeldPings) {
+    nghttp2_submit_ping(session, NGHTTP2_FLAG_ACK, pings.front().payload.data());
+    pings.erase(pings.begin());
+  }
+  return 0;
+}
 
 int on_header(nghttp2_session*, const nghttp2_frame* frame, const uint8_t* name, size_t namelen,
               const uint8_t* value, size_t valuelen, uint8_t, void* user) {
@@ -130,6 +150,7 @@ void H2UnaryConnection::close_connection() {
   session_ = nullptr;
   if (fd_ >= 0) close(fd_);
   fd_ = -1;
+  peer_.pings.clear();
 }
 
 Status H2UnaryConnection::connect() {
@@ -155,7 +176,16 @@ Status H2UnaryConnection::connect() {
   nghttp2_session_callbacks_set_on_header_callback(cbs, on_header);
   nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cbs, on_data);
   nghttp2_session_callbacks_set_on_stream_close_callback(cbs, on_close);
-  const int rv = nghttp2_session_client_new(&session_, cbs, &current_);
+  nghttp2_session_callbacks_set_on_frame_recv_callback(cbs, on_frame);
+  nghttp2_option* option = nullptr;
+  if (nghttp2_option_new(&option) != 0) {
+    nghttp2_session_callbacks_del(cbs);
+    close_connection();
+    return Error{StatusCode::INTERNAL, "nghttp2: out of memory"};
+  }
+  nghttp2_option_set_no_auto_ping_ack(option, 1);  // held back, see ping_ack_hold
+  const int rv = nghttp2_session_client_new2(&session_, cbs, &peer_, option);
+  nghttp2_option_del(option);
   nghttp2_session_callbacks_del(cbs);
   if (rv != 0) {
     session_ = nullptr;
@@ -209,6 +239,23 @@ void H2UnaryConnection::drain_idle() {
   if (!receive(nullptr) || nghttp2_session_want_read(session_) == 0) close_connection();
 }
 
+bool H2UnaryConnection::answer_held_pings() {
+  answer_pings_ = false;
+  const auto due = Clock::now() - opts_.ping_ack_hold;
+  bool any = false;
+  auto& pings = peer_.pings;
+  for (auto it = pings.begin(); it != pings.end();) {
+    if (it->at > due) {
+      ++it;
+      continue;
+    }
+    nghttp2_submit_ping(session_, NGHTTP2_FLAG_ACK, it->payload.data());
+    it = pings.erase(it);
+    any = true;
+  }
+  return any;
+}
+
 bool H2UnaryConnection::flush(Stream& stream, Clock::time_point deadline, CancelToken* cancel) {
   out_.clear();
   for (;;) {
@@ -218,7 +265,11 @@ bool H2UnaryConnection::flush(Stream& stream, Clock::time_point deadline, Cancel
       stream.fail(StatusCode::INTERNAL, std::string("nghttp2: ") + nghttp2_strerror(int(n)));
       return false;
     }
-    if (n == 0) break;
+    if (n == 0) {
+      // After the request's frames, so that the server takes the request before the answer.
+      if (!answer_pings_ || !answer_held_pings()) break;
+      continue;
+    }
     out_.append(reinterpret_cast<const char*>(data), size_t(n));
   }
   size_t off = 0;
@@ -288,11 +339,11 @@ Result<std::string> H2UnaryConnection::attempt(std::string_view method, std::str
       h2::header("grpc-timeout", timeout),
       h2::header("user-agent", "kplegd"),
   };
-  current_ = &s;
+  peer_.current = &s;
   struct Reset {
     Stream*& current;
     ~Reset() { current = nullptr; }
-  } reset{current_};
+  } reset{peer_.current};
   nghttp2_data_provider body{};
   body.read_callback = read_body;
   s.id = nghttp2_submit_request(session_, nullptr, headers, std::size(headers), &body, nullptr);
@@ -302,6 +353,7 @@ Result<std::string> H2UnaryConnection::attempt(std::string_view method, std::str
     *retry = reused;
     return Error{StatusCode::UNAVAILABLE, std::string("nghttp2: ") + nghttp2_strerror(s.id)};
   }
+  answer_pings_ = !peer_.pings.empty();
 
   bool broken = false;
   while (!s.response.closed && !s.failure) {

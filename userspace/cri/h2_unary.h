@@ -11,6 +11,7 @@
 // again on a new one); everything else stays on grpc++.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -32,6 +33,13 @@ struct H2UnaryOptions {
   size_t max_message_bytes = 16u << 20;
   // HTTP/2 flow-control window, stream and connection: a WINDOW_UPDATE per this much data.
   int32_t window_bytes = 16 << 20;
+  // How long the answer to the runtime's PING is held back: it goes out after the frames of
+  // the first request made once the PING is this old. A gRPC-Go server (containerd, CRI-O)
+  // sends a PING (with a WINDOW_UPDATE) on a request's data whenever its last PING has been
+  // answered, to estimate the bandwidth; answered at once, every call brought one, and it
+  // often came apart from the answer and woke the calling thread a second time. Held back, the
+  // server sends at most one per this period and connection. Every PING is answered.
+  std::chrono::milliseconds ping_ack_hold{1000};
 };
 
 // One connection; one call at a time (not thread-safe). Connects at its first call and again
@@ -60,6 +68,15 @@ class H2UnaryConnection {
 
   // nghttp2's callbacks (h2_unary.cc).
   struct Stream;
+  // What nghttp2's callbacks see: the call in progress, and the PINGs not answered yet.
+  struct HeldPing {
+    std::array<uint8_t, 8> payload;
+    Clock::time_point at;
+  };
+  struct Peer {
+    Stream* current = nullptr;  // null between calls
+    std::vector<HeldPing> pings;
+  };
 
  private:
   Result<std::string> attempt(std::string_view method, std::string_view request,
@@ -69,7 +86,10 @@ class H2UnaryConnection {
   // Reads what an idle connection has (a PING, a GOAWAY, its end) so a closed one is noticed
   // before a call is made on it.
   void drain_idle();
-  // Sends everything nghttp2 has queued; false (and a failure in `stream`) when it cannot.
+  // Queues the answers to the held PINGs that are due; whether there was any.
+  bool answer_held_pings();
+  // Sends everything nghttp2 has queued (and, in a call's first flush, the answers to the
+  // held PINGs that are due, after the rest); false (and a failure in `stream`) when it cannot.
   bool flush(Stream& stream, Clock::time_point deadline, CancelToken* cancel);
   // Reads what the socket has into nghttp2; false on end of connection or error.
   bool receive(Stream* stream);
@@ -78,7 +98,8 @@ class H2UnaryConnection {
   const H2UnaryOptions opts_;
   int fd_ = -1;
   nghttp2_session* session_ = nullptr;
-  Stream* current_ = nullptr;  // the call in progress, for nghttp2's callbacks
+  Peer peer_;
+  bool answer_pings_ = false;  // this call's first flush answers the held PINGs due
   std::string out_;            // bytes to send
   uint64_t connects_ = 0;
 };
