@@ -94,9 +94,23 @@ static __always_inline void *event__reserve(__u64 size, __u32 type)
 	return rec;
 }
 
-static __always_inline void event__submit(void *rec)
+/*
+ * Whom a record wakes. A cgroup's mkdir wakes nobody (BPF_RB_NO_WAKEUP): nothing is decided on
+ * it alone, and what makes it matter (the exec that starts the container, the next mkdir's
+ * exec) follows it and brings it along; userspace is woken once per container start instead
+ * of twice. It does wake when it flags an untracked cgroup, and once the ring holds a quarter
+ * of its size unread, so that the ring never fills with records nobody was woken for. Every
+ * other record wakes the reader with BPF_RB_FORCE_WAKEUP: the default wakes only when the
+ * ring was empty before the record, and an unread mkdir makes it not.
+ */
+static __always_inline void event__submit(void *rec, bool wake)
 {
-	bpf_ringbuf_submit(rec, 0);
+	__u64 flags = BPF_RB_FORCE_WAKEUP;
+
+	if (!wake && bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) <
+			     bpf_ringbuf_query(&events, BPF_RB_RING_SIZE) / 4)
+		flags = BPF_RB_NO_WAKEUP;
+	bpf_ringbuf_submit(rec, flags);
 	counter__inc(KPLEG_CNT_EMITTED);
 }
 
@@ -162,7 +176,7 @@ static __always_inline void cgroup__emit(struct cgroup *cgrp, const char *path, 
 	e->path_len = n - 1;
 	if (n == sizeof(e->path))
 		e->hdr.flags |= KPLEG_FLAG_PATH_TRUNCATED;
-	event__submit(e);
+	event__submit(e, type != KPLEG_EVENT_CGROUP_MKDIR || (flags & KPLEG_FLAG_UNTRACKED));
 }
 
 SEC("tp_btf/cgroup_mkdir")
@@ -297,7 +311,7 @@ int BPF_PROG(sched_process_exec, struct task_struct *task, pid_t old_pid,
 		helper__failed(KPLEG_PROG_EXEC, err);
 		e->filename[0] = '\0';
 	}
-	event__submit(e);
+	event__submit(e, true);
 	return 0;
 }
 
@@ -340,7 +354,7 @@ int BPF_PROG(sched_process_exit, struct task_struct *task)
 	 */
 	if (kpleg__oom_victim(task, e->signal))
 		e->hdr.flags |= KPLEG_FLAG_OOM_KILLED;
-	event__submit(e);
+	event__submit(e, true);
 	return 0;
 }
 
@@ -364,6 +378,6 @@ int oom_mark_victim(struct trace_event_raw_mark_victim *ctx)
 	e->cgroup_id = cgid;
 	e->victim_pid = BPF_CORE_READ(ctx, pid);
 	e->_pad0 = 0;
-	event__submit(e);
+	event__submit(e, true);
 	return 0;
 }
