@@ -286,6 +286,8 @@ void Confirmer::set_live(bool live) {
 void Confirmer::on_report(const std::string& id, const Observation& obs) {
   TrackerCore::Lock lk(core_.mu);
   set_live(true);
+  if (obs.state == ContainerState::kNonExistent && core_.on_deleted_event)
+    core_.on_deleted_event(id);
   Record* rec = core_.table.find(id);
   if (rec == nullptr || rec->foreign) {
     // Not one of the kernel path's containers (yet): a container the kernel has not signalled

@@ -34,7 +34,6 @@ void RemovalWatcher::on_runtime_events_live(bool live) {
   // A new stream (the runtime reconnected, perhaps upgraded) is trusted anew.
   suspects_.clear();
   events_miss_removals_ = false;
-  core_.stats.runtime_events_cover_removals = true;
   if (watched_.empty()) return;
   interval_ = core_.opts.removal_sweep_period;
   schedule(Clock::now() + core_.opts.removal_sweep_first);
@@ -60,7 +59,6 @@ void RemovalWatcher::judge_suspects(Clock::time_point now) {
   core_.stats.runtime_events_missed_removals += missed;
   if (events_miss_removals_ || !core_.runtime_events_live) return;
   events_miss_removals_ = true;
-  core_.stats.runtime_events_cover_removals = false;
   spdlog::info("tracker: the runtime's event stream did not report {} removal(s) the sweep found "
                "(e.g. {}): removals are swept for as without the stream ({} ms after a death, "
                "not {} s) until it stops",

@@ -35,6 +35,8 @@ class RemovalWatcher {
   // One targeted look at exited `id` (a reconcile no longer lists it): removed if the runtime
   // does not know it any more; otherwise the sweep goes on.
   void check(const std::string& id);
+  // The live stream left a removal out (until it stops). Caller holds core.mu.
+  bool events_miss_removals() const { return events_miss_removals_; }
 
  private:
   using Clock = std::chrono::steady_clock;

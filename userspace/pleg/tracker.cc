@@ -15,6 +15,7 @@ Tracker::Tracker(cri::CriClient& cri, cgroup::CgroupIndex& index, EventSink& sin
       diff_(core_, removal_) {
   core_.on_exited = [this](Record& rec) { removal_.join(rec); };
   core_.on_runtime_events_live = [this](bool live) { removal_.on_runtime_events_live(live); };
+  core_.on_deleted_event = [this](const std::string& id) { removal_.on_deleted_event(id); };
 }
 
 void Tracker::on_runtime_event(const cri::v1::ContainerEventResponse& ev) {
@@ -24,10 +25,6 @@ void Tracker::on_runtime_event(const cri::v1::ContainerEventResponse& ev) {
     confirmer_.set_live(true);
     ++core_.stats.runtime_events_unmatched;
     return;
-  }
-  if (report->second.state == ContainerState::kNonExistent) {
-    std::lock_guard lk(core_.mu);
-    removal_.on_deleted_event(report->first);
   }
   confirmer_.on_report(report->first, report->second);
 }
@@ -112,6 +109,7 @@ TrackerStats Tracker::stats() const {
   TrackerStats st = core_.stats;
   st.records = core_.table.size();
   st.runtime_events_live = core_.runtime_events_live;
+  st.runtime_events_cover_removals = !removal_.events_miss_removals();
   return st;
 }
 

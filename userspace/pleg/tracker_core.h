@@ -89,7 +89,7 @@ struct TrackerStats {
   uint64_t runtime_events_unmatched = 0;  // for no known container (or saying nothing new to look for)
   uint64_t runtime_events_late = 0;  // looks that settled a signal while the stream was live
   uint64_t runtime_events_missed_removals = 0;  // removals the sweep found and the stream never reported
-  bool runtime_events_cover_removals = true;  // false once the stream left a removal out (until it stops)
+  bool runtime_events_cover_removals = true;  // false once the stream left a removal out (until it stops); Tracker::stats() fills it in
   bool runtime_events_live = false;  // the runtime's event stream confirms (see runtime_events.h)
   uint64_t foreign_containers = 0;  // started containers the runtime does not know
   uint64_t foreign_signals = 0;     // kernel signals of those, ignored
@@ -160,6 +160,9 @@ class TrackerCore {
   // The runtime's event stream is delivering (runtime_events.h): the confirmations wait for it.
   bool runtime_events_live = false;
   std::function<void(bool)> on_runtime_events_live;  // called with `mu` held, on each change
+  // The runtime's stream reported a container or sandbox removed (its DELETED event), whether
+  // or not the tracker holds its record. Called with `mu` held.
+  std::function<void(const std::string&)> on_deleted_event;
 
  private:
   void note_call(const std::string& id, const Error* error);
