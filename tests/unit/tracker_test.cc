@@ -799,6 +799,14 @@ class RuntimeEventsTrackerTest : public TrackerTest {
     tracker_->on_runtime_event(event(sandbox_, v1::CONTAINER_STARTED_EVENT));
     ASSERT_TRUE(tracker_->stats().runtime_events_live);
   }
+  // The same, for the removal sweep's trust in the stream's DELETED events: the sweep kept for
+  // a lost event runs every `sweep`, and a removal it finds waits `grace` for its DELETED.
+  void restart_for_removals(std::chrono::milliseconds sweep, std::chrono::milliseconds grace) {
+    TrackerOptions o;
+    o.removal_sweep_with_events = sweep;
+    o.removal_event_grace = grace;
+    restart_with_events(5s, o);
+  }
   // The event containerd 2.x sends for `id`: the pod's sandbox status and the container's
   // current status (read from the fake runtime now, before a test counts calls).
   v1::ContainerEventResponse event(const std::string& id, v1::ContainerEventType type) {
@@ -877,10 +885,7 @@ TEST_F(RuntimeEventsTrackerTest, ALifecycleConfirmedByTheRuntimesEventsCostsNoCa
 // a lost event (30 s by default). The first one such a sweep finds, with no DELETED after it,
 // makes the sweep run as without the stream: the next removal is found within its period.
 TEST_F(RuntimeEventsTrackerTest, AStreamThatLeavesRemovalsOutIsFoundOutAndSweptForAsWithoutIt) {
-  TrackerOptions o;
-  o.removal_sweep_with_events = 3s;
-  o.removal_event_grace = 100ms;
-  restart_with_events(5s, o);
+  restart_for_removals(3s, 100ms);
   auto first = died_with_events("first");
   ASSERT_FALSE(HasFailure());
   ASSERT_TRUE(cri_.remove_container(first).ok());  // and no DELETED event
@@ -908,10 +913,7 @@ TEST_F(RuntimeEventsTrackerTest, AStreamThatLeavesRemovalsOutIsFoundOutAndSweptF
 // A DELETED that comes just after the sweep found the removal (the sweep's list raced the event)
 // is no miss: the stream keeps standing for the sweep.
 TEST_F(RuntimeEventsTrackerTest, ADeletedEventJustAfterTheSweepFoundTheRemovalIsNoMiss) {
-  TrackerOptions o;
-  o.removal_sweep_with_events = 100ms;
-  o.removal_event_grace = 300ms;
-  restart_with_events(5s, o);
+  restart_for_removals(100ms, 300ms);
   auto id = died_with_events("app");
   ASSERT_FALSE(HasFailure());
   ASSERT_TRUE(cri_.remove_container(id).ok());
