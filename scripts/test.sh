@@ -2,8 +2,8 @@
 # Runs every kpleg test on this machine: installs the build and test dependencies (Debian
 # packages), builds, runs the CTest suite (unit, bpf, cri, e2e, kubelet, deploy, bench, vmtest
 # labels) against containerd 1.6, the cri, e2e, kubelet and bench labels again against containerd
-# 2.x (built from
-# the Go module proxy), fuzzes the cgroup path parser, the runtime event decoder, the kernel event
+# 2.x (built from the Go module proxy), the lifecycle, differential and event-stream tests against
+# CRI-O (built the same way), fuzzes the cgroup path parser, the runtime event decoder, the kernel event
 # decoder with the cgroup index and the consumer API's request handlers (scripts/fuzz.sh) for a
 # bounded time each, and takes the local test bed
 # down afterwards.
@@ -16,8 +16,8 @@
 #   FUZZ_SECONDS      fuzzing time per target (default 60; 0 skips fuzzing)
 #   KPLEG_TESTBED_RUNTIME  runtime of the test bed for the whole suite: containerd-1.6
 #                     (default) or containerd-2 (see docs/testbed.md)
-#   KPLEG_TEST_RUNTIMES    runtimes the cri, e2e and bench labels run against once more after the
-#                     whole suite (default containerd-2; empty for none)
+#   KPLEG_TEST_RUNTIMES    runtimes the tests run against once more after the whole suite
+#                     (default "containerd-2 crio"; empty for none; see below for what each runs)
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -68,15 +68,27 @@ mkdir -p "$build/Testing"
 (cd "$build" && ctest --output-on-failure --no-tests=error ${CTEST_ARGS:-}) 2>&1 | tee "$ctest_log" ||
   status=$?
 
-# The cri, e2e and kubelet suites (and the quick benchmark, with its CRI-calls bound) again on each other runtime the test bed can run (KPLEG_TEST_RUNTIMES,
-# default containerd-2; empty for none), when the whole suite ran (no CTEST_ARGS). containerd 2.x
-# is built from the Go module proxy into a cache outside the tree the first time (about 2 min;
-# scripts/runtimes.sh). A runtime that cannot be built is a skip, and a failure when
-# KPLEG_REQUIRE_PRIVILEGED=1.
+# Tests again on each other runtime the test bed can run (KPLEG_TEST_RUNTIMES, default
+# "containerd-2 crio"; empty for none), when the whole suite ran (no CTEST_ARGS):
+# - containerd-2: the cri, e2e and kubelet suites and the quick benchmark (with its CRI-calls
+#   bound).
+# - crio: the lifecycle tests in both modes (but the OCI-hook one: the test bed has no
+#   runc-hooked handler on CRI-O), the differential test, the runtime event stream's tests,
+#   crictl's and kpleg-load's churn; about 7 min. The other cri/e2e/kubelet tests read
+#   containerd's cgroup paths, shim files or state, or need the test bed's CNI (docs/testbed.md).
+# The runtimes are built from the Go module proxy into a cache outside the tree the first time
+# (about 2 min each; scripts/runtimes.sh). A runtime that cannot be built is a skip, and a
+# failure when KPLEG_REQUIRE_PRIVILEGED=1.
 if [ -z "${CTEST_ARGS:-}" ]; then
-  for rt in ${KPLEG_TEST_RUNTIMES-containerd-2}; do
+  for rt in ${KPLEG_TEST_RUNTIMES-containerd-2 crio}; do
+    case $rt in
+      crio)
+        select=(-L 'cri|e2e' -E 'OciHooks'
+                -R '^(Modes/LifecycleTest\.|DifferentialTest\.|ApiE2eTest\.(TheRuntimesEventStream|AQuietRuntimesEventStream)|Crictl\.|KpLegLoad\.Churn)') ;;
+      *) select=(-L 'cri|e2e|kubelet|bench') ;;
+    esac
     bash scripts/testbed.sh down >/dev/null 2>&1 || true
-    echo "==== cri and e2e tests against $rt ====" | tee -a "$ctest_log"
+    echo "==== tests against $rt: ${select[*]} ====" | tee -a "$ctest_log"
     if ! bash scripts/runtimes.sh build "$rt" >/dev/null; then
       if [ "${KPLEG_REQUIRE_PRIVILEGED:-0}" = 1 ]; then
         echo "FAIL: cannot build $rt (KPLEG_REQUIRE_PRIVILEGED=1)" | tee -a "$ctest_log"
@@ -86,7 +98,7 @@ if [ -z "${CTEST_ARGS:-}" ]; then
       fi
       continue
     fi
-    (cd "$build" && KPLEG_TESTBED_RUNTIME=$rt ctest --output-on-failure --no-tests=error -L 'cri|e2e|kubelet|bench') 2>&1 |
+    (cd "$build" && KPLEG_TESTBED_RUNTIME=$rt ctest --output-on-failure --no-tests=error "${select[@]}") 2>&1 |
       tee -a "$ctest_log" || status=1
   done
 fi

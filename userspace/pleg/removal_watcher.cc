@@ -18,7 +18,7 @@ void RemovalWatcher::join(Record& rec) {
   watched_.insert(rec.identity.id);
   joined_ = true;
   const auto now = Clock::now();
-  if (events_cover_removals()) {
+  if (events_cover_removals(rec.identity.sandbox)) {
     if (!due_) interval_ = core_.opts.removal_sweep_with_events;
     schedule(now + core_.opts.removal_sweep_with_events);
   } else if (!due_) {
@@ -34,6 +34,7 @@ void RemovalWatcher::on_runtime_events_live(bool live) {
   // A new stream (the runtime reconnected, perhaps upgraded) is trusted anew.
   suspects_.clear();
   events_miss_removals_ = false;
+  sandbox_deleted_seen_ = false;
   if (watched_.empty()) return;
   interval_ = core_.opts.removal_sweep_period;
   schedule(Clock::now() + core_.opts.removal_sweep_first);
@@ -41,6 +42,10 @@ void RemovalWatcher::on_runtime_events_live(bool live) {
 
 void RemovalWatcher::on_deleted_event(const std::string& id) {
   if (!suspects_.empty()) suspects_.erase(id);  // a sweep was first: a race, not a miss
+  if (!sandbox_deleted_seen_) {
+    const Record* rec = core_.table.find(id);
+    if (rec != nullptr && rec->identity.sandbox) sandbox_deleted_seen_ = true;
+  }
 }
 
 void RemovalWatcher::judge_suspects(Clock::time_point now) {
@@ -132,7 +137,7 @@ void RemovalWatcher::sweep(Clock::time_point due) {
   core_.stats.removal_sweeps += uint64_t(containers) + uint64_t(sandboxes);
   size_t watched = 0, removed = 0;
   bool remaining = false;
-  const bool covered = events_cover_removals();
+  bool all_covered = true;  // every record still watched is of a kind the events cover
   const auto now = Clock::now();
   Events out;
   for (auto wit = watched_.begin(); wit != watched_.end();) {
@@ -145,6 +150,7 @@ void RemovalWatcher::sweep(Clock::time_point due) {
     const std::string& id = *wit;
     // Judge only the kinds listed above: a record may have joined since.
     const bool kind_listed = rec.identity.sandbox ? sandboxes : containers;
+    const bool covered = events_cover_removals(rec.identity.sandbox);
     if (listed && kind_listed && rec.reported == ContainerState::kExited &&
         !still_there.count(id)) {
       ContainerSnapshot gone;
@@ -160,6 +166,7 @@ void RemovalWatcher::sweep(Clock::time_point due) {
       wit = watched_.erase(wit);
     } else {
       remaining = true;
+      all_covered = all_covered && covered;
       ++wit;
     }
   }
@@ -170,7 +177,7 @@ void RemovalWatcher::sweep(Clock::time_point due) {
     // the kubelet keeps for its logs), less and less often.
     interval_ = removed > 0 || joined ? core_.opts.removal_sweep_period
                                       : std::min(interval_ * 2, core_.opts.removal_sweep_idle_max);
-    if (covered) interval_ = std::max(interval_, core_.opts.removal_sweep_with_events);
+    if (all_covered) interval_ = std::max(interval_, core_.opts.removal_sweep_with_events);
     next = now + interval_;
   }
   // The verdict on the removals whose DELETED is awaited (no list is made for it alone).

@@ -7,7 +7,9 @@
 // that was lost (TrackerOptions::removal_sweep_with_events). A stream that leaves removals out
 // (CRI-O sends no DELETED for the containers a RemovePodSandbox takes with it) is found out by
 // such a sweep: a removal it finds whose DELETED has not come removal_event_grace later makes
-// the sweep run as without the stream, until the stream stops.
+// the sweep run as without the stream, until the stream stops. Sandboxes' removals are swept for
+// as without the stream until it has reported one (CRI-O reports none): otherwise the first
+// pod removal on such a runtime waited for the rare sweep before it could count as a miss.
 #pragma once
 
 #include <chrono>
@@ -43,9 +45,11 @@ class RemovalWatcher {
   // Plans the sweep at `at` unless one is due earlier. Caller holds core.mu.
   void schedule(Clock::time_point at);
   void sweep(Clock::time_point due);
-  // Whether the runtime's DELETED events stand for the sweep. Caller holds core.mu.
-  bool events_cover_removals() const {
-    return core_.runtime_events_live && !events_miss_removals_;
+  // Whether the runtime's DELETED events stand for the sweep, for sandboxes' removals or for
+  // containers'. Caller holds core.mu.
+  bool events_cover_removals(bool sandbox) const {
+    return core_.runtime_events_live && !events_miss_removals_ &&
+           (!sandbox || sandbox_deleted_seen_);
   }
   // Removals a sweep found while the events covered them, whose DELETED has not come for
   // removal_event_grace, are ones the stream left out: from then on the sweep runs as without
@@ -61,6 +65,7 @@ class RemovalWatcher {
   // Removals a sweep found while the stream covered them, by when: each waits for its DELETED.
   std::map<std::string, Clock::time_point> suspects_;
   bool events_miss_removals_ = false;  // the live stream left a removal out (until it stops)
+  bool sandbox_deleted_seen_ = false;  // the live stream reported a sandbox's removal
 };
 
 }  // namespace kpleg::pleg
