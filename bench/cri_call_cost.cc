@@ -40,7 +40,7 @@ int main(int argc, char** argv) {
   int rc = 0;
   for (bool h2 : {false, true}) {
     kpleg::cri::GrpcCriClientOptions o;
-    o.h2_status_calls = h2;
+    o.h2_read_calls = h2;
     auto client = kpleg::cri::GrpcCriClient::create(endpoint, o);
     if (!client) {
       std::fprintf(stderr, "kpleg-bench-cri-call: %s\n", client.error().message.c_str());

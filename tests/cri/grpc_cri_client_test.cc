@@ -1,5 +1,6 @@
 // GrpcCriClient against real sockets: a runtime that never answers, no runtime at all, and the
 // test bed's containerd killed and restarted under a live client.
+#include <algorithm>
 #include <google/protobuf/util/message_differencer.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
@@ -235,15 +236,16 @@ TEST_F(GrpcCriClientTestBed, TalksToTheRealRuntime) {
   EXPECT_EQ(client->call_stats().count(CriMethod::kVersion, grpc::StatusCode::OK), 1u);
 }
 
-// The status calls over kpleg's own HTTP/2 connections (the daemon's looks) answer exactly as
-// grpc++ does (field for field: a map's order on the wire is not fixed), for a running
-// container, its sandbox, an exited container and an unknown id.
-TEST_F(GrpcCriClientTestBed, StatusCallsOverKplegsHttp2AnswerAsGrpcDoes) {
+// The read-only calls over kpleg's own HTTP/2 connections (all that kplegd makes) answer
+// exactly as grpc++ does (field for field: a map's order on the wire is not fixed): the
+// statuses of a running container, its sandbox, an exited container and an unknown id, the
+// lists, Version and Status.
+TEST_F(GrpcCriClientTestBed, ReadCallsOverKplegsHttp2AnswerAsGrpcDoes) {
   auto run = run_kpleg_load({"run", "--pods", "1", "--containers", "2", "--namespace", namespace_});
   ASSERT_TRUE(run.ok()) << run.error().message;
   ASSERT_EQ(run->exit_code, 0) << run->err;
   GrpcCriClientOptions grpc_o;
-  grpc_o.h2_status_calls = false;
+  grpc_o.h2_read_calls = false;
   auto via_grpc = make_client(endpoint_, grpc_o);
   auto via_h2 = make_client(endpoint_, {});
   ASSERT_NE(via_grpc, nullptr);
@@ -281,6 +283,47 @@ TEST_F(GrpcCriClientTestBed, StatusCallsOverKplegsHttp2AnswerAsGrpcDoes) {
   EXPECT_EQ(via_h2->call_stats().count(CriMethod::kContainerStatus, grpc::StatusCode::OK), 2u);
   EXPECT_EQ(via_h2->call_stats().count(CriMethod::kPodSandboxStatus, grpc::StatusCode::OK), 1u);
   EXPECT_EQ(via_h2->calls_in_flight(), 0u);
+
+  // The lists, filtered and full (the order of a list is the runtime's map order: compared by
+  // id), Version and Status.
+  auto by_id = [](auto items) {
+    std::sort(items.begin(), items.end(),
+              [](const auto& x, const auto& y) { return x.id() < y.id(); });
+    return items;
+  };
+  auto same_lists = [&](const auto& x, const auto& y) {
+    ASSERT_TRUE(x.ok()) << x.error().message;
+    ASSERT_TRUE(y.ok()) << y.error().message;
+    const auto xs = by_id(*x), ys = by_id(*y);
+    ASSERT_EQ(xs.size(), ys.size());
+    for (size_t i = 0; i < xs.size(); ++i)
+      EXPECT_TRUE(MessageDifferencer::Equals(xs[i], ys[i]))
+          << xs[i].DebugString() << "\n" << ys[i].DebugString();
+  };
+  same_lists(via_grpc->list_containers(filter), via_h2->list_containers(filter));
+  same_lists(via_grpc->list_containers({}), via_h2->list_containers({}));
+  v1::PodSandboxFilter sandboxes;
+  (*sandboxes.mutable_label_selector())["io.kubernetes.pod.namespace"] = namespace_;
+  same_lists(via_grpc->list_pod_sandboxes(sandboxes), via_h2->list_pod_sandboxes(sandboxes));
+  same_lists(via_grpc->list_pod_sandboxes({}), via_h2->list_pod_sandboxes({}));
+  auto va = via_grpc->version();
+  auto vb = via_h2->version();
+  ASSERT_TRUE(va.ok()) << va.error().message;
+  ASSERT_TRUE(vb.ok()) << vb.error().message;
+  EXPECT_TRUE(MessageDifferencer::Equals(*va, *vb)) << va->DebugString() << vb->DebugString();
+  EXPECT_FALSE(vb->runtime_name().empty());
+  auto sa = via_grpc->status();
+  auto sb = via_h2->status();
+  ASSERT_TRUE(sa.ok()) << sa.error().message;
+  ASSERT_TRUE(sb.ok()) << sb.error().message;
+  EXPECT_TRUE(MessageDifferencer::Equals(*sa, *sb)) << sa->DebugString() << sb->DebugString();
+
+  // Every one of them went over HTTP/2 on the one side and through grpc++ on the other: 3
+  // statuses, 1 unknown id, 4 lists, Version, Status.
+  EXPECT_EQ(via_h2->h2_calls(), 10u);
+  EXPECT_EQ(via_grpc->h2_calls(), 0u);
+  EXPECT_EQ(via_h2->call_stats().count(CriMethod::kListContainers, grpc::StatusCode::OK), 2u);
+  EXPECT_EQ(via_h2->call_stats().count(CriMethod::kListPodSandbox, grpc::StatusCode::OK), 2u);
 }
 
 // containerd dies (SIGKILL, as the OOM killer or a crash would) and comes back. The very same

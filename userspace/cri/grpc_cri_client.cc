@@ -117,7 +117,7 @@ GrpcCriClient::GrpcCriClient(std::string target, GrpcCriClientOptions options)
   // response that another thread is waiting for.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   watch_channel_ = grpc::CreateCustomChannel(target_, grpc::InsecureChannelCredentials(), args);
-  if (options_.h2_status_calls) {
+  if (options_.h2_read_calls) {
     H2UnaryOptions h2o;
     h2o.max_message_bytes = size_t(options_.max_receive_message_bytes);
     h2_ = std::make_unique<H2UnaryPool>(socket_path_of(target_), options_.max_in_flight, h2o);
@@ -258,9 +258,11 @@ Result<Response> GrpcCriClient::invoke(CriMethod method, std::chrono::millisecon
 }
 
 template <typename Response>
-Result<Response> GrpcCriClient::invoke_h2(CriMethod method, std::string_view path,
+Result<Response> GrpcCriClient::invoke_h2(CriMethod method,
                                           const google::protobuf::MessageLite& request,
                                           std::chrono::milliseconds timeout, CallSubject subject) {
+  h2_calls_.fetch_add(1, std::memory_order_relaxed);
+  const std::string path = fmt::format("/runtime.v1.RuntimeService/{}", cri_method_name(method));
   return guarded<Response>(
       method, timeout, std::move(subject), [&](Clock::time_point deadline) -> Result<Response> {
         if (h2_cancel_.cancelled())
@@ -275,6 +277,14 @@ Result<Response> GrpcCriClient::invoke_h2(CriMethod method, std::string_view pat
       });
 }
 
+template <typename Response, typename Request, typename Rpc>
+Result<Response> GrpcCriClient::read(CriMethod method, const Request& request,
+                                     std::chrono::milliseconds timeout, CallSubject subject,
+                                     Rpc&& rpc) {
+  if (h2_) return invoke_h2<Response>(method, request, timeout, std::move(subject));
+  return invoke<Response>(method, timeout, std::move(subject), std::forward<Rpc>(rpc));
+}
+
 void GrpcCriClient::cancel_calls() {
   h2_cancel_.cancel();
   std::lock_guard lk(calls_mu_);
@@ -285,17 +295,17 @@ void GrpcCriClient::cancel_calls() {
 Result<v1::VersionResponse> GrpcCriClient::version() {
   v1::VersionRequest req;
   req.set_version("v1");
-  return invoke<v1::VersionResponse>(
-      CriMethod::kVersion, options_.call_timeout, {},
+  return read<v1::VersionResponse>(
+      CriMethod::kVersion, req, options_.call_timeout, {},
       [&](grpc::ClientContext* c, v1::VersionResponse* r) { return stub_->Version(c, req, r); });
 }
 
 Result<v1::RuntimeStatus> GrpcCriClient::status() {
   v1::StatusRequest req;
-  auto r = invoke<v1::StatusResponse>(CriMethod::kStatus, options_.call_timeout, {},
-                                      [&](grpc::ClientContext* c, v1::StatusResponse* resp) {
-                                        return stub_->Status(c, req, resp);
-                                      });
+  auto r = read<v1::StatusResponse>(CriMethod::kStatus, req, options_.call_timeout, {},
+                                    [&](grpc::ClientContext* c, v1::StatusResponse* resp) {
+                                      return stub_->Status(c, req, resp);
+                                    });
   if (!r) return r.error();
   return std::move(*r->mutable_status());
 }
@@ -305,8 +315,8 @@ Result<std::vector<v1::PodSandbox>> GrpcCriClient::list_pod_sandboxes(
   v1::ListPodSandboxRequest req;
   *req.mutable_filter() = filter;
   const bool full = filter.id().empty() && filter.label_selector().empty();
-  auto r = invoke<v1::ListPodSandboxResponse>(
-      CriMethod::kListPodSandbox, full ? list_timeout() : options_.call_timeout,
+  auto r = read<v1::ListPodSandboxResponse>(
+      CriMethod::kListPodSandbox, req, full ? list_timeout() : options_.call_timeout,
       filter_subject(filter.id(), filter.label_selector()),
       [&](grpc::ClientContext* c, v1::ListPodSandboxResponse* resp) {
         return stub_->ListPodSandbox(c, req, resp);
@@ -318,15 +328,8 @@ Result<std::vector<v1::PodSandbox>> GrpcCriClient::list_pod_sandboxes(
 Result<v1::PodSandboxStatus> GrpcCriClient::pod_sandbox_status(const std::string& pod_sandbox_id) {
   v1::PodSandboxStatusRequest req;
   req.set_pod_sandbox_id(pod_sandbox_id);
-  if (h2_) {
-    auto r = invoke_h2<v1::PodSandboxStatusResponse>(
-        CriMethod::kPodSandboxStatus, "/runtime.v1.RuntimeService/PodSandboxStatus", req,
-        options_.call_timeout, id_subject(pod_sandbox_id));
-    if (!r) return r.error();
-    return std::move(*r->mutable_status());
-  }
-  auto r = invoke<v1::PodSandboxStatusResponse>(
-      CriMethod::kPodSandboxStatus, options_.call_timeout, id_subject(pod_sandbox_id),
+  auto r = read<v1::PodSandboxStatusResponse>(
+      CriMethod::kPodSandboxStatus, req, options_.call_timeout, id_subject(pod_sandbox_id),
       [&](grpc::ClientContext* c, v1::PodSandboxStatusResponse* resp) {
         return stub_->PodSandboxStatus(c, req, resp);
       });
@@ -340,8 +343,8 @@ Result<std::vector<v1::Container>> GrpcCriClient::list_containers(
   *req.mutable_filter() = filter;
   const bool full = filter.id().empty() && filter.pod_sandbox_id().empty() &&
                     filter.label_selector().empty();
-  auto r = invoke<v1::ListContainersResponse>(
-      CriMethod::kListContainers, full ? list_timeout() : options_.call_timeout,
+  auto r = read<v1::ListContainersResponse>(
+      CriMethod::kListContainers, req, full ? list_timeout() : options_.call_timeout,
       filter_subject(filter.pod_sandbox_id().empty() ? filter.id() : filter.pod_sandbox_id(),
                      filter.label_selector()),
       [&](grpc::ClientContext* c, v1::ListContainersResponse* resp) {
@@ -354,15 +357,8 @@ Result<std::vector<v1::Container>> GrpcCriClient::list_containers(
 Result<v1::ContainerStatus> GrpcCriClient::container_status(const std::string& container_id) {
   v1::ContainerStatusRequest req;
   req.set_container_id(container_id);
-  if (h2_) {
-    auto r = invoke_h2<v1::ContainerStatusResponse>(
-        CriMethod::kContainerStatus, "/runtime.v1.RuntimeService/ContainerStatus", req,
-        options_.call_timeout, id_subject(container_id));
-    if (!r) return r.error();
-    return std::move(*r->mutable_status());
-  }
-  auto r = invoke<v1::ContainerStatusResponse>(
-      CriMethod::kContainerStatus, options_.call_timeout, id_subject(container_id),
+  auto r = read<v1::ContainerStatusResponse>(
+      CriMethod::kContainerStatus, req, options_.call_timeout, id_subject(container_id),
       [&](grpc::ClientContext* c, v1::ContainerStatusResponse* resp) {
         return stub_->ContainerStatus(c, req, resp);
       });

@@ -68,10 +68,12 @@ struct GrpcCriClientOptions {
   std::function<void()> on_state_change;
   // Where every call registers while in flight (the stuck-call watchdog); none: not tracked.
   std::shared_ptr<InflightCalls> inflight;
-  // ContainerStatus and PodSandboxStatus (the daemon's confirmation looks) over kpleg's own
-  // HTTP/2 connections (h2_unary.h) instead of grpc++: a fraction of the CPU per call. Same
+  // The read-only calls (Version, Status, ListPodSandbox, PodSandboxStatus, ListContainers,
+  // ContainerStatus: all that kplegd itself makes) over kpleg's own HTTP/2 connections
+  // (h2_unary.h) instead of grpc++: a fraction of the CPU per call, and a kplegd whose calls
+  // leave grpc++'s channel unused needs none of gRPC's timers (see kplegd's main.cc). Same
   // deadlines, slots, statistics, in-flight registry and cancellation as every other call.
-  bool h2_status_calls = true;
+  bool h2_read_calls = true;
 };
 
 // The gRPC channel's connectivity state.
@@ -127,6 +129,8 @@ class GrpcCriClient final : public CriClient {
   // Returns to READY after a lost connection, as reported to on_reconnect.
   uint64_t reconnects() const { return reconnects_.load(std::memory_order_relaxed); }
   const CallStats& call_stats() const { return stats_; }
+  // Calls made over kpleg's own HTTP/2 connections (h2_read_calls).
+  uint64_t h2_calls() const { return h2_calls_.load(std::memory_order_relaxed); }
   size_t calls_in_flight() const { return slots_.in_use(); }
   // The gRPC target, "unix:///path".
   const std::string& target() const { return target_; }
@@ -146,11 +150,14 @@ class GrpcCriClient final : public CriClient {
   template <typename Response, typename Invoke>
   Result<Response> invoke(CriMethod method, std::chrono::milliseconds timeout,
                           CallSubject subject, Invoke&& rpc);
-  // A call over h2_ (h2_unary.h): `path` the method's HTTP/2 path.
+  // A call over h2_ (h2_unary.h).
   template <typename Response>
-  Result<Response> invoke_h2(CriMethod method, std::string_view path,
-                             const google::protobuf::MessageLite& request,
+  Result<Response> invoke_h2(CriMethod method, const google::protobuf::MessageLite& request,
                              std::chrono::milliseconds timeout, CallSubject subject);
+  // A read-only call: over h2_ with h2_read_calls, else `rpc` through the stub.
+  template <typename Response, typename Request, typename Rpc>
+  Result<Response> read(CriMethod method, const Request& request,
+                        std::chrono::milliseconds timeout, CallSubject subject, Rpc&& rpc);
 
   const std::string target_;
   const GrpcCriClientOptions options_;
@@ -163,7 +170,8 @@ class GrpcCriClient final : public CriClient {
   std::mutex calls_mu_;
   std::unordered_set<grpc::ClientContext*> calls_;  // in flight, under calls_mu_
   bool cancelled_ = false;                          // under calls_mu_
-  std::unique_ptr<H2UnaryPool> h2_;  // with h2_status_calls
+  std::unique_ptr<H2UnaryPool> h2_;  // with h2_read_calls
+  std::atomic<uint64_t> h2_calls_{0};
   CancelToken h2_cancel_;            // cancel_calls() ends the calls over h2_
   std::mutex watch_mu_;  // the watcher's use of channel_ against its destruction
   bool stopping_ = false;  // guarded by watch_mu_

@@ -146,6 +146,18 @@ int run_daemon(const daemon::DaemonOptions& opts, const api::ApiServerOptions& a
   return 0;
 }
 
+// Whether the command line gives `flag` (as "--flag value" or "--flag=value"), before CLI11
+// parses it.
+bool names_flag(int argc, char** argv, std::string_view flag) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (arg == flag || (arg.starts_with(flag) && arg.size() > flag.size() && arg[flag.size()] == '='))
+      return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -159,11 +171,18 @@ int main(int argc, char** argv) {
   // one thread and handed to the one waiting for it, a second wakeup each time. With poll, the
   // thread that waits for a response reads it.
   setenv("GRPC_POLL_STRATEGY", "poll", /*overwrite=*/0);
-  // gRPC's "backup poller" (a timer every 5 s, 0.2 wakeups/s of an idle daemon) stays at its
-  // default: with the poll engine it is what reads a connection no thread waits on, and the
-  // calls' connection to a restarted runtime is one: calls fail fast while it reconnects, so
-  // nothing else reads the runtime's SETTINGS frame. At a minute, every reconnection attempt
-  // timed out before it was read (FaultsTest.ContainerdKilledAndRestartedNothingMissed).
+  // gRPC's "backup poller" (a timer every 5 s: what still woke an idle daemon, 0.7 times a
+  // second with its timer threads) reads, with the poll engine, a client connection that no
+  // thread waits on. kplegd's own calls to the runtime all go over its own HTTP/2 connections
+  // (GrpcCriClientOptions::h2_read_calls), and the one grpc++ connection it uses (the runtime
+  // connection's watcher) is waited on by its thread all the time, so it needs none. The CRI
+  // endpoint's forwarding channel (--cri-listen) does: a call the kubelet makes while that
+  // channel is in backoff fails at once, and without the poller nothing would read the
+  // reconnection's SETTINGS frame. The environment can still choose. Set here, before
+  // grpcidle::install() (gRPC's settings are read from then on), so the command line is only
+  // looked through for the flag, not parsed yet.
+  if (!names_flag(argc, argv, "--cri-listen"))
+    setenv("GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS", "0", /*overwrite=*/0);
   // Before any gRPC object exists: gRPC's timer threads then sleep until a timer is due instead
   // of waking every second (see grpcidle/grpc_idle.h).
   g_grpc_idle_note = grpcidle::install();
