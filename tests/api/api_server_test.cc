@@ -251,18 +251,25 @@ TEST_F(ApiServerTest, StatsCombineTheDaemonTheBusAndHealth) {
 }
 
 // gRPC's sync API does not tell a handler that its client went away; an idle Watch looks only
-// once a minute (a wakeup of an idle daemon each time). A gone client is noticed at once when an
-// event comes (the write fails) and when a new Watch needs its slot.
-TEST_F(ApiServerTest, AGoneClientsSubscriptionEndsAtTheNextEvent) {
+// once a minute (a wakeup of an idle daemon each time). A gone client is noticed when an event
+// comes and when a new Watch needs its slot. The event's write fails, or, when it went out
+// before gRPC had read the client's cancellation (it can, on a loaded machine), the next one's
+// does: the next event or the one after ends the subscription, not the minute's look.
+TEST_F(ApiServerTest, AGoneClientsSubscriptionEndsAtTheNextEventOrTheOneAfter) {
   auto w = std::make_unique<WatchClient>(h_.channel(), watch_from(0));
   ASSERT_EQ(h_.bus.stats().subscribers, 1u);
   w->cancel();
   EXPECT_EQ(w->finish(10s).error_code(), grpc::StatusCode::CANCELLED);
   auto t0 = std::chrono::steady_clock::now();
-  h_.bus.publish(sample_event(1));
-  ASSERT_TRUE(wait_until([&] { return h_.bus.stats().subscribers == 0; }, 5s));
+  int events = 0;
+  for (uint64_t seq = 1; seq <= 2 && h_.bus.stats().subscribers != 0; ++seq) {
+    h_.bus.publish(sample_event(seq));
+    ++events;
+    wait_until([&] { return h_.bus.stats().subscribers == 0; }, 3s);
+  }
+  EXPECT_EQ(h_.bus.stats().subscribers, 0u) << "still subscribed after " << events << " events";
   auto took = std::chrono::steady_clock::now() - t0;
-  std::printf("the next event released the subscription after %.1f ms\n",
+  std::printf("%d event(s) released the subscription after %.1f ms\n", events,
               std::chrono::duration<double, std::milli>(took).count());
 }
 
