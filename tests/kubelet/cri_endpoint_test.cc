@@ -1,9 +1,11 @@
 // kplegd's CRI endpoint (--cri-listen) between CRI clients and the test bed's real containerd:
 // every call comes back as the runtime answers it, methods kpleg has no name for included;
-// kpleg-load and crictl work through it as against the runtime; and GetContainerEvents is
+// kpleg-load and crictl work through it as against the runtime, and again after the runtime
+// restarted; and GetContainerEvents is
 // answered from kpleg's events with what a kubelet requires of each event, to any number of
 // subscribers, on a runtime that has no event stream of its own (containerd 1.6) too.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <google/protobuf/unknown_field_set.h>
@@ -216,6 +218,41 @@ TEST_F(CriEndpointTest, EveryCallComesBackAsTheRuntimeAnswersIt) {
   v1::VersionResponse vr;
   ASSERT_TRUE(vr.ParseFromString(v.body));
   EXPECT_EQ(vr.runtime_name(), "containerd");
+}
+
+// The runtime dies (SIGKILL) and comes back: the kubelet's calls through the endpoint fail
+// while it is gone, as they would against its socket, and are forwarded again once it is back,
+// without a restart of kplegd.
+TEST_F(CriEndpointTest, ForwardsAgainAfterTheRuntimeIsKilledAndRestarted) {
+  KPLEG_REQUIRE_OR_SKIP(TestBed::instance().endpoint_is_test_bed(),
+                        "the runtime at " + endpoint_ + " is not the test bed's; cannot restart it");
+  v1::VersionRequest version;
+  version.set_version("v1");
+  const std::string method = "/runtime.v1.RuntimeService/Version";
+  ASSERT_EQ(raw_call(socket_, method, version.SerializeAsString()).code, grpc::StatusCode::OK);
+  auto pid = TestBed::instance().containerd_pid();
+  ASSERT_TRUE(pid.ok()) << pid.error().message;
+  ASSERT_EQ(kill(*pid, SIGKILL), 0);
+  ASSERT_TRUE(kplegd_->wait_for_log("connection lost", 10s)) << kplegd_->log();
+  auto down = raw_call(socket_, method, version.SerializeAsString());
+  EXPECT_EQ(down.code, grpc::StatusCode::UNAVAILABLE) << down.message;
+
+  auto up = TestBed::instance().up();
+  ASSERT_TRUE(up.ok()) << up.error().message;
+  ASSERT_TRUE(kplegd_->wait_for_log("reconnected", 30s)) << kplegd_->log();
+  // As a kubelet does, once a second: each call may fail while the endpoint's own connection
+  // to the runtime is still being made again.
+  grpc::StatusCode last = grpc::StatusCode::UNKNOWN;
+  std::string message;
+  const bool forwarded = eventually(
+      [&] {
+        auto r = raw_call(socket_, method, version.SerializeAsString());
+        last = r.code;
+        message = r.message;
+        return r.code == grpc::StatusCode::OK;
+      },
+      30s, 1s);
+  EXPECT_TRUE(forwarded) << "the last call through the endpoint: " << int(last) << " " << message;
 }
 
 TEST_F(CriEndpointTest, WorkloadsAndCrictlWorkThroughIt) {
