@@ -71,7 +71,7 @@ struct GrpcCriClientOptions {
   // The read-only calls (Version, Status, ListPodSandbox, PodSandboxStatus, ListContainers,
   // ContainerStatus: all that kplegd itself makes) over kpleg's own HTTP/2 connections
   // (h2_unary.h) instead of grpc++: a fraction of the CPU per call, and a kplegd whose calls
-  // leave grpc++'s channel unused needs none of gRPC's timers (see kplegd's main.cc). Same
+  // leave grpc++'s calls channel unused needs no gRPC backup poller (see kplegd's main.cc). Same
   // deadlines, slots, statistics, in-flight registry and cancellation as every other call.
   bool h2_read_calls = true;
 };
