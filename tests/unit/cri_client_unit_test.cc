@@ -102,6 +102,13 @@ TEST(CallStats, NamesAreTheCriAndGrpcNames) {
                   ->FindMethodByName(std::string(name)),
               nullptr)
         << name;
+    // And its path is the one gRPC puts on the wire for it.
+    EXPECT_EQ(cri_method_path(static_cast<CriMethod>(m)),
+              "/" + runtime::v1::VersionRequest::descriptor()
+                        ->file()
+                        ->FindServiceByName("RuntimeService")
+                        ->full_name() +
+                  "/" + std::string(name));
   }
   EXPECT_EQ(names.size(), kCriMethodCount);
   EXPECT_EQ(grpc_code_name(4), "DEADLINE_EXCEEDED");

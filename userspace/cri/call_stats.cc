@@ -1,5 +1,8 @@
 #include "cri/call_stats.h"
 
+#include <array>
+#include <string>
+
 namespace kpleg::cri {
 
 std::string_view cri_method_name(CriMethod method) {
@@ -36,6 +39,17 @@ std::string_view cri_method_name(CriMethod method) {
       break;
   }
   return "Unknown";
+}
+
+std::string_view cri_method_path(CriMethod method) {
+  static const auto paths = [] {
+    std::array<std::string, kCriMethodCount> p;
+    for (size_t i = 0; i < kCriMethodCount; ++i)
+      p[i] = "/runtime.v1.RuntimeService/" + std::string(cri_method_name(static_cast<CriMethod>(i)));
+    return p;
+  }();
+  size_t i = static_cast<size_t>(method);
+  return i < kCriMethodCount ? std::string_view(paths[i]) : std::string_view();
 }
 
 std::string_view grpc_code_name(int code) {

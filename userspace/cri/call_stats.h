@@ -33,6 +33,8 @@ inline constexpr size_t kGrpcStatusCodeCount = 17;
 
 // The CRI method name as the runtime and the kubelet's metrics spell it.
 std::string_view cri_method_name(CriMethod method);
+// The method's gRPC path, "/runtime.v1.RuntimeService/<name>": built once, no allocation per call.
+std::string_view cri_method_path(CriMethod method);
 // "OK", "DEADLINE_EXCEEDED", ...; "UNKNOWN" for codes outside the gRPC range.
 std::string_view grpc_code_name(int code);
 

@@ -262,7 +262,7 @@ Result<Response> GrpcCriClient::invoke_h2(CriMethod method,
                                           const google::protobuf::MessageLite& request,
                                           std::chrono::milliseconds timeout, CallSubject subject) {
   h2_calls_.fetch_add(1, std::memory_order_relaxed);
-  const std::string path = fmt::format("/runtime.v1.RuntimeService/{}", cri_method_name(method));
+  const std::string_view path = cri_method_path(method);
   return guarded<Response>(
       method, timeout, std::move(subject), [&](Clock::time_point deadline) -> Result<Response> {
         if (h2_cancel_.cancelled())
@@ -466,7 +466,7 @@ Status GrpcCriClient::container_events(
   // Read over nghttp2 on this thread rather than with grpc++'s reader: see h2_stream.h.
   v1::ContainerEventResponse ev;
   auto st = h2_server_stream(
-      socket_path_of(target_), "/runtime.v1.RuntimeService/GetContainerEvents",
+      socket_path_of(target_), cri_method_path(CriMethod::kGetContainerEvents),
       v1::GetEventsRequest{}.SerializeAsString(), cancel, [&](std::string_view message) {
         // Only what kpleg reads of it (event_decoder.h).
         if (!decode_container_event(message, ev)) return false;
