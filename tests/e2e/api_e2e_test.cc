@@ -19,6 +19,7 @@
 #include "e2e/e2e_support.h"
 #include "kpleg/v1/pleg.grpc.pb.h"
 #include "support/eventually.h"
+#include "support/thread_wakeups.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
 namespace kpleg::testing {
@@ -390,23 +391,6 @@ TEST_F(ApiE2eTest, PromtoolAcceptsLiveMetricsAndCountersMove) {
   EXPECT_EQ((*d)->stop(), 0);
 }
 
-// Times each thread of process `pid` was scheduled in (/proc/<pid>/task/*/schedstat, field
-// 3), by "name/tid".
-std::map<std::string, long> scheduled_in(pid_t pid) {
-  std::map<std::string, long> out;
-  std::error_code ec;
-  for (const auto& t :
-       std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
-    std::ifstream c(t.path() / "comm");
-    std::string name;
-    std::getline(c, name);
-    std::ifstream s(t.path() / "schedstat");
-    long run = 0, wait = 0, slices = 0;
-    if (s >> run >> wait >> slices) out[name + "/" + t.path().filename().string()] = slices;
-  }
-  return out;
-}
-
 // An idle node costs an idle kplegd nothing: with one Watch consumer and no container changing,
 // there is a 12 s span in which no thread of the daemon, gRPC's included, is scheduled in
 // (within 45 s, so that the start's last work and a stray exec on the machine are let pass).
@@ -427,14 +411,14 @@ TEST_F(ApiE2eTest, AnIdleDaemonWithAConsumerWakesNoThread) {
 
   constexpr auto kQuiet = 12s;
   const auto deadline = std::chrono::steady_clock::now() + 45s;
-  auto last = scheduled_in(kplegd.pid());
+  auto last = scheduled_in(std::to_string(kplegd.pid()));
   auto quiet_since = std::chrono::steady_clock::now();
   std::string woke;
   bool quiet = false;
   while (std::chrono::steady_clock::now() < deadline) {
     // Sampling a process's counters: there is no event to wait on.
     std::this_thread::sleep_for(500ms);
-    auto now = scheduled_in(kplegd.pid());
+    auto now = scheduled_in(std::to_string(kplegd.pid()));
     if (now != last) {
       woke.clear();
       for (const auto& [thread, n] : now)

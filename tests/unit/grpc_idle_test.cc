@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "support/thread_wakeups.h"
 
 namespace {
 
@@ -63,30 +64,12 @@ std::unique_ptr<grpc::Server> serve(const std::string& path, grpc::Service* serv
   return b.BuildAndStart();
 }
 
-// Times threads named `comm` were scheduled in, summed (/proc/self/task/*/schedstat, field 3).
 long wakeups_of(const std::string& comm) {
-  long sum = 0;
-  for (const auto& t : std::filesystem::directory_iterator("/proc/self/task")) {
-    std::ifstream c(t.path() / "comm");
-    std::string name;
-    std::getline(c, name);
-    if (name != comm) continue;
-    std::ifstream s(t.path() / "schedstat");
-    long run = 0, wait = 0, slices = 0;
-    s >> run >> wait >> slices;
-    sum += slices;
-  }
-  return sum;
+  return kpleg::testing::threads_named(kpleg::testing::scheduled_in(), comm).scheduled_in;
 }
 
 bool has_thread(const std::string& comm) {
-  for (const auto& t : std::filesystem::directory_iterator("/proc/self/task")) {
-    std::ifstream c(t.path() / "comm");
-    std::string name;
-    std::getline(c, name);
-    if (name == comm) return true;
-  }
-  return false;
+  return kpleg::testing::threads_named(kpleg::testing::scheduled_in(), comm).threads > 0;
 }
 
 TEST(GrpcIdle, IsInstalled) { EXPECT_EQ(kInstallNote, ""); }
