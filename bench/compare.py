@@ -581,16 +581,22 @@ def wait_settled(daemons, churn, timeout):
 
 # --- windows -------------------------------------------------------------------------------------
 
-def take_sample(daemons, runtime):
+STATS_AFTERMATH_S = 1.0
+
+
+def take_sample(daemons, runtime, with_stats=False):
+    # The Stats call (a gRPC round trip that wakes the daemon's server threads, and its timer
+    # threads twice more within ~0.3 s, measured) comes a second before the CPU readings, so that
+    # it is outside the window that starts here: an idle window then holds nothing of the bench's
+    # own making. The window's closing Stats is asked after its settling.
+    stats = {d.tag: d.request_stats() for d in daemons} if with_stats else {}
+    if stats:
+        time.sleep(STATS_AFTERMATH_S)
     s = {"t_ns": now_ns(), "mono": time.monotonic(), "runtime": runtime.sample(), "daemons": {}}
     for d in daemons:
         s["daemons"][d.tag] = {"cpu_s": d.cgroup.usage_usec() / 1e6, "rss_kib": vm_rss_kib(d.pid),
                                "bpf": bpf_prog_run_ns(d.pid) if d.mode == "ebpf" else None,
-                               "threads": threads(d.pid)}
-    # Stats after the CPU readings: the Stats call itself is then outside this window's start
-    # and inside the previous one's end, where it costs both modes the same.
-    for d in daemons:
-        s["daemons"][d.tag]["stats"] = d.request_stats()
+                               "threads": threads(d.pid), "stats": stats.get(d.tag)}
     return s
 
 
@@ -600,7 +606,7 @@ def per_minute(delta_s, elapsed_s):
 
 def window(cfg, daemons, runtime, rate, seconds, out_dir, label, base_uids):
     """One measurement window: idle or churn at `rate`, then settle, then evaluate."""
-    s0 = take_sample(daemons, runtime)
+    s0 = take_sample(daemons, runtime, with_stats=True)
     churn = None
     if rate > 0:
         churn = run_churn(cfg, rate, seconds, os.path.join(out_dir, f"churn-{label}.jsonl"))
@@ -857,10 +863,17 @@ def write_summary(cfg, results):
             L.append(f"| {k} | {fmt(x.get('daemon_cpu_s_per_min'), 4)} | {fmt(x.get('bpf_s_per_min'), 5)} | "
                      f"{fmt(x['containerd_s_per_min'], 3)} | {fmt(x['shims_s_per_min'], 3)} | {fmt(x['runtime_total_s_per_min'], 3)} | "
                      f"{fmt(x['daemon_plus_runtime_s_per_min'], 3)} | {fmt(x.get('above_baseline_s_per_min'), 4)} | {fmt(x.get('rss_mib'), 1)} |")
+        def daemon_ratio(key, ebpf_run):
+            # The cgroup's CPU counter has 1 µs steps: an ebpf daemon that did not run at all in
+            # the window has no ratio, and is said so.
+            if a.get(key) is None and (a["runs"].get(ebpf_run, {}).get("daemon_cpu_s_per_min") or 0) == 0 \
+                    and (a["runs"]["relist"].get("daemon_cpu_s_per_min") or 0) > 0:
+                return "unbounded (ebpf's daemon used no CPU in the window)"
+            return f"{fmt(a.get(key), 1)}×"
         L.append(f"\nRatio relist/ebpf, daemon + runtime: {fmt(a.get('ratio_total'), 1)}×; "
                  f"above the no-daemon baseline: {fmt(a.get('ratio_above_baseline'), 1)}×; daemon alone: "
-                 f"{fmt(a.get('ratio_daemon'), 1)}×; relist daemon / ebpf-unwatched daemon: "
-                 f"{fmt(a.get('ratio_daemon_unwatched'), 1)}×. (ebpf-unwatched: API socket open, no consumer, "
+                 f"{daemon_ratio('ratio_daemon', 'ebpf')}; relist daemon / ebpf-unwatched daemon: "
+                 f"{daemon_ratio('ratio_daemon_unwatched', 'ebpf-unwatched')}. (ebpf-unwatched: API socket open, no consumer, "
                  f"{a['runs'].get('ebpf-unwatched', {}).get('window_s', 0):.0f} s window.)\n")
         for k in ("ebpf", "relist", "ebpf-unwatched"):
             th = (a["runs"].get(k) or {}).get("threads") or {}
