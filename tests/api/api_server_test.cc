@@ -473,6 +473,22 @@ TEST_F(ApiServerTest, NeverReadingWatcherIsCutOffWhileOthersKeepUpAndMemoryStays
   EXPECT_LT(catch_up_at_cut_off_ms, 2000) << "cutting one watcher off must not stall the others";
 }
 
+// A consumer through kpleg's client makes no BDP PINGs, which kplegd would wake to answer about
+// every eighth event.
+TEST(ApiClient, ChannelsDoNotProbeBandwidthWithPings) {
+  grpc::ChannelArguments args;
+  api::set_channel_arguments(args);
+  const grpc_channel_args c = args.c_channel_args();
+  int found = 0;
+  for (size_t i = 0; i < c.num_args; ++i) {
+    if (std::string(c.args[i].key) != GRPC_ARG_HTTP2_BDP_PROBE) continue;
+    ++found;
+    ASSERT_EQ(c.args[i].type, GRPC_ARG_INTEGER);
+    EXPECT_EQ(c.args[i].value.integer, 0);
+  }
+  EXPECT_EQ(found, 1);
+}
+
 TEST_F(ApiServerTest, SocketIsOwnerOnly) {
   struct stat st {};
   ASSERT_EQ(stat(h_.socket_path.c_str(), &st), 0);

@@ -60,8 +60,13 @@ bool is_unreachable(const Error& error) {
   return error.code == ENOENT || error.code == ECONNREFUSED || error.code == EACCES;
 }
 
+void set_channel_arguments(grpc::ChannelArguments& args) {
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+}
+
 Result<std::shared_ptr<grpc::Channel>> connect_channel(const ClientOptions& o) {
   grpc::ChannelArguments args;
+  set_channel_arguments(args);
   if (o.address.empty()) {
     if (o.socket_path.empty()) return Error{EINVAL, "give --socket or --address"};
     if (auto st = probe_socket(o.socket_path); !st) return st.error();

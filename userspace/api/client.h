@@ -12,7 +12,8 @@
 
 namespace grpc {
 class Channel;
-}
+class ChannelArguments;
+}  // namespace grpc
 
 namespace kpleg::api {
 
@@ -30,6 +31,12 @@ struct ClientOptions {
 // Error codes: ENOENT / ECONNREFUSED when nothing serves on the socket (kplegd not running),
 // EACCES when the socket is not accessible to this user, EINVAL for bad options or files.
 Result<std::shared_ptr<grpc::Channel>> connect_channel(const ClientOptions& options);
+
+// The settings connect_channel() gives every channel, whatever the transport. BDP probing is off:
+// it grows a bulk transfer's receive window by PINGing the server as data arrives, and on the
+// event stream's small messages it only made kplegd wake and answer a PING about every eighth
+// event. The stream's default 64 KiB window holds hundreds of events.
+void set_channel_arguments(grpc::ChannelArguments& args);
 
 // Whether an Error from connect_channel() means kplegd could not be reached at all.
 bool is_unreachable(const Error& error);
