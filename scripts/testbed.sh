@@ -988,6 +988,38 @@ remove_cgroups() {
   return 0
 }
 
+# On a hybrid cgroup host whose cgroup v1 hierarchies lack hugetlb (the kernel has it, nothing
+# mounted it), CRI-O hands runc the hugepage limits the kubelet sets on every container, and runc
+# fails each one: "cannot set hugetlb limit: container could not join or create cgroup".
+# (containerd drops them when the controller is missing: tolerate_missing_hugetlb_controller.)
+# 'up --runtime crio' mounts the controller where systemd would have, and 'down' unmounts what
+# 'up' mounted. Nothing is done on a cgroup2-only host, or when the cgroup2 hierarchy uses it.
+HUGETLB_V1=/sys/fs/cgroup/hugetlb
+mount_hugetlb_v1() {
+  mountpoint -q /sys/fs/cgroup/memory 2>/dev/null || return 0  # no v1 hierarchies
+  awk '$1 == "hugetlb" && $4 == 1 { f = 1 } END { exit !f }' /proc/cgroups || return 0
+  mountpoint -q "$HUGETLB_V1" && return 0
+  if grep -qw hugetlb /sys/fs/cgroup/unified/cgroup.subtree_control 2>/dev/null; then
+    log "warning: the hugetlb controller is in use on cgroup2; CRI-O's containers with hugepage limits will fail"
+    return 0
+  fi
+  if mkdir -p "$HUGETLB_V1" && mount -t cgroup -o hugetlb cgroup "$HUGETLB_V1"; then
+    touch "$TB/hugetlb-mounted"
+    log "mounted the cgroup v1 hugetlb controller at $HUGETLB_V1 (runc sets the hugepage limits CRI-O passes on)"
+  else
+    log "warning: cannot mount the hugetlb controller at $HUGETLB_V1; CRI-O's containers with hugepage limits will fail"
+  fi
+}
+
+unmount_hugetlb_v1() {
+  [ -f "$TB/hugetlb-mounted" ] || return 0
+  if umount "$HUGETLB_V1" && rmdir "$HUGETLB_V1" 2>/dev/null; then
+    rm -f "$TB/hugetlb-mounted"
+  else
+    log "warning: cannot unmount $HUGETLB_V1, which 'up' mounted"
+  fi
+}
+
 remove_network() {
   [ "$(cat "$MODEFILE" 2>/dev/null)" = cni ] || return 0
   if ip link show "$BRIDGE" >/dev/null 2>&1; then
@@ -1108,6 +1140,7 @@ cmd_up() {
   printf '%s\n%s\n' "$RUNTIME" "$(dirname "$(command -v "$CONTAINERD")")" >"$RUNTIMEFILE"
   write_config "$mode"
   if [ "$RUNTIME" = crio ]; then
+    mount_hugetlb_v1
     # Into the storage before CRI-O opens it; the pause image must be there for the first pod.
     import_image
     start_and_wait
@@ -1138,6 +1171,7 @@ cmd_down() {
   if [ -z "$pid" ] && [ -z "$(our_shims)" ] && [ -z "$(our_mounts)" ]; then
     # Nothing of ours runs and no 'up' is half way (it would hold the lock): stale files only.
     rm -f "$PIDFILE" "$SOCK" "$SOCK.ttrpc" "$RUNTIMEFILE"
+    unmount_hugetlb_v1
     return 0
   fi
   if [ -z "$pid" ]; then
@@ -1168,6 +1202,7 @@ cmd_down() {
   remove_shim_sockets
   unmount_leftovers
   remove_cgroups
+  unmount_hugetlb_v1
   remove_network
   rm -rf "$TB/state" "$RUNC_ROOT" "$TB/runc-v1" "$TB/cni/ipam"
   # CRI-O's run-time state (its storage, with the image, stays like containerd's root).

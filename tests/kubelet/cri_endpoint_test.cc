@@ -214,10 +214,15 @@ TEST_F(CriEndpointTest, EveryCallComesBackAsTheRuntimeAnswersIt) {
     else
       EXPECT_EQ(via.body, direct.body) << c.method;
   }
+  // And it is the runtime that answers, not kplegd: the same name as from its own socket.
   auto v = raw_call(socket_, "/runtime.v1.RuntimeService/Version", version.SerializeAsString());
-  v1::VersionResponse vr;
+  auto d = raw_call(endpoint_, "/runtime.v1.RuntimeService/Version", version.SerializeAsString());
+  v1::VersionResponse vr, dr;
   ASSERT_TRUE(vr.ParseFromString(v.body));
-  EXPECT_EQ(vr.runtime_name(), "containerd");
+  ASSERT_TRUE(dr.ParseFromString(d.body));
+  EXPECT_FALSE(dr.runtime_name().empty());
+  EXPECT_EQ(vr.runtime_name(), dr.runtime_name());
+  EXPECT_EQ(vr.runtime_version(), dr.runtime_version());
 }
 
 // The runtime dies (SIGKILL) and comes back: the kubelet's calls through the endpoint fail
