@@ -57,6 +57,10 @@ if vfsd_bin=$(bash scripts/virtiofsd.sh); then
 else
   echo "virtiofsd could not be built: the VM tests of cloud kernels skip (and fail in CI)"
 fi
+# Which cgroup controllers are on a v1 hierarchy (and which on cgroup2): the run must leave the
+# host as it found it (the CRI-O test bed mounts hugetlb for a while; see docs/testbed.md).
+cgroup_layout() { awk '!/^#/ { print $1, ($2 == 0 ? "cgroup2" : "v1") }' /proc/cgroups; }
+layout_before=$(cgroup_layout)
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
 cmake --build "$build" -j "$(nproc)"
 
@@ -109,6 +113,11 @@ if [ "${FUZZ_SECONDS:-60}" != 0 ]; then
 fi
 
 bash scripts/testbed.sh down || true
+if [ "$(cgroup_layout)" != "$layout_before" ]; then
+  echo "FAIL: the run changed which cgroup controllers are on v1 hierarchies:" | tee -a "$ctest_log"
+  diff <(echo "$layout_before") <(cgroup_layout) | tee -a "$ctest_log"
+  status=1
+fi
 
 # A failed test's output (assertions, then kplegd's log) scrolls far up a long run: repeat its
 # assertion messages last.

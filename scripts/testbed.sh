@@ -993,7 +993,8 @@ remove_cgroups() {
 # fails each one: "cannot set hugetlb limit: container could not join or create cgroup".
 # (containerd drops them when the controller is missing: tolerate_missing_hugetlb_controller.)
 # 'up --runtime crio' mounts the controller where systemd would have, and 'down' unmounts what
-# 'up' mounted. Nothing is done on a cgroup2-only host, or when the cgroup2 hierarchy uses it.
+# 'up' mounted (below: with care). Nothing is done on a cgroup2-only host, or when the cgroup2
+# hierarchy uses it.
 HUGETLB_V1=/sys/fs/cgroup/hugetlb
 mount_hugetlb_v1() {
   mountpoint -q /sys/fs/cgroup/memory 2>/dev/null || return 0  # no v1 hierarchies
@@ -1011,13 +1012,38 @@ mount_hugetlb_v1() {
   fi
 }
 
+# Unmounted while it still holds a cgroup (a dying one too), a v1 hierarchy lives on where
+# nobody sees it, with hugetlb bound to it: containerd 1.6's cgroup library then failed every
+# container's stats ("unexpected metrics response: []") and OOM watch (an OOM kill reported as
+# "Error"). So 'down' waits (up to 5 s) for the hierarchy to hold its root only, unmounts it,
+# and checks that the kernel let it go (hugetlb back on hierarchy 0 in /proc/cgroups); if not,
+# it mounts it again, so that the controller stays where every runtime finds it.
+hugetlb_field() { awk -v f="$1" '$1 == "hugetlb" { print $f }' /proc/cgroups; }
 unmount_hugetlb_v1() {
+  local i
   [ -f "$TB/hugetlb-mounted" ] || return 0
-  if umount "$HUGETLB_V1" && rmdir "$HUGETLB_V1" 2>/dev/null; then
-    rm -f "$TB/hugetlb-mounted"
-  else
-    log "warning: cannot unmount $HUGETLB_V1, which 'up' mounted"
+  mountpoint -q "$HUGETLB_V1" || { rm -f "$TB/hugetlb-mounted"; return 0; }
+  for i in $(seq 50); do
+    [ "$(hugetlb_field 3)" = 1 ] && break
+    sleep 0.1  # dying cgroups go within milliseconds; no event announces it
+  done
+  if [ "$(hugetlb_field 3)" != 1 ]; then
+    log "leaving $HUGETLB_V1 mounted: it still holds $(($(hugetlb_field 3) - 1)) cgroups"
+    return 0
   fi
+  umount "$HUGETLB_V1" || { log "warning: cannot unmount $HUGETLB_V1, which 'up' mounted"; return 0; }
+  for i in $(seq 50); do
+    [ "$(hugetlb_field 2)" = 0 ] && break
+    sleep 0.1
+  done
+  if [ "$(hugetlb_field 2)" != 0 ]; then
+    mount -t cgroup -o hugetlb cgroup "$HUGETLB_V1" ||
+      log "warning: the kernel kept the hugetlb hierarchy after the unmount and it cannot be mounted again at $HUGETLB_V1"
+    log "left $HUGETLB_V1 mounted: the kernel kept its hierarchy after the unmount"
+    return 0
+  fi
+  rmdir "$HUGETLB_V1" 2>/dev/null || true
+  rm -f "$TB/hugetlb-mounted"
 }
 
 remove_network() {
