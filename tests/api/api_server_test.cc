@@ -245,6 +245,10 @@ TEST_F(ApiServerTest, StatsCombineTheDaemonTheBusAndHealth) {
   EXPECT_EQ(st.subscribers(), 1u);
   EXPECT_EQ(st.kernel_events(), 123u);
   EXPECT_EQ(st.cri_calls(), 77u);
+  ASSERT_EQ(st.cri_calls_by_method_size(), 2);
+  EXPECT_EQ(st.cri_calls_by_method().at("ContainerStatus"), 60u);
+  EXPECT_EQ(st.cri_calls_by_method().at("ListContainers"), 17u);
+  EXPECT_EQ(st.confirm_retries(), 5u);
   EXPECT_FALSE(st.healthy());
   ASSERT_EQ(st.health_reasons_size(), 1);
   EXPECT_EQ(st.health_reasons(0), "runtime unreachable");

@@ -93,6 +93,8 @@ api::DaemonStats TestStats::stats() {
   s.corrections = 0;
   s.relists = 4;
   s.cri_calls = 77;
+  s.cri_calls_by_method = {{"ContainerStatus", 60}, {"ListContainers", 17}};
+  s.confirm_retries = 5;
   return s;
 }
 

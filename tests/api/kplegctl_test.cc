@@ -144,6 +144,15 @@ TEST_F(KplegctlTest, ListAndStats) {
   EXPECT_EQ(s.at("last_seq"), 1);
   EXPECT_EQ(s.at("mode"), "ebpf");
   EXPECT_EQ(s.at("healthy"), true);
+  EXPECT_EQ(s.at("cri_calls"), 77);
+  EXPECT_EQ(s.at("cri_calls_by_method").at("ContainerStatus"), 60);
+  EXPECT_EQ(s.at("cri_calls_by_method").at("ListContainers"), 17);
+  EXPECT_EQ(s.at("confirm_retries"), 5);
+
+  auto text = ctl({"stats"});
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_NE(text.out.find("  ContainerStatus:    60\n"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("confirm retries:      5\n"), std::string::npos) << text.out;
 }
 
 TEST_F(KplegctlTest, WatchFromASeqNeedsItsInstance) {

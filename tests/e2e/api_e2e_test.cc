@@ -346,6 +346,18 @@ TEST_F(ApiE2eTest, TheRuntimesEventStreamConfirmsWhereItIsServed) {
   } else {
     EXPECT_GT(cri_calls(port), calls_before);
   }
+  // Stats tells the same calls by method: its methods add up to its total, the start-up sync
+  // listed the containers, and without a stream the looks were ContainerStatus calls.
+  auto st = kplegctl(socket_of(kplegd), {"stats", "-o", "json"});
+  ASSERT_TRUE(st.ok()) << st.error().message;
+  ASSERT_EQ(st->exit_code, 0) << st->err;
+  const auto stats = nlohmann::json::parse(st->out);
+  const auto& by_method = stats.at("cri_calls_by_method");
+  uint64_t sum = 0;
+  for (const auto& [method, n] : by_method.items()) sum += n.get<uint64_t>();
+  EXPECT_EQ(sum, stats.at("cri_calls").get<uint64_t>()) << st->out;
+  EXPECT_GT(by_method.value("ListContainers", uint64_t{0}), 0u) << st->out;
+  if (!served) EXPECT_GT(by_method.value("ContainerStatus", uint64_t{0}), 0u) << st->out;
   EXPECT_EQ(kplegd.stop(), 0);
 }
 

@@ -244,6 +244,9 @@ class PodLifecycleService final : public v1::PodLifecycle::Service {
     resp->set_lost_kernel_events(d.lost_kernel_events);
     resp->set_corrections(d.corrections);
     resp->set_cri_calls(d.cri_calls);
+    resp->mutable_cri_calls_by_method()->insert(d.cri_calls_by_method.begin(),
+                                                d.cri_calls_by_method.end());
+    resp->set_confirm_retries(d.confirm_retries);
     resp->set_relists(d.relists);
     resp->set_last_reconcile_ns(d.last_reconcile_ns);
     return grpc::Status::OK;

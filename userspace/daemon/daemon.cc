@@ -530,8 +530,18 @@ api::DaemonStats Daemon::stats() {
     s.kernel_events = ks.received;
     s.lost_kernel_events = ks.bpf.ringbuf_drops;
   }
-  if (tracker_) s.corrections = tracker_->stats().corrections_total();
-  s.cri_calls = cri_->call_stats().total();
+  if (tracker_) {
+    const auto ts = tracker_->stats();
+    s.corrections = ts.corrections_total();
+    s.confirm_retries = ts.confirm_retries;
+  }
+  const cri::CallStats& calls = cri_->call_stats();
+  s.cri_calls = calls.total();
+  for (size_t m = 0; m < cri::kCriMethodCount; ++m) {
+    const auto method = static_cast<cri::CriMethod>(m);
+    if (const uint64_t n = calls.total(method); n > 0)
+      s.cri_calls_by_method.emplace(cri::cri_method_name(method), n);
+  }
   if (reconciler_) {
     auto rs = reconciler_->stats();
     s.relists = rs.runs;

@@ -2,6 +2,8 @@
 
 #include <time.h>
 
+#include <map>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -274,6 +276,12 @@ std::string stats_json(const v1::StatsResponse& r) {
   j["relists"] = r.relists();
   j["last_reconcile_ns"] = r.last_reconcile_ns();
   j["cri_calls"] = r.cri_calls();
+  // By method name, sorted (protobuf's map has no order).
+  std::map<std::string, uint64_t> by_method(r.cri_calls_by_method().begin(),
+                                            r.cri_calls_by_method().end());
+  j["cri_calls_by_method"] = ordered_json::object();
+  for (const auto& [method, n] : by_method) j["cri_calls_by_method"][method] = n;
+  j["confirm_retries"] = r.confirm_retries();
   return dump(j);
 }
 
@@ -298,6 +306,11 @@ std::string stats_text(const v1::StatsResponse& r) {
   line("relists:", std::to_string(r.relists()));
   line("last reconcile:", clock_time(r.last_reconcile_ns()));
   line("CRI calls:", std::to_string(r.cri_calls()));
+  std::map<std::string, uint64_t> by_method(r.cri_calls_by_method().begin(),
+                                            r.cri_calls_by_method().end());
+  for (const auto& [method, n] : by_method)
+    line(fmt::format("  {}:", method).c_str(), std::to_string(n));
+  line("confirm retries:", std::to_string(r.confirm_retries()));
   return out;
 }
 
