@@ -10,11 +10,14 @@ usage: bench/run.sh [--quick] [--skip-bpf] [--runtime containerd-1.6|containerd-
 
   --quick        Small and fast (about 2 minutes): N=3, churn 0 and 10/s, 6 s windows, the BPF
                  benchmark's quick mode. Exits 1 unless results were written and ebpf mode had
-                 no missed or duplicated transitions and made at most 4 CRI calls per container
-                 lifecycle on containerd 1.6 (3.0 measured: a look per start and death), at most
-                 2 on containerd 2.x (0 measured: its event stream confirms)
-                 ($KPLEG_BENCH_MAX_CALLS_PER_LIFECYCLE overrides; the goal is 1.5) (the CTest
-                 smoke test `bench_quick`, run on both runtimes by scripts/test.sh).
+                 no missed or duplicated transitions and made at most 3 CRI calls per container
+                 lifecycle on containerd 1.6 (2.3-2.5 measured: a look per start and death, the
+                 removal sweep's share, repeated looks) and at most 2.1 first looks (one per
+                 start and one per death), at most 2 calls on containerd 2.x (0 measured: its
+                 event stream confirms) ($KPLEG_BENCH_MAX_CALLS_PER_LIFECYCLE overrides; the
+                 goal is 1.5). The churn windows come after 5 s of churn that is not measured
+                 (compare.py --warmup). The CTest smoke test `bench_quick`, run on both runtimes
+                 by scripts/test.sh.
   --skip-bpf     Leave out kpleg-bench-bpf (the daemon comparison only).
   --runtime      The test bed's runtime (default: $KPLEG_TESTBED_RUNTIME, else containerd-1.6;
                  containerd-2 is built once by scripts/runtimes.sh, see docs/testbed.md).
@@ -180,16 +183,27 @@ for c in churn:
     if e["expected"] == 0:
         problems.append(f"N={c['n']} rate={c['rate']}: the churn made no transitions")
     calls = e.get("cri_calls_per_lifecycle")
-    # containerd 1.6 has no event stream: each start and death costs a look (3.0 measured). A
-    # runtime that streams its events (containerd 2.x) confirms without calls (0 measured).
+    # A runtime that streams its events (containerd 2.x) confirms without calls (0.00-0.04
+    # measured). containerd 1.6 has no event stream: one look per start and one per death is the
+    # floor, plus the removal sweep's lists and the looks repeated while the runtime lags behind
+    # the kernel (2.3-2.5 measured once the daemon has learned that lag, bench/REPORT.md).
     runtime = os.environ.get("KPLEG_TESTBED_RUNTIME") or "containerd-1.6"
-    default_limit = "4" if runtime == "containerd-1.6" else "2"
+    default_limit = "3" if runtime == "containerd-1.6" else "2"
     limit = float(os.environ.get("KPLEG_BENCH_MAX_CALLS_PER_LIFECYCLE", default_limit))
     if calls is None:
         problems.append(f"N={c['n']} rate={c['rate']}: no CRI call count")
     elif calls > limit:
         problems.append(f"N={c['n']} rate={c['rate']}: ebpf made {calls:.2f} CRI calls per container "
                         f"lifecycle (at most {limit:g})")
+    # Without a stream, at most one first look per start and one per death: a look per removal,
+    # or a second look per signal, shows here whatever the runtime's lag did to the retries.
+    looks, retries = e.get("looks_per_lifecycle"), e.get("retries_per_lifecycle")
+    if runtime == "containerd-1.6":
+        if looks is None or retries is None:
+            problems.append(f"N={c['n']} rate={c['rate']}: no look count")
+        elif looks - retries > 2.1:
+            problems.append(f"N={c['n']} rate={c['rate']}: ebpf made {looks - retries:.2f} first looks per "
+                            f"container lifecycle (one per start and one per death: at most 2.1)")
     if e["missed"] or e["duplicated"]:
         problems.append(f"N={c['n']} rate={c['rate']}: ebpf missed {e['missed']} {e['missed_detail']} "
                         f"duplicated {e['duplicated']} of {e['expected']}")
