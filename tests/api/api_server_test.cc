@@ -19,6 +19,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "support/eventually.h"
 #include "support/privileged.h"
+#include "support/thread_wakeups.h"
 
 namespace kpleg::apitest {
 namespace {
@@ -252,6 +253,33 @@ TEST_F(ApiServerTest, StatsCombineTheDaemonTheBusAndHealth) {
   EXPECT_FALSE(st.healthy());
   ASSERT_EQ(st.health_reasons_size(), 1);
   EXPECT_EQ(st.health_reasons(0), "runtime unreachable");
+}
+
+// One thread of the server polls its connections (gRPC's default allows two): with two, each
+// consumer's acknowledgement of an event (its WINDOW_UPDATE) woke one poller, which handed the
+// poll to the other through a wakeup fd, several wakeups per event instead of one. A unary call
+// is handled by the thread that polled it, and a new poller takes over meanwhile; the handler
+// thread then ends instead of polling beside it. So with one Watch open, after unary calls, the
+// server has two threads: the Watch's handler and the one poller.
+TEST_F(ApiServerTest, OneThreadPollsBesideTheWatchHandlers) {
+  WatchClient w(h_.channel(), watch_from(0));
+  for (int i = 0; i < 5; ++i) {
+    v1::StatsResponse st;
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(h_.stub()->Stats(&ctx, v1::StatsRequest{}, &st).ok());
+  }
+  int threads = 0;
+  // The handler of the last unary call ends after its reply: polled with a deadline.
+  EXPECT_TRUE(kpleg::testing::eventually([&] {
+    threads = kpleg::testing::threads_named(kpleg::testing::scheduled_in(), "grpcpp_sync_ser").threads;
+    return threads == 2;
+  })) << threads << " server threads";
+  // And the server still answers a call and streams the next event.
+  v1::StatsResponse st;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(h_.stub()->Stats(&ctx, v1::StatsRequest{}, &st).ok());
+  h_.bus.publish(sample_event(0));
+  EXPECT_TRUE(w.wait_for(1, 5s));
 }
 
 // gRPC's sync API does not tell a handler that its client went away; an idle Watch looks only

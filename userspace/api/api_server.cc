@@ -463,6 +463,11 @@ Status ApiServer::start() {
   // retiring of surplus pollers after a burst, which can wait an hour.
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::CQ_TIMEOUT_MSEC,
                               kSyncPollerTimeoutMs);
+  // One thread polls the connections (gRPC's default: up to two). A consumer's gRPC client
+  // acknowledges every event it reads (a WINDOW_UPDATE); with two pollers the one it woke handed
+  // the poll to the other through a wakeup fd, several wakeups per event (docs/design.md,
+  // Threads). A unary call is handled by the thread that polled it, a new poller taking over.
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 1);
 
   if (!options_.socket_group.empty()) {
     std::vector<char> buf(16384);
