@@ -82,7 +82,7 @@ struct DaemonStats {
   uint64_t last_reconcile_ns = 0;  // CLOCK_REALTIME ns, 0 = never
   uint64_t cri_calls = 0;          // CRI calls made since start, all methods
   std::map<std::string, uint64_t> cri_calls_by_method;  // the same by method (called ones only)
-  uint64_t confirm_retries = 0;    // looks after a kernel signal that found the runtime behind
+  uint64_t confirm_retries = 0;    // looks after a kernel signal that did not settle it
 };
 
 // A CRI call in flight (cri/inflight_calls.h), as the InflightCalls RPC reports it.
