@@ -9,6 +9,7 @@
  *  sched_process_exit  death of that process's group   ("container died")
  *  oom:mark_victim     OOM kill in a tracked cgroup    (counted and traced; the death's own
  *                                                      OOM flag comes from the exit)
+ *  syscalls:sys_enter_unlinkat/rmdir  of a directory named by a watched id ("removed, go and look")
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -38,6 +39,14 @@ struct {
 	__type(key, __u64);         /* cgroup2 id */
 	__type(value, struct kpleg_tracked_cgroup);
 } tracked_cgroups SEC(".maps");
+
+/* Ids of exited containers and sandboxes whose removal userspace waits for: 1 armed, 0 fired. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384); /* resized by the loader */
+	__type(key, char[KPLEG_ID_LEN]);
+	__type(value, __u64);
+} removal_watch SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -82,7 +91,9 @@ static __always_inline void *event__reserve(__u64 size, __u32 type)
 
 	if (!rec) {
 		counter__inc(KPLEG_CNT_RINGBUF_DROPS);
-		counter__inc(KPLEG_CNT_DROPS_MKDIR + type - KPLEG_EVENT_CGROUP_MKDIR);
+		counter__inc(type == KPLEG_EVENT_REMOVAL_HINT
+				     ? KPLEG_CNT_DROPS_REMOVAL_HINT
+				     : KPLEG_CNT_DROPS_MKDIR + type - KPLEG_EVENT_CGROUP_MKDIR);
 		return NULL;
 	}
 	struct kpleg_event_header *hdr = rec;
@@ -379,5 +390,89 @@ int oom_mark_victim(struct trace_event_raw_mark_victim *ctx)
 	e->victim_pid = BPF_CORE_READ(ctx, pid);
 	e->_pad0 = 0;
 	event__submit(e, true);
+	return 0;
+}
+
+/*
+ * CRI RemoveContainer is metadata in the runtime, but every runtime keeps directories named by
+ * the container's id and removes them then (containerd: .../io.containerd.grpc.v1.cri/
+ * containers/<id> under its root and its state; CRI-O: .../overlay-containers/<id>). An rmdir of
+ * a directory named by an id userspace watches tells it to go and look, so that it need not poll
+ * for removals. Syscall tracepoints (classic ones, like the OOM hook: they need tracefs) see
+ * the path as the caller gave it, whose last component is the name; an unlink of a file costs
+ * one flag test, an rmdir one string read, and only 64-character names a map look-up. The
+ * rmdir may still fail (a directory not empty yet): it is a hint, userspace looks.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, char[KPLEG_RMDIR_PATH_MAX]);
+} rmdir_path SEC(".maps");
+
+static __always_inline void removal__hint(const char *user_path)
+{
+	__u32 zero = 0;
+	char *buf = bpf_map_lookup_elem(&rmdir_path, &zero);
+
+	if (!buf)
+		return;
+	long n = bpf_probe_read_user_str(buf, KPLEG_RMDIR_PATH_MAX, user_path);
+
+	if (n < 0) {
+		helper__failed(KPLEG_PROG_REMOVAL_HINT, n);
+		return;
+	}
+	/* n counts the NUL. The name is the last KPLEG_ID_LEN characters, after a '/' or alone. */
+	long len = n - 1;
+
+	if (len < KPLEG_ID_LEN || len > KPLEG_RMDIR_PATH_MAX - 1)
+		return;
+	long off = len - KPLEG_ID_LEN;
+
+	if (off > 0) {
+		long slash = off - 1;
+
+		if (slash < 0 || slash >= KPLEG_RMDIR_PATH_MAX)
+			return;
+		if (buf[slash] != '/')
+			return;
+	}
+	if (off < 0 || off > KPLEG_RMDIR_PATH_MAX - KPLEG_ID_LEN)
+		return;
+	char id[KPLEG_ID_LEN];
+
+	if (bpf_probe_read_kernel(id, sizeof(id), buf + off) < 0)
+		return;
+	__u64 *armed = bpf_map_lookup_elem(&removal_watch, id);
+
+	/* Once per arming, even when two CPUs remove directories of the same id at once. */
+	if (!armed || *armed != 1 || __sync_val_compare_and_swap(armed, 1, 0) != 1)
+		return;
+	struct kpleg_removal_hint_event *e = event__reserve(sizeof(*e), KPLEG_EVENT_REMOVAL_HINT);
+
+	if (!e)
+		return;
+	__builtin_memcpy(e->id, id, sizeof(e->id));
+	event__submit(e, true);
+}
+
+#define KPLEG_AT_REMOVEDIR 0x200 /* <linux/fcntl.h> */
+
+SEC("tracepoint/syscalls/sys_enter_unlinkat")
+int removal_hint_unlinkat(struct trace_event_raw_sys_enter *ctx)
+{
+	/* unlinkat(dirfd, pathname, flags) */
+	if (!(BPF_CORE_READ(ctx, args[2]) & KPLEG_AT_REMOVEDIR))
+		return 0;
+	removal__hint((const char *)BPF_CORE_READ(ctx, args[1]));
+	return 0;
+}
+
+SEC("tracepoint/syscalls/sys_enter_rmdir")
+int removal_hint_rmdir(struct trace_event_raw_sys_enter *ctx)
+{
+	/* rmdir(pathname) */
+	removal__hint((const char *)BPF_CORE_READ(ctx, args[0]));
 	return 0;
 }

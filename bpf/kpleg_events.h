@@ -11,13 +11,15 @@
 #ifndef KPLEG_EVENTS_H
 #define KPLEG_EVENTS_H
 
-#define KPLEG_ABI_VERSION 5
+#define KPLEG_ABI_VERSION 6
 
 #define KPLEG_CGROUP_PATH_MAX 512 /* systemd paths of nested nodes exceed 256 */
 #define KPLEG_COMM_MAX 16
 #define KPLEG_FILENAME_MAX 128
 #define KPLEG_ROOT_NAME_MAX 32
 #define KPLEG_MAX_ROOT_NAMES 4
+#define KPLEG_ID_LEN 64 /* a container's or sandbox's id: 64 lowercase hex digits */
+#define KPLEG_RMDIR_PATH_MAX 256 /* a longer path given to rmdir is not looked at */
 
 enum kpleg_event_type {
 	KPLEG_EVENT_CGROUP_MKDIR = 1,
@@ -25,7 +27,8 @@ enum kpleg_event_type {
 	KPLEG_EVENT_EXEC = 3,
 	KPLEG_EVENT_EXIT = 4,
 	KPLEG_EVENT_OOM = 5,
-	KPLEG_EVENT_TYPE_MAX = 6, /* one past the last valid type */
+	KPLEG_EVENT_REMOVAL_HINT = 6,
+	KPLEG_EVENT_TYPE_MAX = 7, /* one past the last valid type */
 };
 
 /* Header flags. */
@@ -50,11 +53,12 @@ enum kpleg_counter {
 	KPLEG_CNT_DROPS_RMDIR = 8,
 	KPLEG_CNT_DROPS_EXEC = 9,
 	KPLEG_CNT_DROPS_EXIT = 10,
-	KPLEG_CNT_DROPS_OOM = 11,
+	KPLEG_CNT_DROPS_OOM = 11,      /* (the removal hint's drops: KPLEG_CNT_DROPS_REMOVAL_HINT) */
 	KPLEG_CNT_EXEC_REEXEC = 12,    /* a runtime re-executing itself (runc's memfd), not claimed */
 	KPLEG_CNT_EXEC_HOOK = 13,      /* an exec by a child of a process in the same cgroup before
 					* the entrypoint (an OCI hook), not claimed */
-	KPLEG_CNT_MAX = 14,
+	KPLEG_CNT_DROPS_REMOVAL_HINT = 14,
+	KPLEG_CNT_MAX = 15,
 };
 
 /* The programs, for the `helper_failures` map: failures are counted by program and errno, at
@@ -65,7 +69,8 @@ enum kpleg_prog {
 	KPLEG_PROG_EXEC = 2,
 	KPLEG_PROG_EXIT = 3,
 	KPLEG_PROG_OOM = 4,
-	KPLEG_PROG_MAX = 5,
+	KPLEG_PROG_REMOVAL_HINT = 5,
+	KPLEG_PROG_MAX = 6,
 };
 #define KPLEG_ERRNO_SLOTS 64
 
@@ -127,6 +132,18 @@ struct kpleg_oom_event {
 	__u64 cgroup_id;
 	__u32 victim_pid;
 	__u32 _pad0;
+};
+
+/*
+ * KPLEG_EVENT_REMOVAL_HINT: a directory named by a watched id (the `removal_watch` map, filled by
+ * userspace with exited containers and sandboxes) is being removed. Runtimes keep a directory per
+ * container named by its id and remove it on RemoveContainer/RemovePodSandbox: containerd's CRI
+ * plugin its root and state directories, CRI-O its storage's. Once per arming: the program
+ * disarms the entry, userspace re-arms it when the removal turned out not to be one yet.
+ */
+struct kpleg_removal_hint_event {
+	struct kpleg_event_header hdr;
+	char id[KPLEG_ID_LEN]; /* not NUL-terminated */
 };
 
 #endif /* KPLEG_EVENTS_H */

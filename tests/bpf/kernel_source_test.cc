@@ -12,6 +12,8 @@
 #include <mutex>
 #include <fstream>
 #include <optional>
+#include <random>
+#include <algorithm>
 #include <thread>
 #include <csignal>
 #include <string>
@@ -131,6 +133,94 @@ TEST_F(KernelSourceTest, ContainerLifecycleExactlyOneExecThenExitThenRmdir) {
   auto st = source_->stats();
   EXPECT_GE(st.bpf.exec_repeated, 5u);
   EXPECT_EQ(st.bpf.ringbuf_drops, 0u);
+  EXPECT_EQ(st.decode_errors, 0u);
+}
+
+// A random id: another test process (or a runtime) on the machine never arms the same one.
+std::string random_id() {
+  static std::mt19937_64 rng{std::random_device{}()};
+  static const char* kHex = "0123456789abcdef";
+  std::string id(64, '0');
+  for (auto& c : id) c = kHex[rng() % 16];
+  return id;
+}
+
+std::vector<std::string> hinted_ids(const std::vector<KernelEvent>& evs) {
+  std::vector<std::string> out;
+  for (const auto& e : evs)
+    if (auto* h = std::get_if<RemovalHint>(&e.body)) out.push_back(h->id);
+  return out;
+}
+
+TEST_F(KernelSourceTest, TheRmdirOfADirectoryNamedByAWatchedIdHintsItsRemovalOncePerArming) {
+  start();
+  BpfProgram* prog = source_->program();
+  ASSERT_NE(prog, nullptr);
+  ASSERT_TRUE(prog->removal_hints_attached()) << "the removal hint's syscall tracepoints";
+  char tmpl[] = "/tmp/kpleg-hint-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  const int dirfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  ASSERT_GE(dirfd, 0);
+  auto made = [&](const std::string& name) {
+    return mkdir((dir + "/" + name).c_str(), 0755) == 0;
+  };
+
+  const std::string watched = random_id(), other = random_id(), forgotten = random_id(),
+                    sentinel = random_id();
+  ASSERT_TRUE(prog->watch_removal(watched));
+  ASSERT_TRUE(prog->watch_removal(forgotten));
+  EXPECT_FALSE(prog->watch_removal("abc")) << "not an id";
+
+  // Removed by its full path with rmdir(2), as a C runtime does: one hint.
+  ASSERT_TRUE(made(watched));
+  ASSERT_EQ(rmdir((dir + "/" + watched).c_str()), 0);
+  ASSERT_TRUE(collector_.wait_for([&](const auto& evs) { return !hinted_ids(evs).empty(); },
+                                  kDeadline));
+
+  // None of these hints: the same id again (the hint disarmed it), an id nobody watches, a
+  // longer name that ends in the watched id, a file named by it, an id no longer watched.
+  ASSERT_TRUE(made(watched));
+  ASSERT_EQ(unlinkat(AT_FDCWD, (dir + "/" + watched).c_str(), AT_REMOVEDIR), 0);
+  ASSERT_TRUE(made(other));
+  ASSERT_EQ(rmdir((dir + "/" + other).c_str()), 0);
+  ASSERT_TRUE(made("x" + forgotten));
+  ASSERT_EQ(rmdir((dir + "/x" + forgotten).c_str()), 0);
+  const int f = open((dir + "/" + forgotten).c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+  ASSERT_GE(f, 0);
+  close(f);
+  ASSERT_EQ(unlinkat(dirfd, forgotten.c_str(), 0), 0);
+  prog->unwatch_removal(forgotten);
+  ASSERT_TRUE(made(forgotten));
+  ASSERT_EQ(rmdir((dir + "/" + forgotten).c_str()), 0);
+
+  // Armed again, removed relative to its parent as Go's os.RemoveAll does at last: a hint. The
+  // failing rmdir of a directory not yet empty hints too (it is a hint: userspace looks).
+  ASSERT_TRUE(prog->watch_removal(watched));
+  ASSERT_TRUE(made(watched));
+  ASSERT_TRUE(made(watched + "/rootfs"));
+  ASSERT_NE(unlinkat(dirfd, watched.c_str(), AT_REMOVEDIR), 0);
+  ASSERT_EQ(errno, ENOTEMPTY);
+  ASSERT_EQ(rmdir((dir + "/" + watched + "/rootfs").c_str()), 0);
+  ASSERT_EQ(unlinkat(dirfd, watched.c_str(), AT_REMOVEDIR), 0);
+
+  // The sentinel's hint comes after everything above was seen.
+  ASSERT_TRUE(prog->watch_removal(sentinel));
+  ASSERT_TRUE(made(sentinel));
+  ASSERT_EQ(unlinkat(dirfd, sentinel.c_str(), AT_REMOVEDIR), 0);
+  ASSERT_TRUE(collector_.wait_for(
+      [&](const auto& evs) {
+        auto ids = hinted_ids(evs);
+        return std::find(ids.begin(), ids.end(), sentinel) != ids.end();
+      },
+      kDeadline));
+  EXPECT_EQ(hinted_ids(collector_.events()),
+            (std::vector<std::string>{watched, watched, sentinel}));
+  EXPECT_EQ(prog->removal_watch_count(), 2u) << "the disarmed ids stay until userspace forgets them";
+  close(dirfd);
+  rmdir(dir.c_str());
+  auto st = source_->stats();
+  EXPECT_EQ(st.bpf.drops_by_type[5], 0u);
   EXPECT_EQ(st.decode_errors, 0u);
 }
 

@@ -451,6 +451,66 @@ TEST_F(ApiE2eTest, AnIdleDaemonWithAConsumerWakesNoThread) {
   EXPECT_EQ(kplegd.stop(), 0);
 }
 
+// On a real node exited containers stay (the dead instance the kubelet keeps, finished init
+// containers and jobs): their removal used to be swept for every 10 s, for ever. Once the
+// kernel has hinted one removal (the runtime's rmdir of the container's directories), an idle
+// daemon with exited containers wakes nobody, and a removal is still reported at once.
+TEST_F(ApiE2eTest, ExitedContainersCostAnIdleDaemonNoWakeupOnceTheKernelHintsTheirRemoval) {
+  auto d = start_kplegd(endpoint_, "ebpf");
+  ASSERT_TRUE(d.ok()) << d.error().message;
+  auto& kplegd = **d;
+  const int port = metrics_port(kplegd);
+  ASSERT_GT(port, 0) << kplegd.log();
+  ASSERT_NE(kplegd.log().find("removal hint attached"), std::string::npos) << kplegd.log();
+
+  // A first removal, hinted: the hints are trusted.
+  auto job = launch_pod(endpoint_, namespace_, "hinted", 1, "sh -c 'exit 0'");
+  ASSERT_TRUE(job.ok()) << job.error().message;
+  ASSERT_TRUE(wait_types(kplegd, job->container_ids[0], kDied));
+  ASSERT_TRUE(load_op(endpoint_, "remove-container", job->container_ids[0]).ok());
+  ASSERT_TRUE(wait_types(kplegd, job->container_ids[0], kRemoved));
+  ASSERT_TRUE(eventually([&] { return value(scrape(port), "kpleg_removal_hints_trusted") == 1; },
+                         20s))
+      << scrape(port) << kplegd.log();
+  EXPECT_GE(value(scrape(port), "kpleg_removal_hints_total"), 1);
+
+  // An exited container that stays.
+  auto kept = launch_pod(endpoint_, namespace_, "kept", 1, "sh -c 'exit 2'");
+  ASSERT_TRUE(kept.ok()) << kept.error().message;
+  const std::string id = kept->container_ids[0];
+  ASSERT_TRUE(wait_types(kplegd, id, kDied));
+
+  // 12 s without a wakeup of any thread (a sweep backing off 1, 2, 4, 8, 10 s never allows it).
+  constexpr auto kQuiet = 12s;
+  const auto deadline = std::chrono::steady_clock::now() + 45s;
+  auto last = scheduled_in(std::to_string(kplegd.pid()));
+  auto quiet_since = std::chrono::steady_clock::now();
+  std::string woke;
+  bool quiet = false;
+  while (std::chrono::steady_clock::now() < deadline) {
+    // Sampling a process's counters: there is no event to wait on.
+    std::this_thread::sleep_for(500ms);
+    auto now = scheduled_in(std::to_string(kplegd.pid()));
+    if (now != last) {
+      woke.clear();
+      for (const auto& [thread, n] : now)
+        if (n != last[thread]) woke += " " + thread + " +" + std::to_string(n - last[thread]);
+      last = std::move(now);
+      quiet_since = std::chrono::steady_clock::now();
+    } else if (std::chrono::steady_clock::now() - quiet_since >= kQuiet) {
+      quiet = true;
+      break;
+    }
+  }
+  EXPECT_TRUE(quiet) << "no 12 s without a wakeup in 45 s; the last ones:" << woke;
+
+  // Its removal is hinted and reported within seconds, not at the next reconcile.
+  ASSERT_TRUE(load_op(endpoint_, "remove-container", id).ok());
+  EXPECT_TRUE(wait_types(kplegd, id, kRemoved, 5s)) << kplegd.log();
+  EXPECT_EQ(value(scrape(port), "kpleg_removal_hints_missed_total"), 0);
+  EXPECT_EQ(kplegd.stop(), 0);
+}
+
 TEST_F(ApiE2eTest, ReadmeMainCommandShowsEventsWithinAMinute) {
   // The README's main command, as a new user runs it; it stops by itself after 60 s here.
   auto r = run_process({"env", "KPLEG_DEMO_SECONDS=60", "KPLEG_DEMO_OUTPUT=json",

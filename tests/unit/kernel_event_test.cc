@@ -128,6 +128,28 @@ TEST(KernelEventDecode, OomRecord) {
   EXPECT_STREQ(ev->kind(), "oom");
 }
 
+TEST(KernelEventDecode, RemovalHintRecord) {
+  kpleg_removal_hint_event r{};
+  r.hdr.type = KPLEG_EVENT_REMOVAL_HINT;
+  r.hdr.size = sizeof(r);
+  const std::string id(64, 'b');
+  std::memcpy(r.id, id.data(), sizeof(r.id));  // not NUL-terminated
+  auto ev = decode_event(bytes_of(r));
+  ASSERT_TRUE(ev.ok()) << ev.error().message;
+  EXPECT_EQ(std::get<RemovalHint>(ev->body).id, id);
+  EXPECT_EQ(ev->cgroup_id(), 0u);
+  EXPECT_STREQ(ev->kind(), "removal_hint");
+  EXPECT_NE(to_json_line(*ev).find("\"id\":\"" + id + "\""), std::string::npos) << to_json_line(*ev);
+  // A record one byte short of the id is rejected, not read past.
+  auto short_rec = bytes_of(r);
+  short_rec.pop_back();
+  kpleg_event_header hdr;
+  std::memcpy(&hdr, short_rec.data(), sizeof(hdr));
+  hdr.size = short_rec.size();
+  std::memcpy(short_rec.data(), &hdr, sizeof(hdr));
+  EXPECT_FALSE(decode_event(short_rec).ok());
+}
+
 TEST(KernelEventDecode, RejectsEveryTruncation) {
   DecodeStats stats;
   auto full = bytes_of(exit_record());

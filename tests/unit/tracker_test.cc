@@ -7,6 +7,8 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <map>
+#include <set>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -781,6 +783,156 @@ TEST_F(TrackerTest, QuietRemovalSweepsBackOffAndADeathBringsThemBack) {
   const auto t0 = std::chrono::steady_clock::now();
   ASSERT_TRUE(wait_types(job, {"ContainerStarted", "ContainerDied", "ContainerRemoved"}));
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 300ms);
+}
+
+// --- the kernel's removal hint ---------------------------------------------------------------
+
+// The BPF map of armed ids, in memory.
+class FakeRemovalHints : public RemovalHints {
+ public:
+  bool watch(const std::string& id) override {
+    std::lock_guard lk(mu_);
+    armed_.insert(id);
+    ++watches_[id];
+    return true;
+  }
+  void unwatch(const std::string& id) override {
+    std::lock_guard lk(mu_);
+    armed_.erase(id);
+  }
+  bool armed(const std::string& id) const {
+    std::lock_guard lk(mu_);
+    return armed_.count(id) > 0;
+  }
+  int watches(const std::string& id) const {
+    std::lock_guard lk(mu_);
+    auto it = watches_.find(id);
+    return it == watches_.end() ? 0 : it->second;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::set<std::string> armed_;
+  std::map<std::string, int> watches_;
+};
+
+class RemovalHintTrackerTest : public TrackerTest {
+ protected:
+  // Sweeps every 20 ms while hints are not trusted, every `with_hints` once they are.
+  void restart_with_hints(std::chrono::milliseconds with_hints) {
+    TrackerOptions o;
+    o.removal_sweep_first = 10ms;
+    o.removal_sweep_period = 20ms;
+    o.removal_sweep_idle_max = 20ms;
+    o.removal_hint_delay = 20ms;
+    o.removal_sweep_with_hints = with_hints;
+    o.removal_event_grace = 100ms;
+    restart_tracker(o);
+    tracker_->set_removal_hints(&hints_);
+    auto view = list_runtime(cri_);
+    ASSERT_TRUE(view.ok());
+    tracker_->reconcile(*view, /*initial=*/true);
+  }
+  void kernel_hint(const std::string& id) {
+    kernel::KernelEvent ev;
+    ev.body = kernel::RemovalHint{0, id};
+    tracker_->on_kernel_event(ev);
+  }
+  // An exited container removed by the runtime with the kernel's hint; returns once reported.
+  void removed_with_hint(const std::string& id) {
+    ASSERT_TRUE(cri_.remove_container(id).ok());
+    kernel_hint(id);
+    ASSERT_TRUE(wait_types(id, {"ContainerStarted", "ContainerDied", "ContainerRemoved"}));
+  }
+  size_t sweeps() const { return tracker_->stats().removal_sweeps; }
+
+  FakeRemovalHints hints_;
+};
+
+TEST_F(RemovalHintTrackerTest, OnceAHintedRemovalIsFoundTheHintStandsForThePeriodicSweep) {
+  restart_with_hints(1h);
+  auto first = started_and_exited("first");
+  ASSERT_FALSE(HasFailure());
+  EXPECT_TRUE(hints_.armed(first)) << "an exited container is armed in the kernel";
+  // Not trusted yet: swept for as without hints.
+  const auto before = sweeps();
+  ASSERT_TRUE(eventually([&] { return sweeps() >= before + 3; }, 2s));
+  EXPECT_FALSE(tracker_->stats().removal_hints_trusted);
+
+  removed_with_hint(first);
+  ASSERT_FALSE(HasFailure());
+  EXPECT_TRUE(tracker_->stats().removal_hints_trusted);
+  EXPECT_FALSE(hints_.armed(first)) << "a removed container is forgotten in the kernel";
+  EXPECT_EQ(tracker_->stats().removal_hints, 1u);
+
+  // Trusted: a long-exited container costs no sweep while nothing is hinted...
+  auto second = started_and_exited("second");
+  ASSERT_FALSE(HasFailure());
+  EXPECT_TRUE(hints_.armed(second));
+  const auto quiet = sweeps();
+  EXPECT_FALSE(eventually([&] { return sweeps() > quiet; }, 500ms))
+      << "a hinted removal is swept for without its hint";
+  // ...and its hint brings one.
+  const auto t0 = std::chrono::steady_clock::now();
+  removed_with_hint(second);
+  ASSERT_FALSE(HasFailure());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
+  EXPECT_EQ(sweeps(), quiet + 1);
+  EXPECT_EQ(tracker_->stats().removal_hints_missed, 0u);
+  EXPECT_EQ(tracker_->stats().corrections_total(), 0u);
+}
+
+TEST_F(RemovalHintTrackerTest, ARemovalTheKernelDidNotHintMakesTheSweepRunAsWithoutIt) {
+  restart_with_hints(300ms);
+  auto first = started_and_exited("first");
+  ASSERT_FALSE(HasFailure());
+  removed_with_hint(first);
+  ASSERT_FALSE(HasFailure());
+  ASSERT_TRUE(tracker_->stats().removal_hints_trusted);
+
+  // Removed without a hint (a runtime that keeps no directory by that name): the sweep kept
+  // behind the hint finds it, and the hints are not trusted any more.
+  auto second = started_and_exited("second");
+  ASSERT_FALSE(HasFailure());
+  ASSERT_TRUE(cri_.remove_container(second).ok());
+  ASSERT_TRUE(wait_types(second, {"ContainerStarted", "ContainerDied", "ContainerRemoved"}, 3s));
+  ASSERT_TRUE(eventually([&] { return !tracker_->stats().removal_hints_trusted; }, 2s));
+  EXPECT_EQ(tracker_->stats().removal_hints_missed, 1u);
+
+  // The next exited container is swept for every period again.
+  auto third = started_and_exited("third");
+  ASSERT_FALSE(HasFailure());
+  const auto before = sweeps();
+  EXPECT_TRUE(eventually([&] { return sweeps() >= before + 3; }, 250ms));
+}
+
+// containerd removes a container's directories before it forgets the container: a sweep right
+// after the hint still lists it. The id is armed again and looked for again soon, and its
+// removal, found without a second hint, counts as hinted.
+TEST_F(RemovalHintTrackerTest, AHintBeforeTheRuntimeForgetsTheContainerIsLookedAtAgainSoon) {
+  restart_with_hints(1h);
+  auto first = started_and_exited("first");
+  ASSERT_FALSE(HasFailure());
+  removed_with_hint(first);
+  ASSERT_FALSE(HasFailure());
+
+  auto second = started_and_exited("second");
+  ASSERT_FALSE(HasFailure());
+  const auto before = sweeps();
+  kernel_hint(second);  // still there
+  ASSERT_TRUE(eventually([&] { return sweeps() > before; }, 2s));
+  ASSERT_TRUE(eventually([&] { return hints_.watches(second) == 2; }, 2s)) << "not armed again";
+  EXPECT_EQ(sink_.types_for(second).size(), 2u);
+  ASSERT_TRUE(cri_.remove_container(second).ok());
+  ASSERT_TRUE(wait_types(second, {"ContainerStarted", "ContainerDied", "ContainerRemoved"}, 1s))
+      << "the removal waited for the sweep kept behind the hint";
+  EXPECT_TRUE(tracker_->stats().removal_hints_trusted);
+  EXPECT_EQ(tracker_->stats().removal_hints_missed, 0u);
+
+  // A hint for an id the tracker does not watch is forgotten in the kernel.
+  hints_.watch(std::string(64, 'e'));
+  kernel_hint(std::string(64, 'e'));
+  EXPECT_FALSE(hints_.armed(std::string(64, 'e')));
 }
 
 // --- the runtime's event stream (GetContainerEvents) as the confirmation ---------------------

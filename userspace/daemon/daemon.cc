@@ -8,6 +8,19 @@
 
 namespace kpleg::daemon {
 
+namespace {
+// The tracker's removal hints, armed in the BPF program's map.
+class BpfRemovalHints : public pleg::RemovalHints {
+ public:
+  explicit BpfRemovalHints(kernel::BpfProgram& program) : program_(program) {}
+  bool watch(const std::string& id) override { return program_.watch_removal(id); }
+  void unwatch(const std::string& id) override { program_.unwatch_removal(id); }
+
+ private:
+  kernel::BpfProgram& program_;
+};
+}  // namespace
+
 // How long health() names a loss of kernel records (the ring buffer was full).
 constexpr std::chrono::minutes kLossReasonFor{5};
 
@@ -35,8 +48,9 @@ Result<std::unique_ptr<Daemon>> Daemon::start(const DaemonOptions& opts) {
   };
   d->bus_ = std::make_unique<bus::EventBus>(bo);
   d->metrics_.mirror_bus(*d->bus_);
-  for (int k = 0; k < 5; ++k) {
-    static const char* kinds[] = {"cgroup_mkdir", "cgroup_rmdir", "exec", "exit", "oom"};
+  for (int k = 0; k < 6; ++k) {
+    static const char* kinds[] = {"cgroup_mkdir", "cgroup_rmdir", "exec", "exit", "oom",
+                                  "removal_hint"};
     d->kernel_events_by_kind_[k] = &d->metrics_.kernel_events.with({kinds[k]});
   }
 
@@ -199,6 +213,9 @@ Status Daemon::start_ebpf() {
     metrics_.runtime_events_live.set(ts.runtime_events_live ? 1 : 0);
     metrics_.runtime_events_missed_removals.set(
         static_cast<double>(ts.runtime_events_missed_removals));
+    metrics_.removal_hints.set(static_cast<double>(ts.removal_hints));
+    metrics_.removal_hints_missed.set(static_cast<double>(ts.removal_hints_missed));
+    metrics_.removal_hints_trusted.set(ts.removal_hints_trusted ? 1 : 0);
     if (runtime_events_) {
       metrics_.runtime_events.set(static_cast<double>(runtime_events_->stats().events));
     }
@@ -230,6 +247,12 @@ Status Daemon::start_ebpf() {
   };
   sink.on_stopped = [this] { health_changed(); };
   if (auto st = kernel_->start(sink); !st) return st;
+  if (auto* p = kernel_->program(); p != nullptr && p->removal_hints_attached()) {
+    removal_hints_ = std::make_unique<BpfRemovalHints>(*p);
+    spdlog::info("removal hint attached: exited containers' removals are announced by the "
+                 "kernel");
+    tracker_->set_removal_hints(removal_hints_.get());
+  }
   // The index is seeded after the kernel source attached, so that no mkdir falls between.
   if (auto st = index_->seed(kernel_->stats().cgroup2_mount); !st) return st;
   if (auto st = reconciler_->start(opts_.cri_timeout); !st) {
@@ -277,6 +300,7 @@ void Daemon::stop() {
   if (cri_) cri_->cancel_calls();
   if (runtime_events_) runtime_events_->stop();
   if (reconciler_) reconciler_->stop();
+  if (tracker_) tracker_->set_removal_hints(nullptr);  // the program goes with the kernel source
   if (kernel_) kernel_->stop();
   if (tracker_) tracker_->stop();
   if (relist_) relist_->stop();
@@ -487,8 +511,9 @@ void Daemon::mirror_kernel_metrics() {
   const auto& b = ks.bpf;
   metrics_.bpf_emitted.set(double(b.emitted));
   metrics_.bpf_filtered.set(double(b.filtered));
-  static const char* kDropTypes[5] = {"cgroup_mkdir", "cgroup_rmdir", "exec", "exit", "oom"};
-  for (int t = 0; t < 5; ++t)
+  static const char* kDropTypes[6] = {"cgroup_mkdir", "cgroup_rmdir", "exec", "exit", "oom",
+                                      "removal_hint"};
+  for (int t = 0; t < 6; ++t)
     metrics_.bpf_ringbuf_drops.with({kDropTypes[t]}).set(double(b.drops_by_type[t]));
   if (b.helper_failures > 0) {  // one map read per scrape only once something failed
     if (auto* p = kernel_->program()) {

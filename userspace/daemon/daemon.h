@@ -109,7 +109,7 @@ class Daemon : public api::StateProvider, public api::HealthProvider, public api
   DaemonOptions opts_;
   metrics::Registry registry_;
   metrics::KplegMetrics metrics_{registry_};
-  metrics::Counter* kernel_events_by_kind_[5] = {};
+  metrics::Counter* kernel_events_by_kind_[6] = {};
   Mode active_ = Mode::kRelist;
   std::string fallback_reason_;
   uint64_t start_time_ns_ = 0;
@@ -120,6 +120,7 @@ class Daemon : public api::StateProvider, public api::HealthProvider, public api
   std::unique_ptr<pleg::Reconciler> reconciler_;
   std::unique_ptr<pleg::RuntimeEvents> runtime_events_;
   std::unique_ptr<kernel::BpfKernelSource> kernel_;
+  std::unique_ptr<pleg::RemovalHints> removal_hints_;  // over kernel_'s program
   std::unique_ptr<pleg::GenericRelist> relist_;
   std::shared_ptr<cri::InflightCalls> inflight_ = std::make_shared<cri::InflightCalls>();
   std::unique_ptr<criendpoint::ContainerEventFeed> event_feed_;

@@ -113,6 +113,11 @@ Result<std::unique_ptr<BpfProgram>> BpfProgram::load(const BpfOptions& opts) {
   // attached on its own so that its absence costs only the OOMKilled hint.
   bpf_program__set_autoattach(skel->progs.oom_mark_victim, false);
   bpf_map__set_max_entries(skel->maps.tracked_cgroups, opts.max_tracked_cgroups);
+  // The removal hint is a hint: without its tracepoints (tracefs, attached after the OOM hook
+  // mounted it if need be) removals are swept for as before.
+  bpf_map__set_max_entries(skel->maps.removal_watch, opts.max_tracked_cgroups);
+  bpf_program__set_autoattach(skel->progs.removal_hint_unlinkat, false);
+  bpf_program__set_autoattach(skel->progs.removal_hint_rmdir, false);
 
   if (int err = kpleg_bpf__load(skel); err) {
     err = -err;
@@ -132,7 +137,55 @@ Status BpfProgram::attach() {
     return Error{-err, std::string("attaching the BPF programs failed: ") + std::strerror(-err)};
   }
   oom_attached_ = attach_oom();
+  removal_hints_attached_ = attach_removal_hint();
   return {};
+}
+
+bool BpfProgram::attach_removal_hint() {
+  bpf_link* unlinkat = bpf_program__attach(skel_->progs.removal_hint_unlinkat);
+  if (!unlinkat) {
+    spdlog::warn("attaching the removal hint (syscalls:sys_enter_unlinkat) failed: {}: removals "
+                 "are swept for, without the kernel's hint",
+                 std::strerror(errno));
+    return false;
+  }
+  skel_->links.removal_hint_unlinkat = unlinkat;  // destroyed with the skeleton
+  bpf_link* rmdir = bpf_program__attach(skel_->progs.removal_hint_rmdir);
+  if (!rmdir) {
+    spdlog::warn("attaching the removal hint (syscalls:sys_enter_rmdir) failed: {}: removals "
+                 "are swept for, without the kernel's hint",
+                 std::strerror(errno));
+    bpf_link__destroy(unlinkat);
+    skel_->links.removal_hint_unlinkat = nullptr;
+    return false;
+  }
+  skel_->links.removal_hint_rmdir = rmdir;
+  return true;
+}
+
+bool BpfProgram::watch_removal(const std::string& id) {
+  if (id.size() != KPLEG_ID_LEN) return false;
+  const uint64_t armed = 1;
+  return bpf_map_update_elem(bpf_map__fd(skel_->maps.removal_watch), id.data(), &armed,
+                             BPF_ANY) == 0;
+}
+
+void BpfProgram::unwatch_removal(const std::string& id) {
+  if (id.size() != KPLEG_ID_LEN) return;
+  bpf_map_delete_elem(bpf_map__fd(skel_->maps.removal_watch), id.data());
+}
+
+size_t BpfProgram::removal_watch_count() const {
+  size_t n = 0;
+  char key[KPLEG_ID_LEN], next[KPLEG_ID_LEN];
+  const int fd = bpf_map__fd(skel_->maps.removal_watch);
+  const char* prev = nullptr;
+  while (bpf_map_get_next_key(fd, prev, next) == 0) {
+    ++n;
+    std::memcpy(key, next, sizeof(key));
+    prev = key;
+  }
+  return n;
 }
 
 bool BpfProgram::attach_oom() {
@@ -227,12 +280,13 @@ Result<BpfCounters> BpfProgram::counters() const {
   c.exec_reexec = sums[KPLEG_CNT_EXEC_REEXEC];
   c.exec_hook = sums[KPLEG_CNT_EXEC_HOOK];
   for (int t = 0; t < 5; ++t) c.drops_by_type[t] = sums[KPLEG_CNT_DROPS_MKDIR + t];
+  c.drops_by_type[5] = sums[KPLEG_CNT_DROPS_REMOVAL_HINT];
   return c;
 }
 
 Result<std::vector<HelperFailure>> BpfProgram::helper_failures() const {
   static const char* kPrograms[KPLEG_PROG_MAX] = {"cgroup_mkdir", "cgroup_rmdir", "exec", "exit",
-                                                  "oom"};
+                                                  "oom",          "removal_hint"};
   int ncpu = libbpf_num_possible_cpus();
   if (ncpu <= 0) return Error{-ncpu, "cannot count possible CPUs"};
   std::vector<uint64_t> values(ncpu);

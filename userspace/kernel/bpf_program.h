@@ -41,12 +41,12 @@ struct BpfCounters {
   uint64_t track_full = 0;
   uint64_t exec_reexec = 0;  // runtime self re-execs in a container cgroup, not claimed
   uint64_t exec_hook = 0;    // execs by a child of the cgroup's own process before its first (hooks)
-  uint64_t drops_by_type[5] = {};  // mkdir, rmdir, exec, exit, oom
+  uint64_t drops_by_type[6] = {};  // mkdir, rmdir, exec, exit, oom, removal_hint
 };
 
 // Helper failures of one program with one errno (errno 63 stands for 63 and above).
 struct HelperFailure {
-  std::string program;  // cgroup_mkdir, cgroup_rmdir, exec, exit, oom
+  std::string program;  // cgroup_mkdir, cgroup_rmdir, exec, exit, oom, removal_hint
   int error = 0;        // positive errno
   uint64_t count = 0;
 };
@@ -69,9 +69,19 @@ class BpfProgram {
   BpfProgram(const BpfProgram&) = delete;
   BpfProgram& operator=(const BpfProgram&) = delete;
 
-  // Attaches every program. The OOM hook is optional: oom_attached() says whether it is on.
+  // Attaches every program. The OOM hook and the removal hint are optional: oom_attached() and
+  // removal_hints_attached() say whether they are on.
   Status attach();
   bool oom_attached() const { return oom_attached_; }
+  bool removal_hints_attached() const { return removal_hints_attached_; }
+
+  // Arms the removal hint for a container's or sandbox's id (64 hex digits): the next rmdir of
+  // a directory with that name emits one RemovalHint. False when the id is not one or the map
+  // is full (that removal is then not hinted).
+  bool watch_removal(const std::string& id);
+  // Forgets the id (its removal was seen, or it is no longer watched).
+  void unwatch_removal(const std::string& id);
+  size_t removal_watch_count() const;
 
   int ringbuf_fd() const;
   int tracked_map_fd() const;
@@ -98,8 +108,10 @@ class BpfProgram {
  private:
   explicit BpfProgram(kpleg_bpf* skel) : skel_(skel) {}
   bool attach_oom();
+  bool attach_removal_hint();
   kpleg_bpf* skel_;
   bool oom_attached_ = false;
+  bool removal_hints_attached_ = false;
 };
 
 // Routes libbpf's log through spdlog and remembers its recent lines, so a failed load can show

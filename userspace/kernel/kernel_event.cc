@@ -74,6 +74,7 @@ const char* KernelEvent::kind() const {
     case 2: return "exec";
     case 3: return "exit";
     case 4: return "oom";
+    case 5: return "removal_hint";
   }
   return "?";
 }
@@ -132,6 +133,12 @@ Result<KernelEvent> decode_event(std::span<const std::byte> rec, DecodeStats* st
       ev.body = OomKill{raw.cgroup_id, raw.victim_pid};
       return ev;
     }
+    case KPLEG_EVENT_REMOVAL_HINT: {
+      kpleg_removal_hint_event raw;
+      if (!exact_size(rec, hdr, stats, &raw)) return reject("removal hint record size");
+      ev.body = RemovalHint{0, bounded_string(raw.id, sizeof(raw.id))};
+      return ev;
+    }
     default:
       if (stats) stats->count(DecodeErrorKind::kUnknownType);
       return reject("unknown event type");
@@ -174,6 +181,8 @@ std::string to_json_line(const KernelEvent& ev) {
           if (b.oom_killed) j["oom_killed"] = true;
         } else if constexpr (std::is_same_v<T, OomKill>) {
           j["pid"] = b.victim_pid;
+        } else if constexpr (std::is_same_v<T, RemovalHint>) {
+          j["id"] = b.id;
         }
       },
       ev.body);

@@ -38,6 +38,8 @@ static_assert(sizeof(kpleg_exit_event) == 16 + 8 + 16);
 static_assert(offsetof(kpleg_exit_event, exit_code) == 28);
 static_assert(offsetof(kpleg_exit_event, signal) == 32);
 static_assert(sizeof(kpleg_oom_event) == 16 + 8 + 8);
+static_assert(sizeof(kpleg_removal_hint_event) == 16 + KPLEG_ID_LEN);
+static_assert(offsetof(kpleg_removal_hint_event, id) == 16);
 static_assert(sizeof(kpleg_tracked_cgroup) == 24);
 static_assert(sizeof(kpleg_cgroup_event) % 8 == 0 && sizeof(kpleg_exec_event) % 8 == 0 &&
               sizeof(kpleg_exit_event) % 8 == 0 && sizeof(kpleg_oom_event) % 8 == 0);
@@ -84,12 +86,19 @@ struct OomKill {
   uint32_t victim_pid = 0;
 };
 
+// A directory named by a watched id is being removed: the runtime is removing that exited
+// container or sandbox (or is about to). Not in any cgroup: cgroup_id is 0.
+struct RemovalHint {
+  uint64_t cgroup_id = 0;
+  std::string id;
+};
+
 struct KernelEvent {
   uint64_t ktime_ns = 0;  // CLOCK_MONOTONIC, from the BPF program
-  std::variant<CgroupMkdir, CgroupRmdir, ProcessExec, ProcessExit, OomKill> body;
+  std::variant<CgroupMkdir, CgroupRmdir, ProcessExec, ProcessExit, OomKill, RemovalHint> body;
 
   uint64_t cgroup_id() const;
-  const char* kind() const;  // cgroup_mkdir | cgroup_rmdir | exec | exit | oom
+  const char* kind() const;  // cgroup_mkdir | cgroup_rmdir | exec | exit | oom | removal_hint
 };
 
 enum class DecodeErrorKind : int { kTruncated = 0, kOversized, kSizeMismatch, kUnknownType, kCount };

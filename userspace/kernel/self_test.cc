@@ -201,12 +201,29 @@ SelfTestResult run_self_test(const BpfOptions& base, const std::string& cgroup_b
     fail("run process: " + status.error().message);
     return r;
   }
+  // The removal hint, armed for the container's id: its cgroup's rmdir is an rmdir of a
+  // directory with that name.
+  BpfProgram* program = source.program();
+  const bool hint_armed = program != nullptr && program->removal_hints_attached() &&
+                          program->watch_removal(container_id);
+  if (!hint_armed) fail("removal hint: the syscalls:sys_enter_unlinkat/rmdir tracepoints");
   if (auto st = ctr->remove(); !st) fail("rmdir container: " + st.error().message);
 
   using namespace std::chrono_literals;
   bool complete = events.wait_for(
       [&](const auto& evs) { return count_kind(filter_cgroups(evs, {cid}), "cgroup_rmdir") >= 1; }, 5s);
   if (!complete) fail("rmdir event: not seen within 5 s");
+  if (hint_armed) {
+    bool hinted = events.wait_for(
+        [&](const auto& evs) {
+          return std::any_of(evs.begin(), evs.end(), [&](const KernelEvent& e) {
+            auto* h = std::get_if<RemovalHint>(&e.body);
+            return h != nullptr && h->id == container_id;
+          });
+        },
+        5s);
+    if (!hinted) fail("removal hint: not seen within 5 s of the rmdir");
+  }
 
   auto evs = events.for_cgroups({cid});
   std::vector<std::string> kinds;

@@ -87,6 +87,20 @@ KplegMetrics::KplegMetrics(Registry& r)
                     "reported (no DELETED event): after the first, removals are swept for as "
                     "without the stream until it stops.")
               .get()),
+      removal_hints(r.counter("kpleg_removal_hints_total",
+                              "The kernel's removal hints: rmdirs of a directory named by an "
+                              "exited container's or sandbox's id, which bring the removal sweep.")
+                        .get()),
+      removal_hints_missed(
+          r.counter("kpleg_removal_hints_missed_total",
+                    "Removals the removal sweep found that the kernel was armed for but never "
+                    "hinted: after one, removals are swept for as without the hint until a "
+                    "hinted one is found.")
+              .get()),
+      removal_hints_trusted(r.gauge("kpleg_removal_hints_trusted",
+                                    "1 while the kernel's removal hints stand for the periodic "
+                                    "removal sweep of the ids they watch.")
+                                .get()),
       uncovered_containers(r.gauge("kpleg_uncovered_containers",
                                    "Running containers and sandboxes the last reconcile listed "
                                    "that the kernel path does not see.")

@@ -66,6 +66,13 @@ struct KplegMetrics {
   // kpleg_runtime_events_missed_removals_total: removals the sweep found that the live stream
   // never reported (after the first, removals are swept for as without the stream).
   Counter& runtime_events_missed_removals;
+  // kpleg_removal_hints_total: the kernel's removal hints (an rmdir of a directory named by an
+  // exited container's or sandbox's id); kpleg_removal_hints_missed_total: removals the sweep
+  // found that the kernel armed but never hinted; kpleg_removal_hints_trusted: 1 while hinted
+  // ids are swept for rarely (a hinted removal was found, and no unhinted one since).
+  Counter& removal_hints;
+  Counter& removal_hints_missed;
+  Gauge& removal_hints_trusted;
   // kpleg_uncovered_containers: running containers and sandboxes that the last reconcile listed
   // but that the kernel path does not see (their cgroup is not under a tracked root, or they
   // have none on the host: kata, gVisor): their events come from the reconcile alone.
@@ -122,7 +129,7 @@ struct KplegMetrics {
 };
 
 // The metric names, for docs and tests.
-inline constexpr std::array<std::string_view, 20> kMetricNames = {
+inline constexpr std::array<std::string_view, 23> kMetricNames = {
     "kubelet_pleg_relist_duration_seconds",
     "kubelet_pleg_relist_interval_seconds",
     "kubelet_pleg_last_seen_seconds",
@@ -141,6 +148,9 @@ inline constexpr std::array<std::string_view, 20> kMetricNames = {
     "kpleg_runtime_events_total",
     "kpleg_runtime_events_live",
     "kpleg_runtime_events_missed_removals_total",
+    "kpleg_removal_hints_total",
+    "kpleg_removal_hints_missed_total",
+    "kpleg_removal_hints_trusted",
     "kpleg_uncovered_containers",
     "kpleg_build_info",
 };

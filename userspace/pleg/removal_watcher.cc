@@ -15,18 +15,69 @@ const std::string kSweepKey = "\x01removal-sweep";
 
 void RemovalWatcher::join(Record& rec) {
   rec.removal_swept = true;
-  watched_.insert(rec.identity.id);
+  const std::string& id = rec.identity.id;
+  watched_.insert(id);
   joined_ = true;
+  if (hints_ != nullptr && !armed_.count(id) && hints_->watch(id)) armed_.insert(id);
   const auto now = Clock::now();
-  if (events_cover_removals(rec.identity.sandbox)) {
-    if (!due_) interval_ = core_.opts.removal_sweep_with_events;
-    schedule(now + core_.opts.removal_sweep_with_events);
+  if (const auto cover = covered_for(rec); cover.count() > 0) {
+    if (!due_) interval_ = cover;
+    schedule(now + cover);
   } else if (!due_) {
     interval_ = core_.opts.removal_sweep_period;
     schedule(now + core_.opts.removal_sweep_first);
   } else {
     schedule(now + core_.opts.removal_sweep_period);  // no later than that
   }
+}
+
+std::chrono::milliseconds RemovalWatcher::covered_for(const Record& rec) const {
+  std::chrono::milliseconds cover{0};
+  if (events_cover_removals(rec.identity.sandbox)) cover = core_.opts.removal_sweep_with_events;
+  if (hints_trusted_ && armed_.count(rec.identity.id))
+    cover = std::max(cover, core_.opts.removal_sweep_with_hints);
+  return cover;
+}
+
+void RemovalWatcher::forget(const std::string& id) {
+  if (armed_.erase(id) && hints_ != nullptr) hints_->unwatch(id);
+  hinted_.erase(id);
+}
+
+void RemovalWatcher::on_hint(const std::string& id) {
+  ++core_.stats.removal_hints;
+  // A sweep that found the removal first: it was hinted after all.
+  if (hint_suspects_.erase(id) > 0) {
+    hints_trusted_ = true;
+    return;
+  }
+  if (!armed_.count(id)) {
+    if (hints_ != nullptr) hints_->unwatch(id);  // forgotten since it was armed
+    return;
+  }
+  hinted_.insert(id);
+  schedule(Clock::now() + core_.opts.removal_hint_delay);
+}
+
+void RemovalWatcher::judge_hint_suspects(Clock::time_point now) {
+  size_t missed = 0;
+  std::string example;
+  for (auto it = hint_suspects_.begin(); it != hint_suspects_.end();) {
+    if (now - it->second < core_.opts.removal_event_grace) {
+      ++it;
+      continue;
+    }
+    ++missed;
+    example = it->first;
+    it = hint_suspects_.erase(it);
+  }
+  if (missed == 0) return;
+  core_.stats.removal_hints_missed += missed;
+  if (!hints_trusted_) return;
+  hints_trusted_ = false;
+  spdlog::info("tracker: the kernel did not hint {} removal(s) the sweep found (e.g. {}): "
+               "removals are swept for as without the hint until a hinted one is found",
+               missed, example.substr(0, 12));
 }
 
 void RemovalWatcher::on_runtime_events_live(bool live) {
@@ -42,6 +93,7 @@ void RemovalWatcher::on_runtime_events_live(bool live) {
 
 void RemovalWatcher::on_deleted_event(const std::string& id) {
   if (!suspects_.empty()) suspects_.erase(id);  // a sweep was first: a race, not a miss
+  if (hinted_.count(id)) hints_trusted_ = true;  // the kernel had hinted it
   if (!sandbox_deleted_seen_) {
     const Record* rec = core_.table.find(id);
     if (rec != nullptr && rec->identity.sandbox) sandbox_deleted_seen_ = true;
@@ -103,12 +155,18 @@ void RemovalWatcher::sweep(Clock::time_point due) {
     if (due_ != due) return;  // superseded by an earlier sweep
     due_.reset();
     judge_suspects(Clock::now());
+    judge_hint_suspects(Clock::now());
     joined = std::exchange(joined_, false);
     for (auto it = watched_.begin(); it != watched_.end();) {
       const Record* rec = core_.table.find(*it);
       // Removed some other way (a look, a reconcile, the runtime's event) since it joined, or
       // forgotten.
       if (rec == nullptr || !rec->removal_swept || rec->reported == ContainerState::kNonExistent) {
+        // A removal the runtime's event (or a look) confirmed after its hint came: the hints
+        // work on this runtime.
+        if (rec != nullptr && rec->reported == ContainerState::kNonExistent && hinted_.count(*it))
+          hints_trusted_ = true;
+        forget(*it);
         it = watched_.erase(it);
         continue;
       }
@@ -137,12 +195,15 @@ void RemovalWatcher::sweep(Clock::time_point due) {
   core_.stats.removal_sweeps += uint64_t(containers) + uint64_t(sandboxes);
   size_t watched = 0, removed = 0;
   bool remaining = false;
-  bool all_covered = true;  // every record still watched is of a kind the events cover
+  bool early_hint = false;  // a hinted record is still there: its removal is under way
+  // How long every record still watched may wait because something announces its removal.
+  auto cover = std::chrono::milliseconds::max();
   const auto now = Clock::now();
   Events out;
   for (auto wit = watched_.begin(); wit != watched_.end();) {
     Record* found = core_.table.find(*wit);
     if (found == nullptr || !found->removal_swept) {
+      forget(*wit);
       wit = watched_.erase(wit);
       continue;
     }
@@ -159,14 +220,31 @@ void RemovalWatcher::sweep(Clock::time_point due) {
       ++removed;
       // Its DELETED should have come: it may still be on its way, or never come.
       if (covered) suspects_.emplace(id, now);
+      if (armed_.count(id)) {
+        if (hinted_.count(id)) {
+          if (!hints_trusted_)
+            spdlog::info("tracker: the kernel hinted a removal (e.g. {}): removals it watches "
+                         "are swept for every {} s at most",
+                         id.substr(0, 12), core_.opts.removal_sweep_with_hints.count() / 1000);
+          hints_trusted_ = true;
+        } else {
+          hint_suspects_.emplace(id, now);  // its hint may still be on its way
+        }
+      }
+    } else if (listed && kind_listed && hinted_.count(id)) {
+      // Hinted, still there: the runtime removes its files before it forgets the container
+      // (or the directory went for another reason). Armed again, and looked for again soon.
+      if (hints_ != nullptr) hints_->watch(id);
+      early_hint = true;
     }
     ++watched;
     if (rec.reported == ContainerState::kNonExistent) {
       rec.removal_swept = false;
+      forget(id);
       wit = watched_.erase(wit);
     } else {
       remaining = true;
-      all_covered = all_covered && covered;
+      cover = std::min(cover, covered_for(rec));
       ++wit;
     }
   }
@@ -177,11 +255,14 @@ void RemovalWatcher::sweep(Clock::time_point due) {
     // the kubelet keeps for its logs), less and less often.
     interval_ = removed > 0 || joined ? core_.opts.removal_sweep_period
                                       : std::min(interval_ * 2, core_.opts.removal_sweep_idle_max);
-    if (all_covered) interval_ = std::max(interval_, core_.opts.removal_sweep_with_events);
+    interval_ = std::max(interval_, cover);  // zero unless every record is covered
     next = now + interval_;
+    if (early_hint) next = std::min(next, now + core_.opts.removal_hint_delay);
   }
-  // The verdict on the removals whose DELETED is awaited (no list is made for it alone).
+  // The verdict on the removals whose DELETED or hint is awaited (no list is made for it alone).
   for (const auto& [_, at] : suspects_)
+    next = std::min(next, at + core_.opts.removal_event_grace);
+  for (const auto& [_, at] : hint_suspects_)
     next = std::min(next, at + core_.opts.removal_event_grace);
   if (next != Clock::time_point::max()) schedule(next);
   core_.publish(lk, out);

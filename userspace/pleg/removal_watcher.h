@@ -10,6 +10,14 @@
 // the sweep run as without the stream, until the stream stops. Sandboxes' removals are swept for
 // as without the stream until it has reported one (CRI-O reports none): otherwise the first
 // pod removal on such a runtime waited for the rare sweep before it could count as a miss.
+//
+// The kernel's removal hint (RemovalHints, bpf/kpleg.bpf.c removal_hint) does the same for
+// runtimes without the stream: each exited id is armed in the kernel, and the rmdir of a
+// directory named by it (the runtime removing its files on RemoveContainer) brings the sweep
+// forward to removal_hint_delay. Until a sweep has found a hinted removal the hints are not
+// trusted and the sweep runs as without them; once one has, the sweep of hinted ids runs every
+// removal_sweep_with_hints at most, and a removal found without its hint (after
+// removal_event_grace) makes it run as without them again.
 #pragma once
 
 #include <chrono>
@@ -22,9 +30,26 @@
 
 namespace kpleg::pleg {
 
+// The kernel side of the removal hint: arms and disarms ids in the BPF map.
+class RemovalHints {
+ public:
+  virtual ~RemovalHints() = default;
+  // False when the id cannot be armed (the map is full): its removal is then not hinted.
+  virtual bool watch(const std::string& id) = 0;
+  virtual void unwatch(const std::string& id) = 0;
+};
+
 class RemovalWatcher {
  public:
   explicit RemovalWatcher(TrackerCore& core) : core_(core) {}
+
+  // Arms the kernel's removal hint for every record that joins from now on (nullptr: none).
+  // Caller holds core.mu.
+  void set_hints(RemovalHints* hints) { hints_ = hints; }
+  // The kernel's hint: a directory named by `id` is being removed. Caller holds core.mu.
+  void on_hint(const std::string& id);
+  // A hinted removal has been confirmed, and no removal has been found without its hint since.
+  bool hints_trusted() const { return hints_trusted_; }
 
   // An exited record joins the sweep. Caller holds core.mu.
   void join(Record& rec);
@@ -55,6 +80,13 @@ class RemovalWatcher {
   // removal_event_grace, are ones the stream left out: from then on the sweep runs as without
   // it. Caller holds core.mu.
   void judge_suspects(Clock::time_point now);
+  // Same for removals of armed ids a sweep found before their hint came. Caller holds core.mu.
+  void judge_hint_suspects(Clock::time_point now);
+  // How long the sweep may wait for `rec` because something else announces its removal (the
+  // runtime's events, the kernel's hint); zero when nothing does. Caller holds core.mu.
+  std::chrono::milliseconds covered_for(const Record& rec) const;
+  // The record left the sweep: its id is disarmed in the kernel. Caller holds core.mu.
+  void forget(const std::string& id);
 
   TrackerCore& core_;
   // Under core_.mu:
@@ -66,6 +98,12 @@ class RemovalWatcher {
   std::map<std::string, Clock::time_point> suspects_;
   bool events_miss_removals_ = false;  // the live stream left a removal out (until it stops)
   bool sandbox_deleted_seen_ = false;  // the live stream reported a sandbox's removal
+  // The kernel's removal hint:
+  RemovalHints* hints_ = nullptr;
+  std::set<std::string> armed_;   // watched ids armed in the kernel
+  std::set<std::string> hinted_;  // of those, the ones whose hint came
+  std::map<std::string, Clock::time_point> hint_suspects_;  // removals found before their hint
+  bool hints_trusted_ = false;
 };
 
 }  // namespace kpleg::pleg

@@ -42,7 +42,17 @@ void Tracker::set_inconsistency_handler(std::function<void(const std::string&)> 
   core_.set_inconsistency_handler(std::move(fn));
 }
 
+void Tracker::set_removal_hints(RemovalHints* hints) {
+  std::lock_guard lk(core_.mu);
+  removal_.set_hints(hints);
+}
+
 void Tracker::on_kernel_event(const kernel::KernelEvent& ev) {
+  if (auto* hint = std::get_if<kernel::RemovalHint>(&ev.body)) {
+    std::lock_guard lk(core_.mu);
+    removal_.on_hint(hint->id);
+    return;
+  }
   if (auto* mk = std::get_if<kernel::CgroupMkdir>(&ev.body)) {
     index_.on_mkdir(mk->cgroup_id, mk->path, mk->parent_cgroup_id);
     return;
@@ -110,6 +120,7 @@ TrackerStats Tracker::stats() const {
   st.records = core_.table.size();
   st.runtime_events_live = core_.runtime_events_live;
   st.runtime_events_cover_removals = !removal_.events_miss_removals();
+  st.removal_hints_trusted = removal_.hints_trusted();
   return st;
 }
 

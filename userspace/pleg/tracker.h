@@ -45,6 +45,9 @@ class Tracker {
 
   // Called on the kernel source's thread; never blocks on the runtime.
   void on_kernel_event(const kernel::KernelEvent& ev);
+  // The kernel's removal hint (removal_watcher.h), armed for every container and sandbox that
+  // exits from now on; nullptr: none. `hints` outlives the tracker's use of it (stop()).
+  void set_removal_hints(RemovalHints* hints);
 
   // An event of the runtime's GetContainerEvents stream (runtime_events.h), on its thread: the
   // runtime's confirmation of what the kernel signalled, without a look. Never blocks on the

@@ -59,6 +59,12 @@ struct TrackerOptions {
   // A removal such a sweep finds is one the stream left out unless its DELETED comes within
   // this long (it may be on its way); then the sweep runs as without the stream.
   std::chrono::milliseconds removal_event_grace{1000};
+  // The kernel's removal hint (removal_watcher.h): a hinted id is swept for removal_hint_delay
+  // after its hint (hints of many removals share one sweep); once hints are trusted, ids the
+  // kernel watches are swept for every removal_sweep_with_hints at most (as the reconcile
+  // looks for removals too, the same period by default).
+  std::chrono::milliseconds removal_hint_delay{1000};
+  std::chrono::milliseconds removal_sweep_with_hints{300'000};
   // A difference found by a reconcile is re-checked after this grace period (a kernel event in
   // flight is not a missed one) before it becomes a correction.
   std::chrono::milliseconds correction_grace{300};
@@ -89,6 +95,9 @@ struct TrackerStats {
   uint64_t runtime_events_unmatched = 0;  // for no known container (or saying nothing new to look for)
   uint64_t runtime_events_late = 0;  // looks that settled a signal while the stream was live
   uint64_t runtime_events_missed_removals = 0;  // removals the sweep found and the stream never reported
+  uint64_t removal_hints = 0;         // the kernel's removal hints for a watched id
+  uint64_t removal_hints_missed = 0;  // armed removals the sweep found and the kernel never hinted
+  bool removal_hints_trusted = false;  // Tracker::stats() fills it in
   bool runtime_events_cover_removals = true;  // false once the stream left a removal out (until it stops); Tracker::stats() fills it in
   bool runtime_events_live = false;  // the runtime's event stream confirms (see runtime_events.h)
   uint64_t foreign_containers = 0;  // started containers the runtime does not know
