@@ -819,7 +819,7 @@ class FakeRemovalHints : public RemovalHints {
 class RemovalHintTrackerTest : public TrackerTest {
  protected:
   // Sweeps every 20 ms while hints are not trusted, every `with_hints` once they are.
-  void restart_with_hints(std::chrono::milliseconds with_hints) {
+  void restart_with_hints(std::chrono::milliseconds with_hints, bool trusted = false) {
     TrackerOptions o;
     o.removal_sweep_first = 10ms;
     o.removal_sweep_period = 20ms;
@@ -828,7 +828,7 @@ class RemovalHintTrackerTest : public TrackerTest {
     o.removal_sweep_with_hints = with_hints;
     o.removal_event_grace = 100ms;
     restart_tracker(o);
-    tracker_->set_removal_hints(&hints_);
+    tracker_->set_removal_hints(&hints_, trusted);
     auto view = list_runtime(cri_);
     ASSERT_TRUE(view.ok());
     tracker_->reconcile(*view, /*initial=*/true);
@@ -880,6 +880,20 @@ TEST_F(RemovalHintTrackerTest, OnceAHintedRemovalIsFoundTheHintStandsForThePerio
   EXPECT_EQ(sweeps(), quiet + 1);
   EXPECT_EQ(tracker_->stats().removal_hints_missed, 0u);
   EXPECT_EQ(tracker_->stats().corrections_total(), 0u);
+}
+
+// containerd and CRI-O keep a directory per container: their hints stand for the sweep from
+// the start, so a daemon started on a quiet node with exited containers sweeps for none.
+TEST_F(RemovalHintTrackerTest, HintsTrustedFromTheStartCostNoSweepBeforeTheFirstRemoval) {
+  restart_with_hints(1h, /*trusted=*/true);
+  ASSERT_TRUE(tracker_->stats().removal_hints_trusted);
+  auto kept = started_and_exited("kept");
+  ASSERT_FALSE(HasFailure());
+  const auto quiet = sweeps();
+  EXPECT_FALSE(eventually([&] { return sweeps() > quiet; }, 500ms));
+  removed_with_hint(kept);
+  ASSERT_FALSE(HasFailure());
+  EXPECT_EQ(sweeps(), quiet + 1);
 }
 
 TEST_F(RemovalHintTrackerTest, ARemovalTheKernelDidNotHintMakesTheSweepRunAsWithoutIt) {

@@ -75,6 +75,7 @@ Result<std::unique_ptr<Daemon>> Daemon::start(const DaemonOptions& opts) {
   } else {
     spdlog::info("container runtime {} {} (CRI {}) at {}", v->runtime_name(),
                  v->runtime_version(), v->runtime_api_version(), opts.runtime_endpoint);
+    d->runtime_name_ = v->runtime_name();
   }
 
   d->metrics_.on_scrape([self] {
@@ -249,9 +250,15 @@ Status Daemon::start_ebpf() {
   if (auto st = kernel_->start(sink); !st) return st;
   if (auto* p = kernel_->program(); p != nullptr && p->removal_hints_attached()) {
     removal_hints_ = std::make_unique<BpfRemovalHints>(*p);
+    // containerd and CRI-O remove a directory named by the id on every RemoveContainer and
+    // RemovePodSandbox (measured): their hints are trusted from the start. Another runtime's
+    // are once a hinted removal has been confirmed.
+    const bool known = runtime_name_ == "containerd" || runtime_name_ == "cri-o";
     spdlog::info("removal hint attached: exited containers' removals are announced by the "
-                 "kernel");
-    tracker_->set_removal_hints(removal_hints_.get());
+                 "kernel ({})",
+                 known ? "trusted for " + runtime_name_
+                       : "trusted once a hinted removal is confirmed on " + runtime_name_);
+    tracker_->set_removal_hints(removal_hints_.get(), known);
   }
   // The index is seeded after the kernel source attached, so that no mkdir falls between.
   if (auto st = index_->seed(kernel_->stats().cgroup2_mount); !st) return st;

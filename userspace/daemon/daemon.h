@@ -112,6 +112,7 @@ class Daemon : public api::StateProvider, public api::HealthProvider, public api
   metrics::Counter* kernel_events_by_kind_[6] = {};
   Mode active_ = Mode::kRelist;
   std::string fallback_reason_;
+  std::string runtime_name_;  // from the runtime's Version answer at start
   uint64_t start_time_ns_ = 0;
   std::unique_ptr<bus::EventBus> bus_;
   std::unique_ptr<cri::GrpcCriClient> cri_;

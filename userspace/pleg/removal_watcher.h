@@ -15,7 +15,8 @@
 // runtimes without the stream: each exited id is armed in the kernel, and the rmdir of a
 // directory named by it (the runtime removing its files on RemoveContainer) brings the sweep
 // forward to removal_hint_delay. Until a sweep has found a hinted removal the hints are not
-// trusted and the sweep runs as without them; once one has, the sweep of hinted ids runs every
+// trusted (unless the runtime is one known to keep such directories: set_hints) and the sweep
+// runs as without them; once one has, the sweep of hinted ids runs every
 // removal_sweep_with_hints at most, and a removal found without its hint (after
 // removal_event_grace) makes it run as without them again.
 #pragma once
@@ -43,9 +44,13 @@ class RemovalWatcher {
  public:
   explicit RemovalWatcher(TrackerCore& core) : core_(core) {}
 
-  // Arms the kernel's removal hint for every record that joins from now on (nullptr: none).
-  // Caller holds core.mu.
-  void set_hints(RemovalHints* hints) { hints_ = hints; }
+  // Arms the kernel's removal hint for every record that joins from now on (nullptr: none);
+  // `trusted`: the runtime is known to remove a directory named by the id on every removal, so
+  // the hints stand for the periodic sweep at once (until one is missed). Caller holds core.mu.
+  void set_hints(RemovalHints* hints, bool trusted) {
+    hints_ = hints;
+    hints_trusted_ = hints != nullptr && trusted;
+  }
   // The kernel's hint: a directory named by `id` is being removed. Caller holds core.mu.
   void on_hint(const std::string& id);
   // A hinted removal has been confirmed, and no removal has been found without its hint since.

@@ -42,9 +42,9 @@ void Tracker::set_inconsistency_handler(std::function<void(const std::string&)> 
   core_.set_inconsistency_handler(std::move(fn));
 }
 
-void Tracker::set_removal_hints(RemovalHints* hints) {
+void Tracker::set_removal_hints(RemovalHints* hints, bool trusted) {
   std::lock_guard lk(core_.mu);
-  removal_.set_hints(hints);
+  removal_.set_hints(hints, trusted);
 }
 
 void Tracker::on_kernel_event(const kernel::KernelEvent& ev) {

@@ -47,7 +47,8 @@ class Tracker {
   void on_kernel_event(const kernel::KernelEvent& ev);
   // The kernel's removal hint (removal_watcher.h), armed for every container and sandbox that
   // exits from now on; nullptr: none. `hints` outlives the tracker's use of it (stop()).
-  void set_removal_hints(RemovalHints* hints);
+  // `trusted`: see RemovalWatcher::set_hints.
+  void set_removal_hints(RemovalHints* hints, bool trusted = false);
 
   // An event of the runtime's GetContainerEvents stream (runtime_events.h), on its thread: the
   // runtime's confirmation of what the kernel signalled, without a look. Never blocks on the
