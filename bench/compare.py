@@ -914,7 +914,8 @@ def write_summary(cfg, results):
                  f"{fmt(d.get('kernel_ts_before_call'))} | {fmt(pl.get('p50'), 1)}/{fmt(pl.get('p99'), 1)}/{fmt(pl.get('max'), 1)} |")
     a = results.get("alone")
     if a:
-        L.append(f"\n## Idle, each mode alone (N={a['n']}, {a['window_s']:.0f} s windows)\n")
+        L.append(f"\n## Idle, each mode alone (N={a['n']}, {a.get('exited_containers') or 0} more pods whose "
+                 f"container has exited and stays, {a['window_s']:.0f} s windows)\n")
         L.append("| run | daemon CPU | BPF CPU | containerd | shims | runtime total | daemon + runtime | above no-daemon baseline | daemon RSS MiB |")
         L.append("|---|---|---|---|---|---|---|---|---|")
         for k in ("none", "ebpf", "relist", "ebpf-unwatched"):
@@ -942,6 +943,10 @@ def write_summary(cfg, results):
                 L.append(f"Threads of kplegd {k} (idle): " + ", ".join(
                     f"{name}×{g['threads']} {g['cpu_ms_per_min']:.1f} ms/min {g['wakeups_per_s']:.1f} wake-ups/s"
                     for name, g in list(th.items())[:6]) + "\n")
+            calls = (a["runs"].get(k) or {}).get("cri_calls_by_method")
+            if calls is not None:
+                L.append(f"CRI calls of kplegd {k} in the idle window: " +
+                         (", ".join(f"{m} {v}" for m, v in calls.items()) or "none") + "\n")
     s = results.get("slow_runtime")
     if s:
         L.append("\n## Slow runtime (one pod's CRI calls hang)\n")
@@ -1032,8 +1037,34 @@ def start_pair(cfg, modes, endpoint, cgroups, out_dir, tag, consumer=None):
     return ds
 
 
+def exited_pods(cfg, k):
+    """k pods whose one container has exited and stays (a real node's finished init containers and
+    jobs, the dead instance the kubelet keeps): the idle runs' daemons watch their removal."""
+    if k <= 0:
+        return []
+    rc, lines, err = run_json_lines(
+        load_cmd(cfg, "run", "--pods", str(k), "--containers", "1", "--namespace", "kpleg-bench-exited",
+                 "--name-prefix", "exited", "--command", "true"), timeout=60 + 5 * k)
+    pods = [p for p in lines if "sandbox_id" in p]
+    if rc != 0:
+        log(f"exited pods: kpleg-load run failed: {err.strip()[-300:]}")
+    # Their containers exit at once (`true`), long before a daemon of the idle runs has started
+    # and synced.
+    return pods
+
+
 def alone_runs(cfg, runtime, cgroups, out_dir, n):
-    res = {"n": n, "window_s": cfg.window, "runs": {}}
+    res = {"n": n, "window_s": cfg.window, "runs": {}, "exited_containers": cfg.idle_exited}
+    exited = exited_pods(cfg, cfg.idle_exited)
+    try:
+        alone_windows(cfg, runtime, cgroups, out_dir, n, res)
+    finally:
+        for p in exited:
+            run_json_lines(load_cmd(cfg, "remove-pod", p["sandbox_id"]), timeout=60)
+    return res
+
+
+def alone_windows(cfg, runtime, cgroups, out_dir, n, res):
     # "ebpf-unwatched": the API socket open but no consumer, a diagnostic of the daemon's floor.
     for which in ("none", "ebpf", "relist", "ebpf-unwatched"):
         log(f"N={n}: idle window, {'no daemon' if which == 'none' else which + ' alone'}")
@@ -1057,6 +1088,7 @@ def alone_runs(cfg, runtime, cgroups, out_dir, n):
             x["rss_mib"] = d["rss_mib"]
             x["unexpected_events"] = d.get("unexpected")
             x["threads"] = d.get("threads")
+            x["cri_calls_by_method"] = d.get("cri_calls_by_method")
         x["daemon_plus_runtime_s_per_min"] = (x.get("daemon_cpu_s_per_min") or 0) + (x.get("bpf_s_per_min") or 0) + \
             x["runtime_total_s_per_min"]
         res["runs"][which] = x
@@ -1074,7 +1106,6 @@ def alone_runs(cfg, runtime, cgroups, out_dir, n):
     b = res["runs"]["ebpf-unwatched"]
     res["ratio_daemon_unwatched"] = div((r.get("daemon_cpu_s_per_min") or 0),
                                    (b.get("daemon_cpu_s_per_min") or 0) + (b.get("bpf_s_per_min") or 0))
-    return res
 
 
 def slow_runtime(cfg, runtime, cgroups, pods, out_dir):
@@ -1209,6 +1240,8 @@ def main():
                     help="seconds of churn before each daemon pair's first churn window, not measured (0: none)")
     ap.add_argument("--warmup-rate", type=float, default=10)
     ap.add_argument("--alone-at", type=int, default=110, help="N of the each-mode-alone idle runs (0: none)")
+    ap.add_argument("--idle-exited", type=int, default=5,
+                    help="pods whose container has exited and stays, beside the N during the idle runs")
     ap.add_argument("--slow-at", type=int, default=10, help="N of the slow-runtime scenario (0: none)")
     ap.add_argument("--slow-rate", type=float, default=2)
     ap.add_argument("--slow-window", type=float, default=30)

@@ -943,6 +943,20 @@ TEST_F(RemovalHintTrackerTest, AHintBeforeTheRuntimeForgetsTheContainerIsLookedA
   EXPECT_TRUE(tracker_->stats().removal_hints_trusted);
   EXPECT_EQ(tracker_->stats().removal_hints_missed, 0u);
 
+  // A hint for a container that stays (its directory went for another reason): a few looks,
+  // then no more, and it is armed again.
+  auto third = started_and_exited("third");
+  ASSERT_FALSE(HasFailure());
+  const auto quiet = sweeps();
+  kernel_hint(third);
+  ASSERT_TRUE(eventually([&] { return sweeps() >= quiet + 3; }, 2s));
+  const auto after = sweeps();
+  EXPECT_FALSE(eventually([&] { return sweeps() > after; }, 300ms))
+      << "a container that stays after its hint is swept for again and again";
+  EXPECT_EQ(sweeps(), quiet + 3);
+  EXPECT_TRUE(hints_.armed(third));
+  EXPECT_EQ(sink_.types_for(third).size(), 2u);
+
   // A hint for an id the tracker does not watch is forgotten in the kernel.
   hints_.watch(std::string(64, 'e'));
   kernel_hint(std::string(64, 'e'));

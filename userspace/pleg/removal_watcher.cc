@@ -11,6 +11,8 @@ namespace kpleg::pleg {
 namespace {
 // The sweep's own queue key: it runs beside the pods' work, never behind a hung pod.
 const std::string kSweepKey = "\x01removal-sweep";
+// Sweeps, removal_hint_delay apart, that look for a hinted container the runtime still lists.
+constexpr int kHintRechecks = 3;
 }  // namespace
 
 void RemovalWatcher::join(Record& rec) {
@@ -42,6 +44,7 @@ std::chrono::milliseconds RemovalWatcher::covered_for(const Record& rec) const {
 void RemovalWatcher::forget(const std::string& id) {
   if (armed_.erase(id) && hints_ != nullptr) hints_->unwatch(id);
   hinted_.erase(id);
+  rechecks_.erase(id);
 }
 
 void RemovalWatcher::on_hint(const std::string& id) {
@@ -56,6 +59,7 @@ void RemovalWatcher::on_hint(const std::string& id) {
     return;
   }
   hinted_.insert(id);
+  rechecks_[id] = kHintRechecks;
   schedule(Clock::now() + core_.opts.removal_hint_delay);
 }
 
@@ -231,11 +235,15 @@ void RemovalWatcher::sweep(Clock::time_point due) {
           hint_suspects_.emplace(id, now);  // its hint may still be on its way
         }
       }
-    } else if (listed && kind_listed && hinted_.count(id)) {
+    } else if (auto rc = rechecks_.find(id); listed && kind_listed && rc != rechecks_.end()) {
       // Hinted, still there: the runtime removes its files before it forgets the container
-      // (or the directory went for another reason). Armed again, and looked for again soon.
-      if (hints_ != nullptr) hints_->watch(id);
-      early_hint = true;
+      // (or the directory went for another reason: then after a few more looks, no more).
+      // Armed again, and looked for again soon.
+      if (rc->second == kHintRechecks && hints_ != nullptr) hints_->watch(id);
+      if (--rc->second > 0)
+        early_hint = true;
+      else
+        rechecks_.erase(rc);
     }
     ++watched;
     if (rec.reported == ContainerState::kNonExistent) {

@@ -107,6 +107,7 @@ class RemovalWatcher {
   RemovalHints* hints_ = nullptr;
   std::set<std::string> armed_;   // watched ids armed in the kernel
   std::set<std::string> hinted_;  // of those, the ones whose hint came
+  std::map<std::string, int> rechecks_;  // hinted ids the sweep looks for soon, and how often more
   std::map<std::string, Clock::time_point> hint_suspects_;  // removals found before their hint
   bool hints_trusted_ = false;
 };
