@@ -235,8 +235,9 @@ class LongExitedTest : public CriTestBedTest {};
 
 TEST_F(LongExitedTest, AContainerExitedForLongIsRemovedThroughTheSweep) {
   // At debug level; without the runtime's event stream, whose DELETED events would leave the
-  // sweep for the rare lost one (containerd 2.x).
-  auto d = start_kplegd(endpoint_, "ebpf", {"--runtime-events", "off"});
+  // sweep for the rare lost one (containerd 2.x), and without the kernel's removal hint, which
+  // would leave it for the hinted removal.
+  auto d = start_kplegd(endpoint_, "ebpf", {"--runtime-events", "off", "--removal-hints", "off"});
   ASSERT_TRUE(d.ok()) << d.error().message;
   auto& kplegd = **d;
   auto pod = launch_pod(endpoint_, namespace_, "initlike", 2, "sh -c 'exit 0'");

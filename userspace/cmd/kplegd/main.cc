@@ -201,6 +201,7 @@ int main(int argc, char** argv) {
               cri_list_timeout = "60s";
   std::string print_events;
   std::string runtime_events = "auto";
+  std::string removal_hints = "auto";
   std::string cri_events = "kpleg";
   std::string stuck_call_threshold = "60s";
   std::string log_level = "info";
@@ -229,6 +230,13 @@ int main(int argc, char** argv) {
                  "ebpf mode: auto: confirm the kernel's signals by the runtime's "
                  "GetContainerEvents stream where it is served (containerd >= 1.7), by targeted "
                  "looks otherwise; off: by targeted looks only")
+      ->check(CLI::IsMember({"auto", "off"}))
+      ->capture_default_str();
+  app.add_option("--removal-hints", removal_hints,
+                 "ebpf mode: auto: the kernel's rmdir of a directory named by an exited "
+                 "container's id brings the removal sweep, which otherwise runs every 10 s at most "
+                 "while exited containers exist (trusted from the start on containerd and CRI-O); "
+                 "off: the periodic sweep only")
       ->check(CLI::IsMember({"auto", "off"}))
       ->capture_default_str();
   app.add_option("--cri-listen", opts.cri_listen,
@@ -310,6 +318,7 @@ int main(int argc, char** argv) {
               : mode == "relist" ? daemon::Mode::kRelist
                                  : daemon::Mode::kAuto;
   opts.runtime_events = runtime_events == "auto";
+  opts.removal_hints = removal_hints == "auto";
   opts.cri_serve_events = cri_events != "runtime";
   opts.cri_event_statuses = cri_events == "kpleg";
   if (opts.cri_timeout <= std::chrono::milliseconds::zero() ||
