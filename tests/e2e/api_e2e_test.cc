@@ -75,6 +75,29 @@ class ApiE2eTest : public CriTestBedTest {
     if (!stub->Check(&ctx, req, &resp).ok()) return HealthCheckResponse::UNKNOWN;
     return resp.status();
   }
+  // Whether no thread of kplegd is scheduled in for `span` within `within`; else `woke` names
+  // the threads of the last wakeups.
+  bool quiet_span(const KplegdProcess& kplegd, std::chrono::seconds span,
+                  std::chrono::seconds within, std::string& woke) {
+    const auto deadline = std::chrono::steady_clock::now() + within;
+    auto last = scheduled_in(std::to_string(kplegd.pid()));
+    auto quiet_since = std::chrono::steady_clock::now();
+    while (std::chrono::steady_clock::now() < deadline) {
+      // Sampling a process's counters: there is no event to wait on.
+      std::this_thread::sleep_for(500ms);
+      auto now = scheduled_in(std::to_string(kplegd.pid()));
+      if (now != last) {
+        woke.clear();
+        for (const auto& [thread, n] : now)
+          if (n != last[thread]) woke += " " + thread + " +" + std::to_string(n - last[thread]);
+        last = std::move(now);
+        quiet_since = std::chrono::steady_clock::now();
+      } else if (std::chrono::steady_clock::now() - quiet_since >= span) {
+        return true;
+      }
+    }
+    return false;
+  }
   template <typename F>
   bool eventually(F f, std::chrono::milliseconds timeout) {
     // Polling a process's exit status or a scrape: no event to wait on.
@@ -421,27 +444,8 @@ TEST_F(ApiE2eTest, AnIdleDaemonWithAConsumerWakesNoThread) {
   auto stream = stub->Watch(&ctx, v1::WatchRequest{});
   stream->WaitForInitialMetadata();  // the subscription is in place
 
-  constexpr auto kQuiet = 12s;
-  const auto deadline = std::chrono::steady_clock::now() + 45s;
-  auto last = scheduled_in(std::to_string(kplegd.pid()));
-  auto quiet_since = std::chrono::steady_clock::now();
   std::string woke;
-  bool quiet = false;
-  while (std::chrono::steady_clock::now() < deadline) {
-    // Sampling a process's counters: there is no event to wait on.
-    std::this_thread::sleep_for(500ms);
-    auto now = scheduled_in(std::to_string(kplegd.pid()));
-    if (now != last) {
-      woke.clear();
-      for (const auto& [thread, n] : now)
-        if (n != last[thread]) woke += " " + thread + " +" + std::to_string(n - last[thread]);
-      last = std::move(now);
-      quiet_since = std::chrono::steady_clock::now();
-    } else if (std::chrono::steady_clock::now() - quiet_since >= kQuiet) {
-      quiet = true;
-      break;
-    }
-  }
+  const bool quiet = quiet_span(kplegd, 12s, 45s, woke);
   EXPECT_TRUE(quiet) << "no 12 s without a wakeup in 45 s; the last ones:" << woke;
   ctx.TryCancel();
   v1::Event ev;
@@ -481,27 +485,8 @@ TEST_F(ApiE2eTest, ExitedContainersCostAnIdleDaemonNoWakeupOnceTheKernelHintsThe
   ASSERT_TRUE(wait_types(kplegd, id, kDied));
 
   // 12 s without a wakeup of any thread (a sweep backing off 1, 2, 4, 8, 10 s never allows it).
-  constexpr auto kQuiet = 12s;
-  const auto deadline = std::chrono::steady_clock::now() + 45s;
-  auto last = scheduled_in(std::to_string(kplegd.pid()));
-  auto quiet_since = std::chrono::steady_clock::now();
   std::string woke;
-  bool quiet = false;
-  while (std::chrono::steady_clock::now() < deadline) {
-    // Sampling a process's counters: there is no event to wait on.
-    std::this_thread::sleep_for(500ms);
-    auto now = scheduled_in(std::to_string(kplegd.pid()));
-    if (now != last) {
-      woke.clear();
-      for (const auto& [thread, n] : now)
-        if (n != last[thread]) woke += " " + thread + " +" + std::to_string(n - last[thread]);
-      last = std::move(now);
-      quiet_since = std::chrono::steady_clock::now();
-    } else if (std::chrono::steady_clock::now() - quiet_since >= kQuiet) {
-      quiet = true;
-      break;
-    }
-  }
+  const bool quiet = quiet_span(kplegd, 12s, 45s, woke);
   EXPECT_TRUE(quiet) << "no 12 s without a wakeup in 45 s; the last ones:" << woke;
 
   // Its removal is hinted and reported within seconds, not at the next reconcile.

@@ -64,17 +64,8 @@ void RemovalWatcher::on_hint(const std::string& id) {
 }
 
 void RemovalWatcher::judge_hint_suspects(Clock::time_point now) {
-  size_t missed = 0;
   std::string example;
-  for (auto it = hint_suspects_.begin(); it != hint_suspects_.end();) {
-    if (now - it->second < core_.opts.removal_event_grace) {
-      ++it;
-      continue;
-    }
-    ++missed;
-    example = it->first;
-    it = hint_suspects_.erase(it);
-  }
+  const size_t missed = take_overdue(hint_suspects_, now, example);
   if (missed == 0) return;
   core_.stats.removal_hints_missed += missed;
   if (!hints_trusted_) return;
@@ -104,18 +95,24 @@ void RemovalWatcher::on_deleted_event(const std::string& id) {
   }
 }
 
-void RemovalWatcher::judge_suspects(Clock::time_point now) {
-  size_t missed = 0;
-  std::string example;
-  for (auto it = suspects_.begin(); it != suspects_.end();) {
+size_t RemovalWatcher::take_overdue(std::map<std::string, Clock::time_point>& suspects,
+                                    Clock::time_point now, std::string& example) const {
+  size_t overdue = 0;
+  for (auto it = suspects.begin(); it != suspects.end();) {
     if (now - it->second < core_.opts.removal_event_grace) {
       ++it;
       continue;
     }
-    ++missed;
+    ++overdue;
     example = it->first;
-    it = suspects_.erase(it);
+    it = suspects.erase(it);
   }
+  return overdue;
+}
+
+void RemovalWatcher::judge_suspects(Clock::time_point now) {
+  std::string example;
+  const size_t missed = take_overdue(suspects_, now, example);
   if (missed == 0) return;
   core_.stats.runtime_events_missed_removals += missed;
   if (events_miss_removals_ || !core_.runtime_events_live) return;

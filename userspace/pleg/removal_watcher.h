@@ -85,6 +85,10 @@ class RemovalWatcher {
   // removal_event_grace, are ones the stream left out: from then on the sweep runs as without
   // it. Caller holds core.mu.
   void judge_suspects(Clock::time_point now);
+  // Takes the suspects whose grace (removal_event_grace) is over out of `suspects`: how many,
+  // and one of them in `example`. Caller holds core.mu.
+  size_t take_overdue(std::map<std::string, Clock::time_point>& suspects, Clock::time_point now,
+                      std::string& example) const;
   // Same for removals of armed ids a sweep found before their hint came. Caller holds core.mu.
   void judge_hint_suspects(Clock::time_point now);
   // How long the sweep may wait for `rec` because something else announces its removal (the
