@@ -12,6 +12,11 @@
 //    for every attached block would leave its teardown to the next, detached, block), with a
 //    short untimed pause after each switch. Statistics stay at their previous setting (off on a
 //    normal node) during the storm: their own bookkeeping would inflate the attached side.
+// 3. A syscall storm (getppid in a loop, the cheapest syscall) in alternating blocks: nothing
+//    attached, the programs kplegd attaches by default, and those plus the removal hint's
+//    syscall tracepoints (--removal-hints on). A syscall tracepoint costs every syscall of every
+//    process on the node, whatever its program does: while one is attached, the kernel sends
+//    every syscall through its traced entry path.
 //
 // One JSON document on stdout (or --json-out); progress on stderr.
 #include <fcntl.h>
@@ -19,6 +24,7 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -166,6 +172,22 @@ StormResult exec_storm(int n) {
   return r;
 }
 
+// `n` getppid() syscalls in a loop; the wall time per syscall.
+StormResult syscall_storm(int n) {
+  StormResult r;
+  int64_t t0 = monotonic_ns();
+  for (int i = 0; i < n; ++i) (void)syscall(SYS_getppid);
+  r.wall_ns = monotonic_ns() - t0;
+  r.iterations = n;
+  return r;
+}
+
+enum class Storm : int { kExec, kSyscall };
+struct StormJob {
+  Storm kind;
+  int n;
+};
+
 // The storm runs in a worker process forked before any BPF object exists, as on a real node
 // where the workload is another process than kplegd: a fork of the process that holds the ring
 // buffer mapping, the skeleton and the consumer threads costs far more than the programs do.
@@ -183,9 +205,9 @@ class StormWorker {
       close(from_worker[0]);
       signal(SIGINT, SIG_DFL);
       signal(SIGTERM, SIG_DFL);
-      int n = 0;
-      while (read(to_worker[0], &n, sizeof n) == sizeof n) {
-        StormResult r = exec_storm(n);
+      StormJob job{};
+      while (read(to_worker[0], &job, sizeof job) == sizeof job) {
+        StormResult r = job.kind == Storm::kExec ? exec_storm(job.n) : syscall_storm(job.n);
         if (write(from_worker[1], &r, sizeof r) != sizeof r) _exit(1);
       }
       _exit(0);
@@ -202,9 +224,10 @@ class StormWorker {
     close(from_);
     waitpid(pid_, nullptr, 0);
   }
-  Result<StormResult> run(int n) {
+  Result<StormResult> run(int n, Storm kind = Storm::kExec) {
     StormResult r;
-    if (write(to_, &n, sizeof n) != sizeof n) return Error::from_errno(errno, "storm worker write");
+    const StormJob job{kind, n};
+    if (write(to_, &job, sizeof job) != sizeof job) return Error::from_errno(errno, "storm worker write");
     if (read(from_, &r, sizeof r) != sizeof r) return Error{EPIPE, "storm worker died"};
     return r;
   }
@@ -218,11 +241,12 @@ class StormWorker {
 kk::KernelSourceOptions source_options(const std::vector<std::string>& extra_roots) {
   kk::KernelSourceOptions o;
   for (const auto& r : extra_roots) o.bpf.root_names.push_back(r);
+  o.bpf.removal_hint = true;  // measured too (kplegd --removal-hints on)
   return o;
 }
 
-// The programs as kplegd runs them: loaded, attached, tracked cgroups seeded from the host's
-// tree, the ring buffer consumed. Records are dropped on the floor here.
+// The programs as kplegd runs them with --removal-hints on: loaded, attached, tracked cgroups
+// seeded from the host's tree, the ring buffer consumed. Records are dropped on the floor here.
 Result<std::unique_ptr<kk::BpfKernelSource>> attach_programs(const std::vector<std::string>& extra_roots) {
   auto src = std::make_unique<kk::BpfKernelSource>(source_options(extra_roots));
   kk::KernelSink sink;
@@ -268,16 +292,36 @@ class ToggledPrograms {
     }
     return n;
   }
+  // The removal hint's two syscall tracepoints (needs tracefs).
+  Status attach_hint() {
+    for (bpf_program* p : {skel_->progs.removal_hint_unlinkat, skel_->progs.removal_hint_rmdir}) {
+      bpf_link* l = bpf_program__attach(p);
+      if (!l) {
+        int err = errno;
+        detach_hint();
+        return Error::from_errno(err, std::string("attaching ") + bpf_program__name(p));
+      }
+      hint_links_.push_back(l);
+    }
+    return {};
+  }
   void detach() {
+    detach_hint();
     for (bpf_link* l : links_) bpf_link__destroy(l);
     links_.clear();
   }
+  void detach_hint() {
+    for (bpf_link* l : hint_links_) bpf_link__destroy(l);
+    hint_links_.clear();
+  }
   bool attached() const { return !links_.empty(); }
+  bool hint_attached() const { return !hint_links_.empty(); }
 
  private:
   explicit ToggledPrograms(kpleg_bpf* skel) : skel_(skel) {}
   kpleg_bpf* skel_;
   std::vector<bpf_link*> links_;
+  std::vector<bpf_link*> hint_links_;
 };
 
 using StatsMap = std::map<std::string, kk::ProgramStats>;
@@ -373,7 +417,7 @@ double median(std::vector<double> v) {
 
 int main(int argc, char** argv) {
   CLI::App app{"kpleg-bench-bpf: per-program BPF cost and exec-storm slowdown of kpleg's programs"};
-  int execs = 5000, rounds = 5, lifecycles = 200, block_execs = 100;
+  int execs = 5000, rounds = 5, lifecycles = 200, block_execs = 100, syscalls = 2000000;
   std::string json_out;
   bool quick = false;
   app.add_option("--execs", execs, "fork+exec+exit iterations per storm round")
@@ -388,13 +432,18 @@ int main(int argc, char** argv) {
   app.add_option("--lifecycles", lifecycles, "Container-like cgroup lifecycles for the per-program cost")
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();
-  app.add_flag("--quick", quick, "Small run for smoke tests: 500 execs, 2 rounds, 20 lifecycles");
+  app.add_option("--syscalls", syscalls, "getppid() syscalls per side per round of the syscall storm")
+      ->check(CLI::Range(1000, 1000000000))
+      ->capture_default_str();
+  app.add_flag("--quick", quick,
+               "Small run for smoke tests: 500 execs, 2 rounds, 20 lifecycles, 200000 syscalls");
   app.add_option("--json-out", json_out, "Write the result here instead of stdout");
   CLI11_PARSE(app, argc, argv);
   if (quick) {
     execs = 500;
     rounds = 2;
     lifecycles = 20;
+    syscalls = 200000;
   }
   if (geteuid() != 0) {
     std::cerr << "kpleg-bench-bpf: needs root (loading BPF programs, kernel.bpf_stats_enabled)\n";
@@ -414,8 +463,8 @@ int main(int argc, char** argv) {
     std::cerr << "kpleg-bench-bpf: " << worker.error().message << "\n";
     return 1;
   }
-  auto storm_in_worker = [&](int n) -> StormResult {
-    auto r = worker->run(n);
+  auto storm_in_worker_of = [&](int n, Storm kind) -> StormResult {
+    auto r = worker->run(n, kind);
     if (!r) {
       std::cerr << "kpleg-bench-bpf: " << r.error().message << "\n";
       if (g_stats_restore[0] != '\0') (void)write_sysctl(kStatsSysctl, g_stats_restore);
@@ -423,9 +472,11 @@ int main(int argc, char** argv) {
     }
     return *r;
   };
+  auto storm_in_worker = [&](int n) { return storm_in_worker_of(n, Storm::kExec); };
 
   json result;
-  result["config"] = {{"execs_per_round", execs}, {"rounds", rounds}, {"block_execs", block_execs}, {"lifecycles", lifecycles}};
+  result["config"] = {{"execs_per_round", execs}, {"rounds", rounds}, {"block_execs", block_execs},
+                      {"lifecycles", lifecycles}, {"syscalls_per_side", syscalls}};
 
   // --- 1. per-program cost -------------------------------------------------------------------
   {
@@ -568,6 +619,62 @@ int main(int argc, char** argv) {
   };
   progress("median ratio " + std::to_string(med) + " (min " + std::to_string(*mn) + ", max " +
            std::to_string(*mx) + ")");
+
+  // --- 3. syscall storm: nothing, kplegd's default programs, and the removal hint too --------
+  // Each round runs the sides in blocks, in the order none default hint hint default none
+  // (so that drift hits all three alike), five times: ten blocks per side.
+  enum Side { kNone, kDefault, kHint };
+  static constexpr const char* kSideNames[] = {"none", "default", "default_and_removal_hint"};
+  auto set_side = [&](Side side) -> bool {
+    if (!set_attached(side != kNone)) return false;
+    if ((side == kHint) != (*programs)->hint_attached()) {
+      if (side == kHint) {
+        if (auto st = (*programs)->attach_hint(); !st) {
+          std::cerr << "kpleg-bench-bpf: " << st.error().message << "\n";
+          return false;
+        }
+      } else {
+        (*programs)->detach_hint();
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return true;
+  };
+  progress("syscall storm: " + std::to_string(syscalls) + " getppid() per side per round");
+  (void)storm_in_worker_of(syscalls / 10, Storm::kSyscall);  // warm-up
+  constexpr int kSyscallBlocksPerSide = 10;
+  const int per_syscall_block = std::max(1, syscalls / kSyscallBlocksPerSide);
+  std::vector<double> side_ns[3];
+  json syscall_rounds = json::array();
+  for (int r = 0; r < rounds; ++r) {
+    int64_t wall[3] = {}, n[3] = {};
+    for (int b = 0; b < 3 * kSyscallBlocksPerSide; ++b) {
+      static constexpr Side kOrder[] = {kNone, kDefault, kHint, kHint, kDefault, kNone};
+      Side side = kOrder[b % 6];
+      if (!set_side(side)) return 1;
+      StormResult x = storm_in_worker_of(per_syscall_block, Storm::kSyscall);
+      wall[side] += x.wall_ns;
+      n[side] += x.iterations;
+    }
+    json round = {{"round", r}, {"syscalls_per_side", n[kNone]}};
+    for (int side = kNone; side <= kHint; ++side) {
+      double ns = double(wall[side]) / double(n[side]);
+      side_ns[side].push_back(ns);
+      round[std::string(kSideNames[side]) + "_ns_per_syscall"] = ns;
+    }
+    syscall_rounds.push_back(round);
+    progress("syscall round " + std::to_string(r) + ": none " + std::to_string(side_ns[kNone].back()) +
+             " ns, default " + std::to_string(side_ns[kDefault].back()) + " ns, with the removal hint " +
+             std::to_string(side_ns[kHint].back()) + " ns per syscall");
+  }
+  if (!set_side(kNone)) return 1;
+  json syscall_json = {{"rounds", syscall_rounds}};
+  for (int side = kNone; side <= kHint; ++side) {
+    syscall_json[std::string("median_") + kSideNames[side] + "_ns_per_syscall"] = median(side_ns[side]);
+  }
+  syscall_json["median_default_extra_ns_per_syscall"] = median(side_ns[kDefault]) - median(side_ns[kNone]);
+  syscall_json["median_removal_hint_extra_ns_per_syscall"] = median(side_ns[kHint]) - median(side_ns[kNone]);
+  result["syscall_storm"] = syscall_json;
   std::string doc = result.dump(2);
   if (json_out.empty()) {
     std::cout << doc << std::endl;
