@@ -153,7 +153,9 @@ std::vector<std::string> hinted_ids(const std::vector<KernelEvent>& evs) {
 }
 
 TEST_F(KernelSourceTest, TheRmdirOfADirectoryNamedByAWatchedIdHintsItsRemovalOncePerArming) {
-  start();
+  KernelSourceOptions opts;
+  opts.bpf.removal_hint = true;
+  start(opts);
   BpfProgram* prog = source_->program();
   ASSERT_NE(prog, nullptr);
   ASSERT_TRUE(prog->removal_hints_attached()) << "the removal hint's syscall tracepoints";
@@ -222,6 +224,24 @@ TEST_F(KernelSourceTest, TheRmdirOfADirectoryNamedByAWatchedIdHintsItsRemovalOnc
   auto st = source_->stats();
   EXPECT_EQ(st.bpf.drops_by_type[5], 0u);
   EXPECT_EQ(st.decode_errors, 0u);
+}
+
+// The removal hint's syscall tracepoints cost every syscall on the node: they are attached
+// only when asked for. The rmdir of a container cgroup named by an armed id hints nothing by
+// default (with the hint, its record would come before the cgroup's rmdir record).
+TEST_F(KernelSourceTest, TheRemovalHintIsNotAttachedUnlessAskedFor) {
+  start();
+  BpfProgram* prog = source_->program();
+  ASSERT_NE(prog, nullptr);
+  EXPECT_FALSE(prog->removal_hints_attached());
+  auto ctr = make_tree(container_path('c'));
+  ASSERT_TRUE(ctr.ok());
+  ASSERT_TRUE(prog->watch_removal(hex_id('c')));
+  ASSERT_TRUE(ctr->remove().ok());
+  ASSERT_TRUE(collector_.wait_for(
+      [&](const auto& evs) { return count_kind(filter_cgroups(evs, {ctr->id()}), "cgroup_rmdir") == 1; },
+      kDeadline));
+  EXPECT_TRUE(hinted_ids(collector_.events()).empty());
 }
 
 TEST_F(KernelSourceTest, RuntimeReexecThroughAnFdIsNotTheStart) {

@@ -460,7 +460,7 @@ TEST_F(ApiE2eTest, AnIdleDaemonWithAConsumerWakesNoThread) {
 // kernel has hinted one removal (the runtime's rmdir of the container's directories), an idle
 // daemon with exited containers wakes nobody, and a removal is still reported at once.
 TEST_F(ApiE2eTest, ExitedContainersCostAnIdleDaemonNoWakeupOnceTheKernelHintsTheirRemoval) {
-  auto d = start_kplegd(endpoint_, "ebpf");
+  auto d = start_kplegd(endpoint_, "ebpf", {"--removal-hints", "on"});
   ASSERT_TRUE(d.ok()) << d.error().message;
   auto& kplegd = **d;
   const int port = metrics_port(kplegd);

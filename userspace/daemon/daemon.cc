@@ -248,8 +248,8 @@ Status Daemon::start_ebpf() {
   };
   sink.on_stopped = [this] { health_changed(); };
   if (auto st = kernel_->start(sink); !st) return st;
-  if (auto* p = kernel_->program();
-      opts_.removal_hints && p != nullptr && p->removal_hints_attached()) {
+  // The removal hint is attached when the kernel options ask for it (--removal-hints on).
+  if (auto* p = kernel_->program(); p != nullptr && p->removal_hints_attached()) {
     removal_hints_ = std::make_unique<BpfRemovalHints>(*p);
     // containerd and CRI-O remove a directory named by the id on every RemoveContainer and
     // RemovePodSandbox (measured): their hints are trusted from the start. Another runtime's

@@ -43,8 +43,6 @@ struct DaemonOptions {
   std::chrono::milliseconds cri_list_timeout{std::chrono::seconds(60)};
   // ebpf mode: confirm by the runtime's GetContainerEvents stream where it is served.
   bool runtime_events = true;
-  // ebpf mode: the kernel's removal hint brings the removal sweep (bpf/kpleg.bpf.c).
-  bool removal_hints = true;
   // The CRI endpoint for the kubelet (--cri-listen): "" off.
   std::string cri_listen;
   // Answer the endpoint's GetContainerEvents from kpleg's events (else forward the runtime's),

@@ -93,7 +93,7 @@ Result<std::unique_ptr<BpfProgram>> BpfProgram::load(const BpfOptions& opts) {
     int err = errno;
     return Error{err, std::string("opening the BPF object failed: ") + std::strerror(err)};
   }
-  auto owner = std::unique_ptr<BpfProgram>(new BpfProgram(skel));
+  auto owner = std::unique_ptr<BpfProgram>(new BpfProgram(skel, opts.removal_hint));
 
   if (skel->rodata->kpleg_abi_version != KPLEG_ABI_VERSION) {
     return Error{EPROTO, "BPF object ABI version " +
@@ -113,8 +113,8 @@ Result<std::unique_ptr<BpfProgram>> BpfProgram::load(const BpfOptions& opts) {
   // attached on its own so that its absence costs only the OOMKilled hint.
   bpf_program__set_autoattach(skel->progs.oom_mark_victim, false);
   bpf_map__set_max_entries(skel->maps.tracked_cgroups, opts.max_tracked_cgroups);
-  // The removal hint is a hint: without its tracepoints (tracefs, attached after the OOM hook
-  // mounted it if need be) removals are swept for as before.
+  // The removal hint is a hint: without its tracepoints (not asked for, or no tracefs; attached
+  // after the OOM hook mounted it if need be) removals are swept for as before.
   bpf_map__set_max_entries(skel->maps.removal_watch, opts.max_tracked_cgroups);
   bpf_program__set_autoattach(skel->progs.removal_hint_unlinkat, false);
   bpf_program__set_autoattach(skel->progs.removal_hint_rmdir, false);
@@ -137,7 +137,7 @@ Status BpfProgram::attach() {
     return Error{-err, std::string("attaching the BPF programs failed: ") + std::strerror(-err)};
   }
   oom_attached_ = attach_oom();
-  removal_hints_attached_ = attach_removal_hint();
+  removal_hints_attached_ = removal_hint_ && attach_removal_hint();
   return {};
 }
 

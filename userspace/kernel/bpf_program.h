@@ -28,6 +28,10 @@ struct BpfOptions {
   uint32_t max_tracked_cgroups = 16384;
   std::vector<std::string> root_names = {"kubepods", "kubepods.slice"};
   std::string btf_path;  // empty: the running kernel's /sys/kernel/btf/vmlinux
+  // Attach the removal hint (syscalls:sys_enter_unlinkat and sys_enter_rmdir). Off by
+  // default: while any syscall tracepoint is attached, every syscall of every process on the
+  // node takes the kernel's traced entry path, whatever the program does (docs/design.md).
+  bool removal_hint = false;
 };
 
 // Per-CPU counters of the BPF side, summed over CPUs.
@@ -69,8 +73,9 @@ class BpfProgram {
   BpfProgram(const BpfProgram&) = delete;
   BpfProgram& operator=(const BpfProgram&) = delete;
 
-  // Attaches every program. The OOM hook and the removal hint are optional: oom_attached() and
-  // removal_hints_attached() say whether they are on.
+  // Attaches every program. The OOM hook and the removal hint (when BpfOptions::removal_hint
+  // asks for it) are optional: oom_attached() and removal_hints_attached() say whether they
+  // are on.
   Status attach();
   bool oom_attached() const { return oom_attached_; }
   bool removal_hints_attached() const { return removal_hints_attached_; }
@@ -106,10 +111,11 @@ class BpfProgram {
   std::vector<ProgramStats> program_stats() const;
 
  private:
-  explicit BpfProgram(kpleg_bpf* skel) : skel_(skel) {}
+  BpfProgram(kpleg_bpf* skel, bool removal_hint) : skel_(skel), removal_hint_(removal_hint) {}
   bool attach_oom();
   bool attach_removal_hint();
   kpleg_bpf* skel_;
+  bool removal_hint_;
   bool oom_attached_ = false;
   bool removal_hints_attached_ = false;
 };

@@ -156,6 +156,7 @@ SelfTestResult run_self_test(const BpfOptions& base, const std::string& cgroup_b
   KernelSourceOptions opts;
   opts.bpf = base;
   opts.bpf.root_names = {root_name};
+  opts.bpf.removal_hint = true;  // checked too, for the nodes that turn it on
   opts.cgroup_base = cgroup_base;
   opts.loss_check_interval = std::chrono::milliseconds(100);
 

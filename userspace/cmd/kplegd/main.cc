@@ -201,7 +201,7 @@ int main(int argc, char** argv) {
               cri_list_timeout = "60s";
   std::string print_events;
   std::string runtime_events = "auto";
-  std::string removal_hints = "auto";
+  std::string removal_hints = "off";
   std::string cri_events = "kpleg";
   std::string stuck_call_threshold = "60s";
   std::string log_level = "info";
@@ -233,11 +233,13 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "off"}))
       ->capture_default_str();
   app.add_option("--removal-hints", removal_hints,
-                 "ebpf mode: auto: the kernel's rmdir of a directory named by an exited "
-                 "container's id brings the removal sweep, which otherwise runs every 10 s at most "
-                 "while exited containers exist (trusted from the start on containerd and CRI-O); "
-                 "off: the periodic sweep only")
-      ->check(CLI::IsMember({"auto", "off"}))
+                 "ebpf mode: off: exited containers' removals are found by the removal sweep, "
+                 "every 1-10 s while exited containers exist; on: the kernel's rmdir of a "
+                 "directory named by an exited container's id brings the sweep instead (trusted "
+                 "from the start on containerd and CRI-O), at a cost to every syscall on the "
+                 "node: while its syscall tracepoints are attached each syscall takes the "
+                 "kernel's traced entry path (docs/design.md)")
+      ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
   app.add_option("--cri-listen", opts.cri_listen,
                  "Serve the CRI (RuntimeService, ImageService) on this unix socket for the "
@@ -318,7 +320,7 @@ int main(int argc, char** argv) {
               : mode == "relist" ? daemon::Mode::kRelist
                                  : daemon::Mode::kAuto;
   opts.runtime_events = runtime_events == "auto";
-  opts.removal_hints = removal_hints == "auto";
+  opts.kernel.bpf.removal_hint = removal_hints == "on";
   opts.cri_serve_events = cri_events != "runtime";
   opts.cri_event_statuses = cri_events == "kpleg";
   if (opts.cri_timeout <= std::chrono::milliseconds::zero() ||
