@@ -77,7 +77,8 @@ mkdir -p "$build/Testing"
 # - containerd-2: the cri, e2e and kubelet suites and the quick benchmark (with its CRI-calls
 #   bound).
 # - crio: the lifecycle tests in both modes (but the OCI-hook one: the test bed has no
-#   runc-hooked handler on CRI-O), the differential test, the runtime event stream's tests,
+#   runc-hooked handler on CRI-O), the differential test, the runtime event stream's tests, the
+#   removal hint on an idle daemon,
 #   kplegd's CRI endpoint, a kubelet fed by kplegd (kubelet.e2e), crictl's and kpleg-load's
 #   churn; about 12 min. The other cri/e2e/kubelet tests read
 #   containerd's cgroup paths, shim files or state, or need the test bed's CNI (docs/testbed.md).
@@ -89,7 +90,7 @@ if [ -z "${CTEST_ARGS:-}" ]; then
     case $rt in
       crio)
         select=(-L 'cri|e2e|kubelet' -E 'OciHooks'
-                -R '^(Modes/LifecycleTest\.|DifferentialTest\.|ApiE2eTest\.(TheRuntimesEventStream|AQuietRuntimesEventStream)|CriEndpointTest\.|kubelet\.e2e$|Crictl\.|KpLegLoad\.Churn)') ;;
+                -R '^(Modes/LifecycleTest\.|DifferentialTest\.|ApiE2eTest\.(TheRuntimesEventStream|AQuietRuntimesEventStream|ExitedContainersCost)|CriEndpointTest\.|kubelet\.e2e$|Crictl\.|KpLegLoad\.Churn)') ;;
       *) select=(-L 'cri|e2e|kubelet|bench') ;;
     esac
     bash scripts/testbed.sh down >/dev/null 2>&1 || true

@@ -78,6 +78,9 @@ sock=${endpoint#unix://}
 [ -S "$sock" ] || fail "the test bed's socket $sock is missing"
 # The ctr that comes with the test bed's containerd ("testbed runtime: NAME (BIN DIR)").
 ctr=$(bash "$repo/scripts/testbed.sh" status 2>/dev/null | sed -n 's/^testbed runtime: [^ ]* (\(.*\))$/\1/p')
+# containerd's CRI plugin root on the test bed (the manifest mounts the node's default one).
+cri_root=$(bash "$repo/scripts/testbed.sh" status 2>/dev/null | sed -n 's/^root: //p')/io.containerd.grpc.v1.cri
+mkdir -p "$cri_root"
 if [ -n "$ctr" ] && [ -x "$ctr/ctr" ]; then ctr=$ctr/ctr; else ctr=$(command -v ctr) || fail "no ctr"; fi
 if [ -n "${KPLEG_CRICTL:-}" ]; then
   crictl=$KPLEG_CRICTL
@@ -107,6 +110,7 @@ node_ip=$(hostname -I 2>/dev/null | awk '{print $1}')
 mkdir -p "$tmp/logs" "$tmp/run-kpleg"
 translate=(python3 "$here/cri_from_manifest.py" "$manifest" "$tmp/cri"
   --host-path /run/containerd/containerd.sock "$sock" --host-path /run/kpleg "$tmp/run-kpleg"
+  --host-path /var/lib/containerd/io.containerd.grpc.v1.cri "$cri_root"
   "--override-arg=--metrics-address=${metrics%:*}:$port" --port-replace "${metrics##*:}" "$port"
   --node-ip "${node_ip:-127.0.0.1}" --pod-uid "$uid" --log-dir "$tmp/logs" --self-test-container)
 [ "$rro" = true ] && translate+=(--rro-supported)
@@ -169,6 +173,11 @@ if grep -q 'oom:mark_victim tracepoint unavailable' "$log"; then
   fail "the OOM tracepoint did not attach through the read-only tracefs mount"
 fi
 echo "ok: the oom:mark_victim tracepoint attached through the read-only tracefs mount"
+grep -q 'removal hint attached: exited containers' "$log" || {
+  dump
+  fail "the removal hint did not attach through the read-only mount of containerd's CRI root"
+}
+echo "ok: the removal hint watches containerd's directories through the read-only mount"
 
 # --- the securityContext, as the kernel applied it --------------------------------------------
 pid=$(cr inspect "$cid" | jq -r .info.pid)

@@ -102,8 +102,9 @@ TEST_F(FaultsTest, ContainerdKilledAndRestartedNothingMissed) {
 // it removed, and reports it when it really goes.
 TEST_F(FaultsTest, AnExitedContainerReloadedAsUnknownAfterARestartIsNotRemoved) {
   ASSERT_TRUE(TestBed::instance().endpoint_is_test_bed()) << "needs the test bed's own containerd";
-  // Logs at debug level (the sweeps); with the removal hint, whose sweeps the test brings.
-  auto d = start_kplegd(endpoint_, "ebpf", {"--removal-hints", "on"});
+  // Logs at debug level (the sweeps); with the kernel's removal hint, whose sweeps the test
+  // brings by an rmdir of its own.
+  auto d = start_kplegd(endpoint_, "ebpf", {"--removal-hints", "kernel"});
   ASSERT_TRUE(d.ok()) << d.error().message;
   auto& kplegd = **d;
   auto pod = launch_pod(endpoint_, namespace_, "unknown", 1, "sh -c 'exit 0'");

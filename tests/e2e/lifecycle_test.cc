@@ -235,9 +235,9 @@ class LongExitedTest : public CriTestBedTest {};
 
 TEST_F(LongExitedTest, AContainerExitedForLongIsRemovedThroughTheSweep) {
   // At debug level; without the runtime's event stream, whose DELETED events would leave the
-  // sweep for the rare lost one (containerd 2.x). The kernel's removal hint, which would leave
-  // it for the hinted removal, is off by default.
-  auto d = start_kplegd(endpoint_, "ebpf", {"--runtime-events", "off"});
+  // sweep for the rare lost one (containerd 2.x), and without a removal hint, which would leave
+  // it for the hinted removal.
+  auto d = start_kplegd(endpoint_, "ebpf", {"--runtime-events", "off", "--removal-hints", "off"});
   ASSERT_TRUE(d.ok()) << d.error().message;
   auto& kplegd = **d;
   EXPECT_EQ(kplegd.log().find("removal hint attached"), std::string::npos) << kplegd.log();

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,11 @@ class CriClient {
   virtual Result<v1::VersionResponse> version() = 0;
   // RuntimeReady / NetworkReady conditions.
   virtual Result<v1::RuntimeStatus> status() = 0;
+  // Status with verbose=true: the runtime's own information, by key (containerd: "config", a
+  // JSON document with its "rootDir" and "stateDir"). Runtimes may answer with nothing.
+  virtual Result<std::map<std::string, std::string>> status_info() {
+    return Error{12 /* grpc::StatusCode::UNIMPLEMENTED */, "Status(verbose): not implemented"};
+  }
 
   // Pass a default-constructed filter to list everything.
   virtual Result<std::vector<v1::PodSandbox>> list_pod_sandboxes(

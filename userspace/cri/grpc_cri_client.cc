@@ -310,6 +310,17 @@ Result<v1::RuntimeStatus> GrpcCriClient::status() {
   return std::move(*r->mutable_status());
 }
 
+Result<std::map<std::string, std::string>> GrpcCriClient::status_info() {
+  v1::StatusRequest req;
+  req.set_verbose(true);
+  auto r = read<v1::StatusResponse>(CriMethod::kStatus, req, options_.call_timeout, {},
+                                    [&](grpc::ClientContext* c, v1::StatusResponse* resp) {
+                                      return stub_->Status(c, req, resp);
+                                    });
+  if (!r) return r.error();
+  return std::map<std::string, std::string>(r->info().begin(), r->info().end());
+}
+
 Result<std::vector<v1::PodSandbox>> GrpcCriClient::list_pod_sandboxes(
     const v1::PodSandboxFilter& filter) {
   v1::ListPodSandboxRequest req;

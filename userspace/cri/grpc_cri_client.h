@@ -92,6 +92,7 @@ class GrpcCriClient final : public CriClient {
 
   Result<v1::VersionResponse> version() override;
   Result<v1::RuntimeStatus> status() override;
+  Result<std::map<std::string, std::string>> status_info() override;
   Result<std::vector<v1::PodSandbox>> list_pod_sandboxes(
       const v1::PodSandboxFilter& filter) override;
   Result<v1::PodSandboxStatus> pod_sandbox_status(const std::string& pod_sandbox_id) override;

@@ -19,6 +19,17 @@ class BpfRemovalHints : public pleg::RemovalHints {
  private:
   kernel::BpfProgram& program_;
 };
+
+// The tracker's removal hints, armed in the inotify watch of the runtime's directories.
+class DirRemovalHints : public pleg::RemovalHints {
+ public:
+  explicit DirRemovalHints(kernel::DirRemovalWatch& watch) : watch_(watch) {}
+  bool watch(const std::string& id) override { return watch_.watch(id); }
+  void unwatch(const std::string& id) override { watch_.unwatch(id); }
+
+ private:
+  kernel::DirRemovalWatch& watch_;
+};
 }  // namespace
 
 // How long health() names a loss of kernel records (the ring buffer was full).
@@ -184,6 +195,51 @@ void Daemon::report_stuck_calls(api::HealthReport& r) {
   }
 }
 
+void Daemon::start_removal_hints() {
+  std::string source;
+  if (auto* p = kernel_->program(); p != nullptr && p->removal_hints_attached()) {
+    // Attached when the kernel options ask for it (--removal-hints kernel).
+    removal_hints_ = std::make_unique<BpfRemovalHints>(*p);
+    source = "the kernel's rmdir of a directory named by the id";
+  } else if (opts_.removal_hints == RemovalHintSource::kAuto) {
+    std::vector<std::string> dirs = opts_.removal_hint_dirs;
+    if (dirs.empty()) {
+      auto info = cri_->status_info();
+      if (info) dirs = kernel::removal_dirs_from_status_info(*info);
+      if (dirs.empty()) {
+        spdlog::info("removal hint: {} names no per-container directory{}: exited containers "
+                     "are swept for (--removal-hint-dir names them)",
+                     runtime_name_, info ? "" : " (Status: " + info.error().message + ")");
+        return;
+      }
+    }
+    auto watch = kernel::DirRemovalWatch::start(dirs, [this](const std::string& id) {
+      kernel::KernelEvent ev;
+      ev.body = kernel::RemovalHint{0, id};
+      on_kernel_event(ev);
+    });
+    if (!watch) {
+      spdlog::warn("removal hint: {}: exited containers are swept for", watch.error().message);
+      return;
+    }
+    removal_dirs_ = std::move(*watch);
+    removal_hints_ = std::make_unique<DirRemovalHints>(*removal_dirs_);
+    source = "the removal of their directory in ";
+    for (size_t i = 0; i < dirs.size(); ++i) source += (i ? ", " : "") + dirs[i];
+  } else {
+    return;
+  }
+  // containerd and CRI-O remove a directory named by the id on every RemoveContainer and
+  // RemovePodSandbox (measured): their hints are trusted from the start. Another runtime's
+  // are once a hinted removal has been confirmed.
+  const bool known = runtime_name_ == "containerd" || runtime_name_ == "cri-o";
+  spdlog::info("removal hint attached: exited containers' removals are announced by {} ({})",
+               source,
+               known ? "trusted for " + runtime_name_
+                     : "trusted once a hinted removal is confirmed on " + runtime_name_);
+  tracker_->set_removal_hints(removal_hints_.get(), known);
+}
+
 void Daemon::on_kernel_event(const kernel::KernelEvent& ev) {
   kernel_events_by_kind_[ev.body.index()]->inc();
   tracker_->on_kernel_event(ev);
@@ -248,19 +304,7 @@ Status Daemon::start_ebpf() {
   };
   sink.on_stopped = [this] { health_changed(); };
   if (auto st = kernel_->start(sink); !st) return st;
-  // The removal hint is attached when the kernel options ask for it (--removal-hints on).
-  if (auto* p = kernel_->program(); p != nullptr && p->removal_hints_attached()) {
-    removal_hints_ = std::make_unique<BpfRemovalHints>(*p);
-    // containerd and CRI-O remove a directory named by the id on every RemoveContainer and
-    // RemovePodSandbox (measured): their hints are trusted from the start. Another runtime's
-    // are once a hinted removal has been confirmed.
-    const bool known = runtime_name_ == "containerd" || runtime_name_ == "cri-o";
-    spdlog::info("removal hint attached: exited containers' removals are announced by the "
-                 "kernel ({})",
-                 known ? "trusted for " + runtime_name_
-                       : "trusted once a hinted removal is confirmed on " + runtime_name_);
-    tracker_->set_removal_hints(removal_hints_.get(), known);
-  }
+  start_removal_hints();
   // The index is seeded after the kernel source attached, so that no mkdir falls between.
   if (auto st = index_->seed(kernel_->stats().cgroup2_mount); !st) return st;
   if (auto st = reconciler_->start(opts_.cri_timeout); !st) {
@@ -309,6 +353,7 @@ void Daemon::stop() {
   if (runtime_events_) runtime_events_->stop();
   if (reconciler_) reconciler_->stop();
   if (tracker_) tracker_->set_removal_hints(nullptr);  // the program goes with the kernel source
+  removal_dirs_.reset();  // its thread calls into the tracker
   if (kernel_) kernel_->stop();
   if (tracker_) tracker_->stop();
   if (relist_) relist_->stop();

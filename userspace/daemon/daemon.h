@@ -10,6 +10,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "api/providers.h"
 #include "bus/event_bus.h"
@@ -19,6 +20,7 @@
 #include "cri/inflight_calls.h"
 #include "criendpoint/container_event_feed.h"
 #include "criendpoint/cri_endpoint.h"
+#include "kernel/dir_removal_watch.h"
 #include "kernel/kernel_source.h"
 #include "metrics/kpleg_metrics.h"
 #include "metrics/registry.h"
@@ -32,6 +34,13 @@ namespace kpleg::daemon {
 enum class Mode { kAuto, kEbpf, kRelist };
 const char* to_string(Mode m);
 
+// ebpf mode: where exited containers' removals are hinted from (--removal-hints).
+enum class RemovalHintSource {
+  kAuto,    // the runtime's per-container directories, by inotify (kernel/dir_removal_watch.h)
+  kKernel,  // the BPF syscall tracepoints (costs every syscall on the node; docs/design.md)
+  kOff,     // none: the periodic removal sweep
+};
+
 struct DaemonOptions {
   std::string runtime_endpoint = "unix:///run/containerd/containerd.sock";
   Mode mode = Mode::kAuto;
@@ -43,6 +52,10 @@ struct DaemonOptions {
   std::chrono::milliseconds cri_list_timeout{std::chrono::seconds(60)};
   // ebpf mode: confirm by the runtime's GetContainerEvents stream where it is served.
   bool runtime_events = true;
+  // kKernel needs kernel.bpf.removal_hint too (main sets both).
+  RemovalHintSource removal_hints = RemovalHintSource::kAuto;
+  // kAuto: these directories (--removal-hint-dir); none: the runtime's, from its Status.
+  std::vector<std::string> removal_hint_dirs;
   // The CRI endpoint for the kubelet (--cri-listen): "" off.
   std::string cri_listen;
   // Answer the endpoint's GetContainerEvents from kpleg's events (else forward the runtime's),
@@ -90,6 +103,8 @@ class Daemon : public api::StateProvider, public api::HealthProvider, public api
   Status start_relist();
 
   void on_kernel_event(const kernel::KernelEvent& ev);
+  // The removal hint of --removal-hints (kernel: the program's; auto: the runtime's dirs).
+  void start_removal_hints();
   // An input of health() changed: tells the health listener.
   void health_changed();
   // Which running containers of a reconcile's view the kernel path does not see.
@@ -121,7 +136,8 @@ class Daemon : public api::StateProvider, public api::HealthProvider, public api
   std::unique_ptr<pleg::Reconciler> reconciler_;
   std::unique_ptr<pleg::RuntimeEvents> runtime_events_;
   std::unique_ptr<kernel::BpfKernelSource> kernel_;
-  std::unique_ptr<pleg::RemovalHints> removal_hints_;  // over kernel_'s program
+  std::unique_ptr<kernel::DirRemovalWatch> removal_dirs_;  // --removal-hints auto
+  std::unique_ptr<pleg::RemovalHints> removal_hints_;  // over kernel_'s program or removal_dirs_
   std::unique_ptr<pleg::GenericRelist> relist_;
   std::shared_ptr<cri::InflightCalls> inflight_ = std::make_shared<cri::InflightCalls>();
   std::unique_ptr<criendpoint::ContainerEventFeed> event_feed_;

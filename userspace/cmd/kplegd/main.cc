@@ -201,7 +201,7 @@ int main(int argc, char** argv) {
               cri_list_timeout = "60s";
   std::string print_events;
   std::string runtime_events = "auto";
-  std::string removal_hints = "off";
+  std::string removal_hints = "auto";
   std::string cri_events = "kpleg";
   std::string stuck_call_threshold = "60s";
   std::string log_level = "info";
@@ -233,14 +233,24 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "off"}))
       ->capture_default_str();
   app.add_option("--removal-hints", removal_hints,
-                 "ebpf mode: off: exited containers' removals are found by the removal sweep, "
-                 "every 1-10 s while exited containers exist; on: the kernel's rmdir of a "
-                 "directory named by an exited container's id brings the sweep instead (trusted "
-                 "from the start on containerd and CRI-O), at a cost to every syscall on the "
-                 "node: while its syscall tracepoints are attached each syscall takes the "
-                 "kernel's traced entry path (docs/design.md)")
-      ->check(CLI::IsMember({"on", "off"}))
+                 "ebpf mode: what brings the removal sweep for exited containers, which otherwise "
+                 "runs every 1-10 s while any exist. auto: the removal of the runtime's directory "
+                 "named by the container's id, seen by inotify in the directories of "
+                 "--removal-hint-dir, or containerd's own (`containers/` and `sandboxes/` under "
+                 "the rootDir its Status names); none found: the periodic sweep. kernel: any rmdir "
+                 "of a directory named by the id, seen by BPF syscall tracepoints, at a cost to "
+                 "every syscall on the node (docs/design.md). off: the periodic sweep only. "
+                 "Hints are trusted from the start on containerd and CRI-O")
+      ->check(CLI::IsMember({"auto", "kernel", "off"}))
       ->capture_default_str();
+  app.add_option("--removal-hint-dir", opts.removal_hint_dirs,
+                 "With --removal-hints auto: a directory where the runtime keeps one "
+                 "subdirectory per container or sandbox, named by its id, and removes it with the "
+                 "container (CRI-O: its storage root's overlay-containers); repeatable. Absolute "
+                 "paths as kplegd sees them")
+      ->check([](const std::string& d) {
+        return !d.empty() && d.front() == '/' ? std::string() : "must be an absolute path";
+      });
   app.add_option("--cri-listen", opts.cri_listen,
                  "Serve the CRI (RuntimeService, ImageService) on this unix socket for the "
                  "kubelet (--container-runtime-endpoint), forwarding every call to "
@@ -320,7 +330,15 @@ int main(int argc, char** argv) {
               : mode == "relist" ? daemon::Mode::kRelist
                                  : daemon::Mode::kAuto;
   opts.runtime_events = runtime_events == "auto";
-  opts.kernel.bpf.removal_hint = removal_hints == "on";
+  opts.removal_hints = removal_hints == "auto"     ? daemon::RemovalHintSource::kAuto
+                       : removal_hints == "kernel" ? daemon::RemovalHintSource::kKernel
+                                                   : daemon::RemovalHintSource::kOff;
+  opts.kernel.bpf.removal_hint = opts.removal_hints == daemon::RemovalHintSource::kKernel;
+  if (!opts.removal_hint_dirs.empty() && opts.removal_hints != daemon::RemovalHintSource::kAuto) {
+    std::cerr << "kplegd: --removal-hint-dir needs --removal-hints auto (it is " << removal_hints
+              << ")" << std::endl;
+    return 2;
+  }
   opts.cri_serve_events = cri_events != "runtime";
   opts.cri_event_statuses = cri_events == "kpleg";
   if (opts.cri_timeout <= std::chrono::milliseconds::zero() ||

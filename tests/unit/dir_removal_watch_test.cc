@@ -1,0 +1,160 @@
+// The removal hint from inotify on the runtime's per-container directories, on a real
+// directory tree (no root needed).
+#include "kernel/dir_removal_watch.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "support/eventually.h"
+
+namespace kpleg::kernel {
+namespace {
+
+using kpleg::testing::eventually;
+namespace fs = std::filesystem;
+
+std::string id_of(char c) { return std::string(64, c); }
+
+class DirRemovalWatchTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/kpleg-rmdirs-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    root_ = tmpl;
+    containers_ = root_ + "/containers";
+    ASSERT_EQ(mkdir(containers_.c_str(), 0755), 0);
+  }
+  void TearDown() override {
+    watch_.reset();
+    fs::remove_all(root_);
+  }
+  void start(const std::vector<std::string>& dirs) {
+    auto w = DirRemovalWatch::start(dirs, [this](const std::string& id) {
+      std::lock_guard lk(mu_);
+      hinted_.push_back(id);
+    });
+    ASSERT_TRUE(w.ok()) << w.error().message;
+    watch_ = std::move(*w);
+  }
+  std::vector<std::string> hinted() {
+    std::lock_guard lk(mu_);
+    return hinted_;
+  }
+  bool hinted_has(const std::string& id) {
+    auto h = hinted();
+    return std::find(h.begin(), h.end(), id) != h.end();
+  }
+  // A directory with a file in it, removed the way Go's os.RemoveAll does.
+  static void make_and_remove(const std::string& dir) {
+    ASSERT_EQ(mkdir(dir.c_str(), 0755), 0) << dir;
+    const std::string f = dir + "/status";
+    int fd = open(f.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+    ASSERT_GE(fd, 0);
+    close(fd);
+    ASSERT_EQ(unlink(f.c_str()), 0);
+    ASSERT_EQ(rmdir(dir.c_str()), 0);
+  }
+
+  std::string root_, containers_;
+  std::unique_ptr<DirRemovalWatch> watch_;
+  std::mutex mu_;
+  std::vector<std::string> hinted_;
+};
+
+TEST_F(DirRemovalWatchTest, TheRemovalOfAnArmedIdsDirectoryHintsItOncePerArming) {
+  start({containers_});
+  const std::string a = id_of('a'), b = id_of('b'), c = id_of('c'), sentinel = id_of('e');
+  ASSERT_TRUE(watch_->watch(a));
+  ASSERT_TRUE(watch_->watch(c));
+  EXPECT_FALSE(watch_->watch("abc")) << "not an id";
+  EXPECT_EQ(watch_->watch_count(), 2u);
+
+  make_and_remove(containers_ + "/" + a);
+  ASSERT_TRUE(eventually([&] { return hinted_has(a); }));
+  EXPECT_EQ(watch_->watch_count(), 1u) << "the hint disarms its id";
+
+  // None of these hints: the same id again (disarmed), an id nobody armed, a file named by an
+  // armed id, an id no longer armed, an armed id's directory elsewhere.
+  make_and_remove(containers_ + "/" + a);
+  make_and_remove(containers_ + "/" + b);
+  const std::string file = containers_ + "/" + c;
+  int fd = open(file.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  ASSERT_EQ(unlink(file.c_str()), 0);
+  watch_->unwatch(c);
+  make_and_remove(containers_ + "/" + c);
+  ASSERT_TRUE(watch_->watch(b));
+  make_and_remove(root_ + "/" + b);
+
+  // Moved away (renamed aside before its removal): a hint. Then the sentinel, after all above.
+  ASSERT_EQ(mkdir((containers_ + "/" + b).c_str(), 0755), 0);
+  ASSERT_EQ(rename((containers_ + "/" + b).c_str(), (root_ + "/trash").c_str()), 0);
+  ASSERT_TRUE(watch_->watch(sentinel));
+  make_and_remove(containers_ + "/" + sentinel);
+  ASSERT_TRUE(eventually([&] { return hinted_has(sentinel); }));
+  EXPECT_EQ(hinted(), (std::vector<std::string>{a, b, sentinel}));
+  EXPECT_EQ(watch_->overflows(), 0u);
+}
+
+TEST_F(DirRemovalWatchTest, ADirectoryMadeAfterTheStartIsWatchedFromItsCreation) {
+  const std::string sandboxes = root_ + "/sandboxes";
+  start({containers_, sandboxes});
+  const std::string s = id_of('5');
+  ASSERT_TRUE(watch_->watch(s));
+  // The runtime makes the directory with its first sandbox.
+  ASSERT_EQ(mkdir(sandboxes.c_str(), 0755), 0);
+  // The watch is added on the watch's thread when it reads the creation: retried until then
+  // (a removal before it is found by the removal sweep, not hinted).
+  ASSERT_TRUE(eventually(
+      [&] {
+        make_and_remove(sandboxes + "/" + s);
+        return hinted_has(s);
+      },
+      std::chrono::seconds(5), std::chrono::milliseconds(20)));
+  EXPECT_EQ(hinted(), std::vector<std::string>{s});
+}
+
+TEST_F(DirRemovalWatchTest, AWatchedDirectoryThatGoesHintsEveryArmedId) {
+  start({containers_});
+  const std::string a = id_of('a'), b = id_of('b');
+  ASSERT_TRUE(watch_->watch(a));
+  ASSERT_TRUE(watch_->watch(b));
+  ASSERT_EQ(rmdir(containers_.c_str()), 0);
+  ASSERT_TRUE(eventually([&] { return hinted().size() == 2; }));
+  EXPECT_EQ(watch_->overflows(), 1u);
+  EXPECT_EQ(watch_->watch_count(), 0u);
+}
+
+TEST(DirRemovalWatchStart, FailsWhenADirectoryAndItsParentAreMissing) {
+  auto w = DirRemovalWatch::start({"/nonexistent-kpleg/a/containers"}, [](const std::string&) {});
+  ASSERT_FALSE(w.ok());
+  EXPECT_NE(w.error().message.find("/nonexistent-kpleg/a/containers"), std::string::npos)
+      << w.error().message;
+  EXPECT_FALSE(DirRemovalWatch::start({}, [](const std::string&) {}).ok());
+}
+
+TEST(RemovalDirsFromStatusInfo, ContainerdsRootDirNamesItsContainersAndSandboxes) {
+  EXPECT_EQ(removal_dirs_from_status_info(
+                {{"config", R"({"containerdRootDir":"/var/lib/containerd",)"
+                            R"("rootDir":"/var/lib/containerd/io.containerd.grpc.v1.cri"})"}}),
+            (std::vector<std::string>{"/var/lib/containerd/io.containerd.grpc.v1.cri/containers",
+                                      "/var/lib/containerd/io.containerd.grpc.v1.cri/sandboxes"}));
+  EXPECT_TRUE(removal_dirs_from_status_info({}).empty());
+  EXPECT_TRUE(removal_dirs_from_status_info({{"config", "not json"}}).empty());
+  EXPECT_TRUE(removal_dirs_from_status_info({{"config", R"({"rootDir":7})"}}).empty());
+  EXPECT_TRUE(removal_dirs_from_status_info({{"config", R"({"rootDir":"relative"})"}}).empty());
+  EXPECT_TRUE(removal_dirs_from_status_info({{"config", "[]"}}).empty());
+}
+
+}  // namespace
+}  // namespace kpleg::kernel

@@ -1,0 +1,81 @@
+// The removal hint without a syscall tracepoint: inotify on the directories where the runtime
+// keeps one subdirectory per container and sandbox, named by its id (containerd's CRI plugin:
+// `<rootDir>/containers/<id>` and `<rootDir>/sandboxes/<id>`, removed on RemoveContainer and
+// RemovePodSandbox). The removal of an armed id's subdirectory calls on_hint(id) once and
+// disarms it, like the BPF program's removal_watch map (bpf/kpleg.bpf.c); nothing else on the
+// node pays for it (fsnotify costs only operations inside the watched directories).
+//
+// One thread (`kpleg-rmdirs`) blocks in poll() on the inotify descriptor: no periodic wakeup.
+// A lost event (the inotify queue overflowed) or a watched directory that went away hints every
+// armed id: the hint only brings the removal sweep, which re-arms the ids it still finds.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include "common/result.h"
+
+namespace kpleg::kernel {
+
+// The directories to watch from the runtime's verbose Status information: containerd's CRI
+// plugin names its "rootDir" in the "config" document, with one subdirectory per container
+// (`containers/`) and per sandbox (`sandboxes/`). Empty when the information has none (another
+// runtime, or not a document): the caller says which directories (--removal-hint-dir).
+std::vector<std::string> removal_dirs_from_status_info(const std::map<std::string, std::string>& info);
+
+class DirRemovalWatch {
+ public:
+  using OnHint = std::function<void(const std::string& id)>;
+
+  // Watches every directory of `dirs`; one that does not exist yet (a runtime makes them with
+  // its first container) is watched from its creation, found by a watch on its parent (which
+  // must exist). on_hint runs on the watch's thread, without the watch's lock held: it may call
+  // watch() and unwatch().
+  static Result<std::unique_ptr<DirRemovalWatch>> start(const std::vector<std::string>& dirs, OnHint on_hint);
+  ~DirRemovalWatch();
+  DirRemovalWatch(const DirRemovalWatch&) = delete;
+  DirRemovalWatch& operator=(const DirRemovalWatch&) = delete;
+
+  // Arms an id (64 hex digits): the next removal of a subdirectory by that name in a watched
+  // directory hints it. False when the id is not one.
+  bool watch(const std::string& id);
+  void unwatch(const std::string& id);
+  size_t watch_count() const;
+
+  const std::vector<std::string>& dirs() const { return dirs_; }
+  // Times every armed id was hinted at once (a lost inotify event, a watched directory gone).
+  uint64_t overflows() const { return overflows_.load(std::memory_order_relaxed); }
+
+ private:
+  DirRemovalWatch(int inotify_fd, int stop_fd, std::vector<std::string> dirs, OnHint on_hint);
+  void run();
+  void hint_all(const char* why);
+  // A directory created in a parent watched for it: watched from now on.
+  void on_created(int parent_wd, const std::string& name);
+
+  struct Pending {
+    int parent_wd;
+    std::string name;  // in the parent
+    std::string path;
+  };
+
+  const int inotify_fd_;
+  const int stop_fd_;  // eventfd: stop
+  const std::vector<std::string> dirs_;
+  const OnHint on_hint_;
+  std::vector<Pending> pending_;  // the watch's thread only, after start()
+  mutable std::mutex mu_;
+  std::unordered_set<std::string> armed_;
+  std::atomic<uint64_t> overflows_{0};
+  std::thread thread_;
+};
+
+}  // namespace kpleg::kernel
