@@ -835,7 +835,7 @@ class RemovalHintTrackerTest : public TrackerTest {
   }
   void kernel_hint(const std::string& id) {
     kernel::KernelEvent ev;
-    ev.body = kernel::RemovalHint{0, id};
+    ev.body = kernel::RemovalHint{id};
     tracker_->on_kernel_event(ev);
   }
   // An exited container removed by the runtime with the kernel's hint; returns once reported.

@@ -59,11 +59,8 @@ Result<std::unique_ptr<Daemon>> Daemon::start(const DaemonOptions& opts) {
   };
   d->bus_ = std::make_unique<bus::EventBus>(bo);
   d->metrics_.mirror_bus(*d->bus_);
-  for (int k = 0; k < 6; ++k) {
-    static const char* kinds[] = {"cgroup_mkdir", "cgroup_rmdir", "exec", "exit", "oom",
-                                  "removal_hint"};
-    d->kernel_events_by_kind_[k] = &d->metrics_.kernel_events.with({kinds[k]});
-  }
+  for (size_t k = 0; k < kernel::kKernelEventKinds; ++k)
+    d->kernel_events_by_kind_[k] = &d->metrics_.kernel_events.with({kernel::kKernelEventKindNames[k]});
 
   cri::GrpcCriClientOptions co;
   co.call_timeout = opts.cri_timeout;
@@ -215,7 +212,7 @@ void Daemon::start_removal_hints() {
     }
     auto watch = kernel::DirRemovalWatch::start(dirs, [this](const std::string& id) {
       kernel::KernelEvent ev;
-      ev.body = kernel::RemovalHint{0, id};
+      ev.body = kernel::RemovalHint{id};
       on_kernel_event(ev);
     });
     if (!watch) {
@@ -564,10 +561,8 @@ void Daemon::mirror_kernel_metrics() {
   const auto& b = ks.bpf;
   metrics_.bpf_emitted.set(double(b.emitted));
   metrics_.bpf_filtered.set(double(b.filtered));
-  static const char* kDropTypes[6] = {"cgroup_mkdir", "cgroup_rmdir", "exec", "exit", "oom",
-                                      "removal_hint"};
-  for (int t = 0; t < 6; ++t)
-    metrics_.bpf_ringbuf_drops.with({kDropTypes[t]}).set(double(b.drops_by_type[t]));
+  for (size_t t = 0; t < kernel::kKernelEventKinds; ++t)
+    metrics_.bpf_ringbuf_drops.with({kernel::kKernelEventKindNames[t]}).set(double(b.drops_by_type[t]));
   if (b.helper_failures > 0) {  // one map read per scrape only once something failed
     if (auto* p = kernel_->program()) {
       if (auto failures = p->helper_failures()) {

@@ -124,7 +124,7 @@ class Daemon : public api::StateProvider, public api::HealthProvider, public api
   DaemonOptions opts_;
   metrics::Registry registry_;
   metrics::KplegMetrics metrics_{registry_};
-  metrics::Counter* kernel_events_by_kind_[6] = {};
+  metrics::Counter* kernel_events_by_kind_[kernel::kKernelEventKinds] = {};
   Mode active_ = Mode::kRelist;
   std::string fallback_reason_;
   std::string runtime_name_;  // from the runtime's Version answer at start

@@ -45,7 +45,7 @@ struct BpfCounters {
   uint64_t track_full = 0;
   uint64_t exec_reexec = 0;  // runtime self re-execs in a container cgroup, not claimed
   uint64_t exec_hook = 0;    // execs by a child of the cgroup's own process before its first (hooks)
-  uint64_t drops_by_type[6] = {};  // mkdir, rmdir, exec, exit, oom, removal_hint
+  uint64_t drops_by_type[kKernelEventKinds] = {};  // by kKernelEventKindNames
 };
 
 // Helper failures of one program with one errno (errno 63 stands for 63 and above).

@@ -64,19 +64,15 @@ const char* to_string(DecodeErrorKind k) {
 }
 
 uint64_t KernelEvent::cgroup_id() const {
-  return std::visit([](const auto& b) { return b.cgroup_id; }, body);
-}
-
-const char* KernelEvent::kind() const {
-  switch (body.index()) {
-    case 0: return "cgroup_mkdir";
-    case 1: return "cgroup_rmdir";
-    case 2: return "exec";
-    case 3: return "exit";
-    case 4: return "oom";
-    case 5: return "removal_hint";
-  }
-  return "?";
+  return std::visit(
+      [](const auto& b) -> uint64_t {
+        if constexpr (std::is_same_v<std::decay_t<decltype(b)>, RemovalHint>) {
+          return 0;
+        } else {
+          return b.cgroup_id;
+        }
+      },
+      body);
 }
 
 Result<KernelEvent> decode_event(std::span<const std::byte> rec, DecodeStats* stats) {
@@ -136,7 +132,7 @@ Result<KernelEvent> decode_event(std::span<const std::byte> rec, DecodeStats* st
     case KPLEG_EVENT_REMOVAL_HINT: {
       kpleg_removal_hint_event raw;
       if (!exact_size(rec, hdr, stats, &raw)) return reject("removal hint record size");
-      ev.body = RemovalHint{0, bounded_string(raw.id, sizeof(raw.id))};
+      ev.body = RemovalHint{bounded_string(raw.id, sizeof(raw.id))};
       return ev;
     }
     default:

@@ -87,18 +87,24 @@ struct OomKill {
 };
 
 // A directory named by a watched id is being removed: the runtime is removing that exited
-// container or sandbox (or is about to). Not in any cgroup: cgroup_id is 0.
+// container or sandbox (or is about to). Not in any cgroup (KernelEvent::cgroup_id() is 0).
 struct RemovalHint {
-  uint64_t cgroup_id = 0;
   std::string id;
 };
 
+// In the order of the BPF record types (KPLEG_EVENT_CGROUP_MKDIR ... _REMOVAL_HINT).
+using KernelEventBody = std::variant<CgroupMkdir, CgroupRmdir, ProcessExec, ProcessExit, OomKill, RemovalHint>;
+inline constexpr size_t kKernelEventKinds = std::variant_size_v<KernelEventBody>;
+// Each kind's name (metrics labels, --trace-kernel), by the body's index.
+inline constexpr std::array<const char*, kKernelEventKinds> kKernelEventKindNames = {
+    "cgroup_mkdir", "cgroup_rmdir", "exec", "exit", "oom", "removal_hint"};
+
 struct KernelEvent {
   uint64_t ktime_ns = 0;  // CLOCK_MONOTONIC, from the BPF program
-  std::variant<CgroupMkdir, CgroupRmdir, ProcessExec, ProcessExit, OomKill, RemovalHint> body;
+  KernelEventBody body;
 
-  uint64_t cgroup_id() const;
-  const char* kind() const;  // cgroup_mkdir | cgroup_rmdir | exec | exit | oom | removal_hint
+  uint64_t cgroup_id() const;  // 0 for a RemovalHint
+  const char* kind() const { return kKernelEventKindNames[body.index()]; }
 };
 
 enum class DecodeErrorKind : int { kTruncated = 0, kOversized, kSizeMismatch, kUnknownType, kCount };
