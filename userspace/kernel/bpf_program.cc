@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <array>
 #include <cstdarg>
 #include <cstring>
 #include <deque>
@@ -17,6 +18,18 @@
 namespace kpleg::kernel {
 
 namespace {
+// Calls fn(key) for every key of a BPF hash map (a snapshot as the kernel walks it).
+template <typename Key, typename Fn>
+void for_each_key(int map_fd, Fn&& fn) {
+  Key key{}, next{};
+  const Key* prev = nullptr;
+  while (bpf_map_get_next_key(map_fd, prev, &next) == 0) {
+    fn(next);
+    key = next;
+    prev = &key;
+  }
+}
+
 
 std::mutex g_log_mu;
 std::deque<std::string> g_log_tail;
@@ -177,14 +190,8 @@ void BpfProgram::unwatch_removal(const std::string& id) {
 
 size_t BpfProgram::removal_watch_count() const {
   size_t n = 0;
-  char key[KPLEG_ID_LEN], next[KPLEG_ID_LEN];
-  const int fd = bpf_map__fd(skel_->maps.removal_watch);
-  const char* prev = nullptr;
-  while (bpf_map_get_next_key(fd, prev, next) == 0) {
-    ++n;
-    std::memcpy(key, next, sizeof(key));
-    prev = key;
-  }
+  for_each_key<std::array<char, KPLEG_ID_LEN>>(bpf_map__fd(skel_->maps.removal_watch),
+                                               [&n](const auto&) { ++n; });
   return n;
 }
 
@@ -226,13 +233,7 @@ Result<bool> BpfProgram::untrack(uint64_t cgroup_id) {
 
 std::vector<uint64_t> BpfProgram::tracked_ids() const {
   std::vector<uint64_t> ids;
-  uint64_t key = 0, next = 0;
-  uint64_t* prev = nullptr;
-  while (bpf_map_get_next_key(tracked_map_fd(), prev, &next) == 0) {
-    ids.push_back(next);
-    key = next;
-    prev = &key;
-  }
+  for_each_key<uint64_t>(tracked_map_fd(), [&ids](uint64_t id) { ids.push_back(id); });
   return ids;
 }
 
@@ -247,13 +248,7 @@ bool BpfProgram::is_tracked(uint64_t cgroup_id) const {
 
 size_t BpfProgram::tracked_count() const {
   size_t n = 0;
-  uint64_t key = 0, next = 0;
-  uint64_t* prev = nullptr;
-  while (bpf_map_get_next_key(tracked_map_fd(), prev, &next) == 0) {
-    ++n;
-    key = next;
-    prev = &key;
-  }
+  for_each_key<uint64_t>(tracked_map_fd(), [&n](uint64_t) { ++n; });
   return n;
 }
 

@@ -51,7 +51,7 @@ void RemovalWatcher::on_hint(const std::string& id) {
   ++core_.stats.removal_hints;
   // A sweep that found the removal first: it was hinted after all.
   if (hint_suspects_.erase(id) > 0) {
-    hints_trusted_ = true;
+    trust_hints(id);
     return;
   }
   if (!armed_.count(id)) {
@@ -63,6 +63,14 @@ void RemovalWatcher::on_hint(const std::string& id) {
   schedule(Clock::now() + core_.opts.removal_hint_delay);
 }
 
+void RemovalWatcher::trust_hints(const std::string& hinted_id) {
+  if (hints_trusted_) return;
+  hints_trusted_ = true;
+  spdlog::info("tracker: a hinted removal was confirmed (e.g. {}): the removals of hinted ids "
+               "are swept for every {} s at most",
+               hinted_id.substr(0, 12), core_.opts.removal_sweep_with_hints.count() / 1000);
+}
+
 void RemovalWatcher::judge_hint_suspects(Clock::time_point now) {
   std::string example;
   const size_t missed = take_overdue(hint_suspects_, now, example);
@@ -70,7 +78,7 @@ void RemovalWatcher::judge_hint_suspects(Clock::time_point now) {
   core_.stats.removal_hints_missed += missed;
   if (!hints_trusted_) return;
   hints_trusted_ = false;
-  spdlog::info("tracker: the kernel did not hint {} removal(s) the sweep found (e.g. {}): "
+  spdlog::info("tracker: no hint came for {} removal(s) the sweep found (e.g. {}): "
                "removals are swept for as without the hint until a hinted one is found",
                missed, example.substr(0, 12));
 }
@@ -88,7 +96,7 @@ void RemovalWatcher::on_runtime_events_live(bool live) {
 
 void RemovalWatcher::on_deleted_event(const std::string& id) {
   if (!suspects_.empty()) suspects_.erase(id);  // a sweep was first: a race, not a miss
-  if (hinted_.count(id)) hints_trusted_ = true;  // the kernel had hinted it
+  if (hinted_.count(id)) trust_hints(id);  // it had been hinted
   if (!sandbox_deleted_seen_) {
     const Record* rec = core_.table.find(id);
     if (rec != nullptr && rec->identity.sandbox) sandbox_deleted_seen_ = true;
@@ -166,7 +174,7 @@ void RemovalWatcher::sweep(Clock::time_point due) {
         // A removal the runtime's event (or a look) confirmed after its hint came: the hints
         // work on this runtime.
         if (rec != nullptr && rec->reported == ContainerState::kNonExistent && hinted_.count(*it))
-          hints_trusted_ = true;
+          trust_hints(*it);
         forget(*it);
         it = watched_.erase(it);
         continue;
@@ -223,11 +231,7 @@ void RemovalWatcher::sweep(Clock::time_point due) {
       if (covered) suspects_.emplace(id, now);
       if (armed_.count(id)) {
         if (hinted_.count(id)) {
-          if (!hints_trusted_)
-            spdlog::info("tracker: the kernel hinted a removal (e.g. {}): removals it watches "
-                         "are swept for every {} s at most",
-                         id.substr(0, 12), core_.opts.removal_sweep_with_hints.count() / 1000);
-          hints_trusted_ = true;
+          trust_hints(id);
         } else {
           hint_suspects_.emplace(id, now);  // its hint may still be on its way
         }

@@ -11,9 +11,10 @@
 // as without the stream until it has reported one (CRI-O reports none): otherwise the first
 // pod removal on such a runtime waited for the rare sweep before it could count as a miss.
 //
-// The kernel's removal hint (RemovalHints, bpf/kpleg.bpf.c removal_hint) does the same for
-// runtimes without the stream: each exited id is armed in the kernel, and the rmdir of a
-// directory named by it (the runtime removing its files on RemoveContainer) brings the sweep
+// The removal hint (RemovalHints: inotify on the runtime's directories, kernel/dir_removal_watch.h,
+// or the kernel's syscall tracepoints, bpf/kpleg.bpf.c removal_hint) does the same for runtimes
+// without the stream: each exited id is armed, and the removal of a directory named by it (the
+// runtime removing its files on RemoveContainer) brings the sweep
 // forward to removal_hint_delay. Until a sweep has found a hinted removal the hints are not
 // trusted (unless the runtime is one known to keep such directories: set_hints) and the sweep
 // runs as without them; once one has, the sweep of hinted ids runs every
@@ -31,7 +32,8 @@
 
 namespace kpleg::pleg {
 
-// The kernel side of the removal hint: arms and disarms ids in the BPF map.
+// The source of the removal hint: arms and disarms ids (in an inotify watch's set, or the BPF
+// map); a hinted id reaches the tracker as a kernel::RemovalHint event.
 class RemovalHints {
  public:
   virtual ~RemovalHints() = default;
@@ -44,7 +46,7 @@ class RemovalWatcher {
  public:
   explicit RemovalWatcher(TrackerCore& core) : core_(core) {}
 
-  // Arms the kernel's removal hint for every record that joins from now on (nullptr: none);
+  // Arms the removal hint for every record that joins from now on (nullptr: none);
   // `trusted`: the runtime is known to remove a directory named by the id on every removal, so
   // the hints stand for the periodic sweep at once (until one is missed). Caller holds core.mu.
   void set_hints(RemovalHints* hints, bool trusted) {
@@ -90,6 +92,8 @@ class RemovalWatcher {
   size_t take_overdue(std::map<std::string, Clock::time_point>& suspects, Clock::time_point now,
                       std::string& example) const;
   // Same for removals of armed ids a sweep found before their hint came. Caller holds core.mu.
+  // A hinted removal was confirmed: the hints stand for the periodic sweep (logged once).
+  void trust_hints(const std::string& hinted_id);
   void judge_hint_suspects(Clock::time_point now);
   // How long the sweep may wait for `rec` because something else announces its removal (the
   // runtime's events, the kernel's hint); zero when nothing does. Caller holds core.mu.
