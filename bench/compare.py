@@ -988,12 +988,14 @@ def write_summary(cfg, results):
                  + "); from the kernel's statistics "
                  f"{es['bpf_ns_per_iteration_from_stats']:.0f} ns per iteration = {es['slowdown_percent_from_stats']:.3f} %.\n")
         ss = b.get("syscall_storm")
-        if ss:
+        if ss and "error" in ss:
+            L.append(f"Syscall storm: left out ({ss['error']}).\n")
+        elif ss:
             L.append(f"Syscall storm (getppid(), {len(ss['rounds'])} rounds of {ss['rounds'][0]['syscalls_per_side']} per side), "
                      f"ns per syscall, median of rounds: nothing attached {ss['median_none_ns_per_syscall']:.1f}, "
                      f"kplegd's default programs {ss['median_default_ns_per_syscall']:.1f} "
                      f"({ss['median_default_extra_ns_per_syscall']:+.1f}), with the removal hint's syscall tracepoints "
-                     f"(--removal-hints on) {ss['median_default_and_removal_hint_ns_per_syscall']:.1f} "
+                     f"(--removal-hints kernel) {ss['median_default_and_removal_hint_ns_per_syscall']:.1f} "
                      f"({ss['median_removal_hint_extra_ns_per_syscall']:+.1f}): every syscall on the node pays that.\n")
     with open(os.path.join(cfg.out_dir, "summary.md"), "w") as f:
         f.write("\n".join(L) + "\n")

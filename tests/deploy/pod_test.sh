@@ -79,7 +79,9 @@ sock=${endpoint#unix://}
 # The ctr that comes with the test bed's containerd ("testbed runtime: NAME (BIN DIR)").
 ctr=$(bash "$repo/scripts/testbed.sh" status 2>/dev/null | sed -n 's/^testbed runtime: [^ ]* (\(.*\))$/\1/p')
 # containerd's CRI plugin root on the test bed (the manifest mounts the node's default one).
-cri_root=$(bash "$repo/scripts/testbed.sh" status 2>/dev/null | sed -n 's/^root: //p')/io.containerd.grpc.v1.cri
+cri_root=$(bash "$repo/scripts/testbed.sh" status 2>/dev/null | sed -n 's/^root: //p')
+[ -n "$cri_root" ] || fail "scripts/testbed.sh status names no root"
+cri_root=$cri_root/io.containerd.grpc.v1.cri
 mkdir -p "$cri_root"
 if [ -n "$ctr" ] && [ -x "$ctr/ctr" ]; then ctr=$ctr/ctr; else ctr=$(command -v ctr) || fail "no ctr"; fi
 if [ -n "${KPLEG_CRICTL:-}" ]; then

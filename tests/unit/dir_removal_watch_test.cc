@@ -122,17 +122,72 @@ TEST_F(DirRemovalWatchTest, ADirectoryMadeAfterTheStartIsWatchedFromItsCreation)
       },
       std::chrono::seconds(5), std::chrono::milliseconds(20)));
   EXPECT_EQ(hinted(), std::vector<std::string>{s});
+  EXPECT_EQ(watch_->overflows(), 0u) << "hinted by its removal, not all at once";
 }
 
-TEST_F(DirRemovalWatchTest, AWatchedDirectoryThatGoesHintsEveryArmedId) {
+TEST_F(DirRemovalWatchTest, AWatchedDirectoryThatGoesHintsEveryArmedIdAndIsWatchedWhenMadeAgain) {
   start({containers_});
-  const std::string a = id_of('a'), b = id_of('b');
+  const std::string a = id_of('a'), b = id_of('b'), c = id_of('c');
   ASSERT_TRUE(watch_->watch(a));
   ASSERT_TRUE(watch_->watch(b));
   ASSERT_EQ(rmdir(containers_.c_str()), 0);
   ASSERT_TRUE(eventually([&] { return hinted().size() == 2; }));
   EXPECT_EQ(watch_->overflows(), 1u);
   EXPECT_EQ(watch_->watch_count(), 0u);
+
+  // Made again: its removals hint again (retried until the watch's thread has added it).
+  ASSERT_EQ(mkdir(containers_.c_str(), 0755), 0);
+  ASSERT_TRUE(watch_->watch(c));
+  ASSERT_TRUE(eventually(
+      [&] {
+        make_and_remove(containers_ + "/" + c);
+        return hinted_has(c);
+      },
+      std::chrono::seconds(5), std::chrono::milliseconds(20)));
+  EXPECT_EQ(watch_->overflows(), 1u);
+}
+
+TEST_F(DirRemovalWatchTest, AWatchedDirectoryMovedAwayIsWatchedWhereItWas) {
+  start({containers_});
+  ASSERT_EQ(rename(containers_.c_str(), (root_ + "/old").c_str()), 0);
+  ASSERT_TRUE(eventually([&] { return watch_->overflows() == 1; }));
+  // A removal in the moved directory is not a removal in the watched one.
+  const std::string a = id_of('a'), b = id_of('b');
+  ASSERT_TRUE(watch_->watch(a));
+  make_and_remove(root_ + "/old/" + a);
+  ASSERT_EQ(mkdir(containers_.c_str(), 0755), 0);
+  ASSERT_TRUE(watch_->watch(b));
+  ASSERT_TRUE(eventually(
+      [&] {
+        make_and_remove(containers_ + "/" + b);
+        return hinted_has(b);
+      },
+      std::chrono::seconds(5), std::chrono::milliseconds(20)));
+  EXPECT_FALSE(hinted_has(a));
+}
+
+// The tracker arms ids again from inside the hint (a sweep that still lists it): no deadlock,
+// and the id re-armed in the callback is hinted by its next removal.
+TEST_F(DirRemovalWatchTest, TheCallbackMayArmAgain) {
+  std::unique_ptr<DirRemovalWatch>* self = &watch_;
+  auto w = DirRemovalWatch::start({containers_}, [this, self](const std::string& id) {
+    {
+      std::lock_guard lk(mu_);
+      hinted_.push_back(id);
+    }
+    if (hinted().size() == 1) (*self)->watch(id);
+  });
+  ASSERT_TRUE(w.ok()) << w.error().message;
+  watch_ = std::move(*w);
+  const std::string a = id_of('a');
+  ASSERT_TRUE(watch_->watch(a));
+  make_and_remove(containers_ + "/" + a);
+  ASSERT_TRUE(eventually([&] { return hinted().size() == 1; }));
+  ASSERT_TRUE(eventually([&] { return watch_->watch_count() == 1; }));
+  make_and_remove(containers_ + "/" + a);
+  ASSERT_TRUE(eventually([&] { return hinted().size() == 2; }));
+  EXPECT_EQ(watch_->watch_count(), 0u);
+  EXPECT_FALSE(watch_->watch(std::string(64, 'G'))) << "not hex";
 }
 
 TEST(DirRemovalWatchStart, FailsWhenADirectoryAndItsParentAreMissing) {

@@ -126,6 +126,8 @@ Result<std::unique_ptr<Daemon>> Daemon::start(const DaemonOptions& opts) {
   spdlog::warn("mode auto: kernel event source unavailable ({}); running in relist mode",
                st.error().message);
   d->kernel_.reset();
+  d->removal_hints_.reset();
+  d->removal_dirs_.reset();
   d->reconciler_.reset();
   d->tracker_.reset();
   d->index_.reset();
@@ -194,12 +196,17 @@ void Daemon::report_stuck_calls(api::HealthReport& r) {
 
 void Daemon::start_removal_hints() {
   std::string source;
+  // Hints trusted from the start: on a runtime known to remove a directory named by the id on
+  // every removal, seen where it keeps it (the kernel sees them all; containerd names its own).
+  // Directories given by --removal-hint-dir are trusted once a hinted removal is confirmed.
+  bool layout_known = true;
   if (auto* p = kernel_->program(); p != nullptr && p->removal_hints_attached()) {
     // Attached when the kernel options ask for it (--removal-hints kernel).
     removal_hints_ = std::make_unique<BpfRemovalHints>(*p);
     source = "the kernel's rmdir of a directory named by the id";
   } else if (opts_.removal_hints == RemovalHintSource::kAuto) {
     std::vector<std::string> dirs = opts_.removal_hint_dirs;
+    layout_known = dirs.empty();
     if (dirs.empty()) {
       auto info = cri_->status_info();
       if (info) dirs = kernel::removal_dirs_from_status_info(*info);
@@ -227,13 +234,12 @@ void Daemon::start_removal_hints() {
     return;
   }
   // containerd and CRI-O remove a directory named by the id on every RemoveContainer and
-  // RemovePodSandbox (measured): their hints are trusted from the start. Another runtime's
-  // are once a hinted removal has been confirmed.
-  const bool known = runtime_name_ == "containerd" || runtime_name_ == "cri-o";
+  // RemovePodSandbox (measured).
+  const bool known = layout_known && (runtime_name_ == "containerd" || runtime_name_ == "cri-o");
   spdlog::info("removal hint attached: exited containers' removals are announced by {} ({})",
                source,
                known ? "trusted for " + runtime_name_
-                     : "trusted once a hinted removal is confirmed on " + runtime_name_);
+                     : "trusted once a hinted removal is confirmed");
   tracker_->set_removal_hints(removal_hints_.get(), known);
 }
 
@@ -301,9 +307,11 @@ Status Daemon::start_ebpf() {
   };
   sink.on_stopped = [this] { health_changed(); };
   if (auto st = kernel_->start(sink); !st) return st;
-  start_removal_hints();
   // The index is seeded after the kernel source attached, so that no mkdir falls between.
   if (auto st = index_->seed(kernel_->stats().cgroup2_mount); !st) return st;
+  // Nothing fails after this (no fallback leaves it behind), and before the initial sync, so
+  // that the exited containers it finds are armed.
+  start_removal_hints();
   if (auto st = reconciler_->start(opts_.cri_timeout); !st) {
     spdlog::warn("initial sync failed ({}); going on in the background", st.error().message);
   }

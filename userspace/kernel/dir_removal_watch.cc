@@ -39,25 +39,6 @@ Result<std::unique_ptr<DirRemovalWatch>> DirRemovalWatch::start(const std::vecto
   if (dirs.empty()) return Error{EINVAL, "no directory to watch for removals"};
   int ifd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
   if (ifd < 0) return Error::from_errno(errno, "inotify_init1");
-  std::vector<Pending> pending;
-  for (const auto& d : dirs) {
-    if (inotify_add_watch(ifd, d.c_str(), kMask) >= 0) continue;
-    int err = errno;
-    const auto slash = d.find_last_of('/');
-    if (err == ENOENT && slash != std::string::npos && slash > 0 && slash + 1 < d.size()) {
-      const std::string parent = d.substr(0, slash);
-      int pwd = inotify_add_watch(ifd, parent.c_str(), IN_CREATE | IN_MOVED_TO | IN_ONLYDIR | IN_MASK_ADD);
-      if (pwd >= 0) {
-        pending.push_back({pwd, d.substr(slash + 1), d});
-        // Made between the two calls: watched now.
-        if (inotify_add_watch(ifd, d.c_str(), kMask) >= 0) pending.pop_back();
-        continue;
-      }
-      err = errno;
-    }
-    close(ifd);
-    return Error::from_errno(err, "watching " + d + " for removals (inotify)");
-  }
   int sfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (sfd < 0) {
     int err = errno;
@@ -65,9 +46,35 @@ Result<std::unique_ptr<DirRemovalWatch>> DirRemovalWatch::start(const std::vecto
     return Error::from_errno(err, "eventfd");
   }
   auto w = std::unique_ptr<DirRemovalWatch>(new DirRemovalWatch(ifd, sfd, dirs, std::move(on_hint)));
-  w->pending_ = std::move(pending);
+  for (const auto& d : dirs) {
+    if (auto st = w->add(d); !st) return st.error();  // the destructor closes both
+  }
   w->thread_ = std::thread([p = w.get()] { p->run(); });
   return w;
+}
+
+Status DirRemovalWatch::add(const std::string& dir) {
+  if (int wd = inotify_add_watch(inotify_fd_, dir.c_str(), kMask); wd >= 0) {
+    watched_[wd] = dir;
+    return {};
+  }
+  int err = errno;
+  const auto slash = dir.find_last_of('/');
+  if (err == ENOENT && slash != std::string::npos && slash + 1 < dir.size()) {
+    const std::string parent = slash == 0 ? "/" : dir.substr(0, slash);
+    int pwd = inotify_add_watch(inotify_fd_, parent.c_str(), IN_CREATE | IN_MOVED_TO | IN_ONLYDIR | IN_MASK_ADD);
+    if (pwd >= 0) {
+      // Made between the two calls: watched now.
+      if (int wd = inotify_add_watch(inotify_fd_, dir.c_str(), kMask); wd >= 0) {
+        watched_[wd] = dir;
+      } else {
+        pending_.push_back({pwd, dir.substr(slash + 1), dir});
+      }
+      return {};
+    }
+    err = errno;
+  }
+  return Error::from_errno(err, "watching " + dir + " for removals (inotify)");
 }
 
 DirRemovalWatch::DirRemovalWatch(int inotify_fd, int stop_fd, std::vector<std::string> dirs, OnHint on_hint)
@@ -75,16 +82,18 @@ DirRemovalWatch::DirRemovalWatch(int inotify_fd, int stop_fd, std::vector<std::s
 
 DirRemovalWatch::~DirRemovalWatch() {
   const uint64_t one = 1;
-  if (write(stop_fd_, &one, sizeof one) != sizeof one) {
-    spdlog::error("removal watch: waking its thread to stop failed: {}", std::strerror(errno));
+  if (thread_.joinable()) {
+    if (write(stop_fd_, &one, sizeof one) != sizeof one) {
+      spdlog::error("removal watch: waking its thread to stop failed: {}", std::strerror(errno));
+    }
+    thread_.join();
   }
-  if (thread_.joinable()) thread_.join();
   close(inotify_fd_);
   close(stop_fd_);
 }
 
 bool DirRemovalWatch::watch(const std::string& id) {
-  if (id.size() != kIdLen) return false;
+  if (id.size() != kIdLen || id.find_first_not_of("0123456789abcdef") != std::string::npos) return false;
   std::lock_guard lk(mu_);
   armed_.insert(id);
   return true;
@@ -115,13 +124,35 @@ void DirRemovalWatch::hint_all(const char* why) {
 void DirRemovalWatch::on_created(int parent_wd, const std::string& name) {
   for (auto it = pending_.begin(); it != pending_.end(); ++it) {
     if (it->parent_wd != parent_wd || it->name != name) continue;
-    if (inotify_add_watch(inotify_fd_, it->path.c_str(), kMask) < 0) {
+    int wd = inotify_add_watch(inotify_fd_, it->path.c_str(), kMask);
+    if (wd < 0) {
       spdlog::warn("removal watch: watching {} (just made): {}", it->path, std::strerror(errno));
       return;  // its ids' removals are then found by the sweep
     }
     spdlog::debug("removal watch: {} made, watched", it->path);
+    watched_[wd] = it->path;
     pending_.erase(it);
     return;
+  }
+}
+
+void DirRemovalWatch::on_watch_gone(int wd) {
+  if (auto it = watched_.find(wd); it != watched_.end()) {
+    const std::string dir = it->second;
+    watched_.erase(it);
+    hint_all(("watched directory " + dir + " was removed or moved").c_str());
+    // Watched again when it is made again (a runtime re-created, a root restored).
+    if (auto st = add(dir); !st) spdlog::warn("removal watch: {}: its removals are swept for", st.error().message);
+    return;
+  }
+  // A parent watched for a directory not made yet: that one is not found any more.
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    if (it->parent_wd != wd) {
+      ++it;
+      continue;
+    }
+    spdlog::warn("removal watch: the parent of {} went: its removals are swept for", it->path);
+    it = pending_.erase(it);
   }
 }
 
@@ -129,7 +160,6 @@ void DirRemovalWatch::run() {
   set_thread_name("kpleg-rmdirs");
   alignas(inotify_event) char buf[16 * 1024];
   pollfd fds[2] = {{inotify_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
-  bool dir_gone_reported = false;
   for (;;) {
     if (poll(fds, 2, -1) < 0) {
       if (errno == EINTR) continue;
@@ -140,35 +170,38 @@ void DirRemovalWatch::run() {
     if (fds[1].revents != 0) return;
     for (;;) {
       ssize_t n = read(inotify_fd_, buf, sizeof buf);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        if (errno != EAGAIN) spdlog::error("removal watch: read: {}", std::strerror(errno));
-        break;
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && errno == EAGAIN) break;
+      if (n <= 0) {
+        spdlog::error("removal watch: read: {}: no more removal hints",
+                      n < 0 ? std::strerror(errno) : "end of file");
+        hint_all("reading inotify failed");
+        return;
       }
       std::vector<std::string> hinted;
-      bool lost = false, gone = false;
+      std::vector<int> gone;
+      bool lost = false;
       for (char* p = buf; p < buf + n;) {
         auto* ev = reinterpret_cast<inotify_event*>(p);
         p += sizeof(inotify_event) + ev->len;
         if (ev->mask & IN_Q_OVERFLOW) lost = true;
-        if (ev->mask & (IN_DELETE_SELF | IN_MOVE_SELF | IN_IGNORED | IN_UNMOUNT)) gone = true;
+        // A watched directory moved away is watched no more where it was; the IN_IGNORED
+        // that follows (as after its removal) re-adds it by its path.
+        if ((ev->mask & IN_MOVE_SELF) && watched_.count(ev->wd)) inotify_rm_watch(inotify_fd_, ev->wd);
+        if (ev->mask & IN_IGNORED) gone.push_back(ev->wd);
         if (!(ev->mask & IN_ISDIR) || ev->len == 0) continue;
         std::string name(ev->name, strnlen(ev->name, ev->len));
         if (ev->mask & (IN_CREATE | IN_MOVED_TO)) {
           if (!pending_.empty()) on_created(ev->wd, name);
           continue;
         }
-        if (!(ev->mask & (IN_DELETE | IN_MOVED_FROM))) continue;
-        if (name.size() != kIdLen) continue;
+        if (!(ev->mask & (IN_DELETE | IN_MOVED_FROM)) || !watched_.count(ev->wd)) continue;
         std::lock_guard lk(mu_);
         if (armed_.erase(name) != 0) hinted.push_back(std::move(name));
       }
       for (const auto& id : hinted) on_hint_(id);
       if (lost) hint_all("the inotify queue overflowed");
-      if (gone && !dir_gone_reported) {
-        dir_gone_reported = true;
-        hint_all("a watched directory was removed or moved");
-      }
+      for (int wd : gone) on_watch_gone(wd);
     }
   }
 }

@@ -7,7 +7,8 @@
 //
 // One thread (`kpleg-rmdirs`) blocks in poll() on the inotify descriptor: no periodic wakeup.
 // A lost event (the inotify queue overflowed) or a watched directory that went away hints every
-// armed id: the hint only brings the removal sweep, which re-arms the ids it still finds.
+// armed id: the hint only brings the removal sweep, which re-arms the ids it still finds. A
+// directory that went is watched again when it is made again.
 #pragma once
 
 #include <atomic>
@@ -44,8 +45,8 @@ class DirRemovalWatch {
   DirRemovalWatch(const DirRemovalWatch&) = delete;
   DirRemovalWatch& operator=(const DirRemovalWatch&) = delete;
 
-  // Arms an id (64 hex digits): the next removal of a subdirectory by that name in a watched
-  // directory hints it. False when the id is not one.
+  // Arms an id (64 lowercase hex digits): the next removal of a subdirectory by that name in a
+  // watched directory hints it. False when the id is not one.
   bool watch(const std::string& id);
   void unwatch(const std::string& id);
   size_t watch_count() const;
@@ -58,8 +59,12 @@ class DirRemovalWatch {
   DirRemovalWatch(int inotify_fd, int stop_fd, std::vector<std::string> dirs, OnHint on_hint);
   void run();
   void hint_all(const char* why);
+  // Watches `dir`, or its parent for its creation when it does not exist (yet).
+  Status add(const std::string& dir);
   // A directory created in a parent watched for it: watched from now on.
   void on_created(int parent_wd, const std::string& name);
+  // A watch the kernel dropped (IN_IGNORED: its directory removed, or moved away).
+  void on_watch_gone(int wd);
 
   struct Pending {
     int parent_wd;
@@ -71,7 +76,9 @@ class DirRemovalWatch {
   const int stop_fd_;  // eventfd: stop
   const std::vector<std::string> dirs_;
   const OnHint on_hint_;
-  std::vector<Pending> pending_;  // the watch's thread only, after start()
+  // The watch's thread only, after start().
+  std::map<int, std::string> watched_;  // watch descriptor -> directory
+  std::vector<Pending> pending_;
   mutable std::mutex mu_;
   std::unordered_set<std::string> armed_;
   std::atomic<uint64_t> overflows_{0};

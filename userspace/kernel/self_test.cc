@@ -202,12 +202,13 @@ SelfTestResult run_self_test(const BpfOptions& base, const std::string& cgroup_b
     fail("run process: " + status.error().message);
     return r;
   }
-  // The removal hint, armed for the container's id: its cgroup's rmdir is an rmdir of a
-  // directory with that name.
+  // The kernel's removal hint (--removal-hints kernel), armed for the container's id: its
+  // cgroup's rmdir is an rmdir of a directory with that name. Optional like the OOM hook
+  // (tracefs): checked where it attaches.
   BpfProgram* program = source.program();
-  const bool hint_armed = program != nullptr && program->removal_hints_attached() &&
-                          program->watch_removal(container_id);
-  if (!hint_armed) fail("removal hint: the syscalls:sys_enter_unlinkat/rmdir tracepoints");
+  const bool hint_attached = program != nullptr && program->removal_hints_attached();
+  const bool hint_armed = hint_attached && program->watch_removal(container_id);
+  if (hint_attached && !hint_armed) fail("removal hint: arming the container's id");
   if (auto st = ctr->remove(); !st) fail("rmdir container: " + st.error().message);
 
   using namespace std::chrono_literals;

@@ -88,17 +88,18 @@ KplegMetrics::KplegMetrics(Registry& r)
                     "without the stream until it stops.")
               .get()),
       removal_hints(r.counter("kpleg_removal_hints_total",
-                              "The kernel's removal hints: rmdirs of a directory named by an "
-                              "exited container's or sandbox's id, which bring the removal sweep.")
+                              "Removal hints: removals of a directory named by an exited "
+                              "container's or sandbox's id (inotify in the runtime's directories, "
+                              "or the kernel's syscall tracepoints), which bring the removal sweep.")
                         .get()),
       removal_hints_missed(
           r.counter("kpleg_removal_hints_missed_total",
-                    "Removals the removal sweep found that the kernel was armed for but never "
-                    "hinted: after one, removals are swept for as without the hint until a "
+                    "Removals the removal sweep found that a hint was armed for but never "
+                    "came: after one, removals are swept for as without the hint until a "
                     "hinted one is found.")
               .get()),
       removal_hints_trusted(r.gauge("kpleg_removal_hints_trusted",
-                                    "1 while the kernel's removal hints stand for the periodic "
+                                    "1 while the removal hints stand for the periodic "
                                     "removal sweep of the ids they watch.")
                                 .get()),
       uncovered_containers(r.gauge("kpleg_uncovered_containers",

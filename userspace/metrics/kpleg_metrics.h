@@ -66,9 +66,9 @@ struct KplegMetrics {
   // kpleg_runtime_events_missed_removals_total: removals the sweep found that the live stream
   // never reported (after the first, removals are swept for as without the stream).
   Counter& runtime_events_missed_removals;
-  // kpleg_removal_hints_total: the kernel's removal hints (an rmdir of a directory named by an
-  // exited container's or sandbox's id); kpleg_removal_hints_missed_total: removals the sweep
-  // found that the kernel armed but never hinted; kpleg_removal_hints_trusted: 1 while hinted
+  // kpleg_removal_hints_total: removal hints (the removal of a directory named by an exited
+  // container's or sandbox's id); kpleg_removal_hints_missed_total: removals the sweep found
+  // that a hint was armed for but never came; kpleg_removal_hints_trusted: 1 while hinted
   // ids are swept for rarely (a hinted removal was found, and no unhinted one since).
   Counter& removal_hints;
   Counter& removal_hints_missed;

@@ -43,9 +43,10 @@ class Tracker {
           TrackerOptions opts = {});
   ~Tracker();
 
-  // Called on the kernel source's thread; never blocks on the runtime.
+  // Called on the kernel source's thread (and the removal hint's inotify watch's, for its
+  // RemovalHint events); never blocks on the runtime.
   void on_kernel_event(const kernel::KernelEvent& ev);
-  // The kernel's removal hint (removal_watcher.h), armed for every container and sandbox that
+  // The removal hint (removal_watcher.h), armed for every container and sandbox that
   // exits from now on; nullptr: none. `hints` outlives the tracker's use of it (stop()).
   // `trusted`: see RemovalWatcher::set_hints.
   void set_removal_hints(RemovalHints* hints, bool trusted = false);

@@ -249,7 +249,9 @@ int main(int argc, char** argv) {
                  "container (CRI-O: its storage root's overlay-containers); repeatable. Absolute "
                  "paths as kplegd sees them")
       ->check([](const std::string& d) {
-        return !d.empty() && d.front() == '/' ? std::string() : "must be an absolute path";
+        return d.size() > 1 && d.front() == '/' && d.back() != '/'
+                   ? std::string()
+                   : "must be an absolute path of a directory below / (no trailing slash)";
       });
   app.add_option("--cri-listen", opts.cri_listen,
                  "Serve the CRI (RuntimeService, ImageService) on this unix socket for the "
