@@ -53,6 +53,16 @@ class DirRemovalWatchTest : public ::testing::Test {
     auto h = hinted();
     return std::find(h.begin(), h.end(), id) != h.end();
   }
+  // Removes a directory named by `id` in `dir` until its removal is hinted: a watch the
+  // watch's thread adds when it reads a creation is not there at once.
+  bool hinted_once_watched(const std::string& dir, const std::string& id) {
+    return eventually(
+        [&] {
+          make_and_remove(dir + "/" + id);
+          return hinted_has(id);
+        },
+        std::chrono::seconds(5), std::chrono::milliseconds(20));
+  }
   // A directory with a file in it, removed the way Go's os.RemoveAll does.
   static void make_and_remove(const std::string& dir) {
     ASSERT_EQ(mkdir(dir.c_str(), 0755), 0) << dir;
@@ -115,12 +125,7 @@ TEST_F(DirRemovalWatchTest, ADirectoryMadeAfterTheStartIsWatchedFromItsCreation)
   ASSERT_EQ(mkdir(sandboxes.c_str(), 0755), 0);
   // The watch is added on the watch's thread when it reads the creation: retried until then
   // (a removal before it is found by the removal sweep, not hinted).
-  ASSERT_TRUE(eventually(
-      [&] {
-        make_and_remove(sandboxes + "/" + s);
-        return hinted_has(s);
-      },
-      std::chrono::seconds(5), std::chrono::milliseconds(20)));
+  ASSERT_TRUE(hinted_once_watched(sandboxes, s));
   EXPECT_EQ(hinted(), std::vector<std::string>{s});
   EXPECT_EQ(watch_->overflows(), 0u) << "hinted by its removal, not all at once";
 }
@@ -138,12 +143,7 @@ TEST_F(DirRemovalWatchTest, AWatchedDirectoryThatGoesHintsEveryArmedIdAndIsWatch
   // Made again: its removals hint again (retried until the watch's thread has added it).
   ASSERT_EQ(mkdir(containers_.c_str(), 0755), 0);
   ASSERT_TRUE(watch_->watch(c));
-  ASSERT_TRUE(eventually(
-      [&] {
-        make_and_remove(containers_ + "/" + c);
-        return hinted_has(c);
-      },
-      std::chrono::seconds(5), std::chrono::milliseconds(20)));
+  ASSERT_TRUE(hinted_once_watched(containers_, c));
   EXPECT_EQ(watch_->overflows(), 1u);
 }
 
@@ -157,12 +157,7 @@ TEST_F(DirRemovalWatchTest, AWatchedDirectoryMovedAwayIsWatchedWhereItWas) {
   make_and_remove(root_ + "/old/" + a);
   ASSERT_EQ(mkdir(containers_.c_str(), 0755), 0);
   ASSERT_TRUE(watch_->watch(b));
-  ASSERT_TRUE(eventually(
-      [&] {
-        make_and_remove(containers_ + "/" + b);
-        return hinted_has(b);
-      },
-      std::chrono::seconds(5), std::chrono::milliseconds(20)));
+  ASSERT_TRUE(hinted_once_watched(containers_, b));
   EXPECT_FALSE(hinted_has(a));
 }
 

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <functional>
 #include <utility>
 
 #include <map>
@@ -9,26 +10,18 @@
 namespace kpleg::daemon {
 
 namespace {
-// The tracker's removal hints, armed in the BPF program's map.
-class BpfRemovalHints : public pleg::RemovalHints {
+// The tracker's removal hints over their source's arm and disarm: the BPF program's map
+// (--removal-hints kernel) or the inotify watch of the runtime's directories (auto).
+class RemovalHintsOver : public pleg::RemovalHints {
  public:
-  explicit BpfRemovalHints(kernel::BpfProgram& program) : program_(program) {}
-  bool watch(const std::string& id) override { return program_.watch_removal(id); }
-  void unwatch(const std::string& id) override { program_.unwatch_removal(id); }
+  RemovalHintsOver(std::function<bool(const std::string&)> arm, std::function<void(const std::string&)> disarm)
+      : arm_(std::move(arm)), disarm_(std::move(disarm)) {}
+  bool watch(const std::string& id) override { return arm_(id); }
+  void unwatch(const std::string& id) override { disarm_(id); }
 
  private:
-  kernel::BpfProgram& program_;
-};
-
-// The tracker's removal hints, armed in the inotify watch of the runtime's directories.
-class DirRemovalHints : public pleg::RemovalHints {
- public:
-  explicit DirRemovalHints(kernel::DirRemovalWatch& watch) : watch_(watch) {}
-  bool watch(const std::string& id) override { return watch_.watch(id); }
-  void unwatch(const std::string& id) override { watch_.unwatch(id); }
-
- private:
-  kernel::DirRemovalWatch& watch_;
+  std::function<bool(const std::string&)> arm_;
+  std::function<void(const std::string&)> disarm_;
 };
 }  // namespace
 
@@ -202,7 +195,9 @@ void Daemon::start_removal_hints() {
   bool layout_known = true;
   if (auto* p = kernel_->program(); p != nullptr && p->removal_hints_attached()) {
     // Attached when the kernel options ask for it (--removal-hints kernel).
-    removal_hints_ = std::make_unique<BpfRemovalHints>(*p);
+    removal_hints_ = std::make_unique<RemovalHintsOver>(
+        [p](const std::string& id) { return p->watch_removal(id); },
+        [p](const std::string& id) { p->unwatch_removal(id); });
     source = "the kernel's rmdir of a directory named by the id";
   } else if (opts_.removal_hints == RemovalHintSource::kAuto) {
     std::vector<std::string> dirs = opts_.removal_hint_dirs;
@@ -227,7 +222,9 @@ void Daemon::start_removal_hints() {
       return;
     }
     removal_dirs_ = std::move(*watch);
-    removal_hints_ = std::make_unique<DirRemovalHints>(*removal_dirs_);
+    auto* w = removal_dirs_.get();
+    removal_hints_ = std::make_unique<RemovalHintsOver>([w](const std::string& id) { return w->watch(id); },
+                                                        [w](const std::string& id) { w->unwatch(id); });
     source = "the removal of their directory in ";
     for (size_t i = 0; i < dirs.size(); ++i) source += (i ? ", " : "") + dirs[i];
   } else {
