@@ -283,7 +283,9 @@ Status Daemon::start_ebpf() {
     mirror_kernel_metrics();
   });
 
-  kernel_ = std::make_unique<kernel::BpfKernelSource>(opts_.kernel);
+  kernel::KernelSourceOptions ko = opts_.kernel;
+  ko.bpf.removal_hint = opts_.removal_hints == RemovalHintSource::kKernel;
+  kernel_ = std::make_unique<kernel::BpfKernelSource>(ko);
   kernel::KernelSink sink;
   sink.on_event = [this](const kernel::KernelEvent& ev) { on_kernel_event(ev); };
   sink.on_loss = [this](uint64_t n) {

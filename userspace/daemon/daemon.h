@@ -52,7 +52,7 @@ struct DaemonOptions {
   std::chrono::milliseconds cri_list_timeout{std::chrono::seconds(60)};
   // ebpf mode: confirm by the runtime's GetContainerEvents stream where it is served.
   bool runtime_events = true;
-  // kKernel needs kernel.bpf.removal_hint too (main sets both).
+  // (kKernel: the daemon asks the kernel source for the hint's programs.)
   RemovalHintSource removal_hints = RemovalHintSource::kAuto;
   // kAuto: these directories (--removal-hint-dir); none: the runtime's, from its Status.
   std::vector<std::string> removal_hint_dirs;

@@ -30,7 +30,6 @@ void for_each_key(int map_fd, Fn&& fn) {
   }
 }
 
-
 std::mutex g_log_mu;
 std::deque<std::string> g_log_tail;
 constexpr size_t kLogTailLines = 60;

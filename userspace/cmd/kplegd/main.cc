@@ -335,7 +335,6 @@ int main(int argc, char** argv) {
   opts.removal_hints = removal_hints == "auto"     ? daemon::RemovalHintSource::kAuto
                        : removal_hints == "kernel" ? daemon::RemovalHintSource::kKernel
                                                    : daemon::RemovalHintSource::kOff;
-  opts.kernel.bpf.removal_hint = opts.removal_hints == daemon::RemovalHintSource::kKernel;
   if (!opts.removal_hint_dirs.empty() && opts.removal_hints != daemon::RemovalHintSource::kAuto) {
     std::cerr << "kplegd: --removal-hint-dir needs --removal-hints auto (it is " << removal_hints
               << ")" << std::endl;
