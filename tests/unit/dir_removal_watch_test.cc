@@ -8,10 +8,12 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "support/eventually.h"
@@ -114,6 +116,36 @@ TEST_F(DirRemovalWatchTest, TheRemovalOfAnArmedIdsDirectoryHintsItOncePerArming)
   ASSERT_TRUE(eventually([&] { return hinted_has(sentinel); }));
   EXPECT_EQ(hinted(), (std::vector<std::string>{a, b, sentinel}));
   EXPECT_EQ(watch_->overflows(), 0u);
+}
+
+// Under churn the runtime removes directories several times a second: after a read, the
+// thread holds off reading for half a second, so removals that come meanwhile cost it one
+// wakeup together, not one each, and each is still hinted.
+TEST_F(DirRemovalWatchTest, RemovalsThatComeWhileItHoldsOffAreReadTogether) {
+  start({containers_});
+  const std::string first = id_of('0');
+  ASSERT_TRUE(watch_->watch(first));
+  make_and_remove(containers_ + "/" + first);
+  ASSERT_TRUE(eventually([&] { return hinted_has(first); }));
+  const uint64_t reads_before = watch_->reads();
+  const auto first_hinted = std::chrono::steady_clock::now();
+
+  // Ten removals 20 ms apart: 200 ms in all, inside one hold-off.
+  std::vector<std::string> ids;
+  for (char c : std::string("123456789a")) {
+    ids.push_back(id_of(c));
+    ASSERT_TRUE(watch_->watch(ids.back()));
+  }
+  for (const auto& id : ids) {
+    make_and_remove(containers_ + "/" + id);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_TRUE(eventually([&] { return hinted().size() == 11; }));
+  const auto all_hinted = std::chrono::steady_clock::now();
+  EXPECT_LE(watch_->reads() - reads_before, 2u) << "one read for the ten removals, two at most";
+  EXPECT_GE(all_hinted - first_hinted, DirRemovalWatch::kHoldOff - std::chrono::milliseconds(50))
+      << "the ten were hinted before the hold-off ended";
+  EXPECT_EQ(watch_->watch_count(), 0u);
 }
 
 TEST_F(DirRemovalWatchTest, ADirectoryMadeAfterTheStartIsWatchedFromItsCreation) {

@@ -35,7 +35,8 @@ std::vector<std::string> removal_dirs_from_status_info(const std::map<std::strin
 }
 
 Result<std::unique_ptr<DirRemovalWatch>> DirRemovalWatch::start(const std::vector<std::string>& dirs,
-                                                                OnHint on_hint) {
+                                                                OnHint on_hint,
+                                                                std::chrono::milliseconds hold_off) {
   if (dirs.empty()) return Error{EINVAL, "no directory to watch for removals"};
   int ifd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
   if (ifd < 0) return Error::from_errno(errno, "inotify_init1");
@@ -45,7 +46,7 @@ Result<std::unique_ptr<DirRemovalWatch>> DirRemovalWatch::start(const std::vecto
     close(ifd);
     return Error::from_errno(err, "eventfd");
   }
-  auto w = std::unique_ptr<DirRemovalWatch>(new DirRemovalWatch(ifd, sfd, dirs, std::move(on_hint)));
+  auto w = std::unique_ptr<DirRemovalWatch>(new DirRemovalWatch(ifd, sfd, dirs, std::move(on_hint), hold_off));
   for (const auto& d : dirs) {
     if (auto st = w->add(d); !st) return st.error();  // the destructor closes both
   }
@@ -77,8 +78,13 @@ Status DirRemovalWatch::add(const std::string& dir) {
   return Error::from_errno(err, "watching " + dir + " for removals (inotify)");
 }
 
-DirRemovalWatch::DirRemovalWatch(int inotify_fd, int stop_fd, std::vector<std::string> dirs, OnHint on_hint)
-    : inotify_fd_(inotify_fd), stop_fd_(stop_fd), dirs_(std::move(dirs)), on_hint_(std::move(on_hint)) {}
+DirRemovalWatch::DirRemovalWatch(int inotify_fd, int stop_fd, std::vector<std::string> dirs, OnHint on_hint,
+                                 std::chrono::milliseconds hold_off)
+    : inotify_fd_(inotify_fd),
+      stop_fd_(stop_fd),
+      dirs_(std::move(dirs)),
+      on_hint_(std::move(on_hint)),
+      hold_off_(hold_off) {}
 
 DirRemovalWatch::~DirRemovalWatch() {
   const uint64_t one = 1;
@@ -168,6 +174,7 @@ void DirRemovalWatch::run() {
       return;
     }
     if (fds[1].revents != 0) return;
+    reads_.fetch_add(1, std::memory_order_relaxed);
     for (;;) {
       ssize_t n = read(inotify_fd_, buf, sizeof buf);
       if (n < 0 && errno == EINTR) continue;
@@ -202,6 +209,12 @@ void DirRemovalWatch::run() {
       for (const auto& id : hinted) on_hint_(id);
       if (lost) hint_all("the inotify queue overflowed");
       for (int wd : gone) on_watch_gone(wd);
+    }
+    // Hold off: what comes meanwhile waits in the kernel's queue for the next read.
+    if (hold_off_.count() > 0) {
+      pollfd stop{stop_fd_, POLLIN, 0};
+      int rc = poll(&stop, 1, int(hold_off_.count()));
+      if (rc > 0) return;
     }
   }
 }

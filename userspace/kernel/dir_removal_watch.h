@@ -6,12 +6,18 @@
 // node pays for it (fsnotify costs only operations inside the watched directories).
 //
 // One thread (`kpleg-rmdirs`) blocks in poll() on the inotify descriptor: no periodic wakeup.
+// After it has read and delivered what came, it holds off reading for `hold_off` (the kernel
+// queues what comes meanwhile): under churn the runtime removes a directory several times a
+// second, and each removal would otherwise be a wakeup of its own. A hint only brings the
+// removal sweep forward to TrackerOptions::removal_hint_delay (1 s), so a hint held half a
+// second costs that sweep little, and the thread wakes at most twice a second.
 // A lost event (the inotify queue overflowed) or a watched directory that went away hints every
 // armed id: the hint only brings the removal sweep, which re-arms the ids it still finds. A
 // directory that went is watched again when it is made again.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -35,12 +41,14 @@ std::vector<std::string> removal_dirs_from_status_info(const std::map<std::strin
 class DirRemovalWatch {
  public:
   using OnHint = std::function<void(const std::string& id)>;
+  static constexpr std::chrono::milliseconds kHoldOff{500};
 
   // Watches every directory of `dirs`; one that does not exist yet (a runtime makes them with
   // its first container) is watched from its creation, found by a watch on its parent (which
   // must exist). on_hint runs on the watch's thread, without the watch's lock held: it may call
   // watch() and unwatch().
-  static Result<std::unique_ptr<DirRemovalWatch>> start(const std::vector<std::string>& dirs, OnHint on_hint);
+  static Result<std::unique_ptr<DirRemovalWatch>> start(const std::vector<std::string>& dirs, OnHint on_hint,
+                                                        std::chrono::milliseconds hold_off = kHoldOff);
   ~DirRemovalWatch();
   DirRemovalWatch(const DirRemovalWatch&) = delete;
   DirRemovalWatch& operator=(const DirRemovalWatch&) = delete;
@@ -54,9 +62,12 @@ class DirRemovalWatch {
   const std::vector<std::string>& dirs() const { return dirs_; }
   // Times every armed id was hinted at once (a lost inotify event, a watched directory gone).
   uint64_t overflows() const { return overflows_.load(std::memory_order_relaxed); }
+  // Times the thread read inotify events (its wakeups, but for its hold-offs' ends and the stop).
+  uint64_t reads() const { return reads_.load(std::memory_order_relaxed); }
 
  private:
-  DirRemovalWatch(int inotify_fd, int stop_fd, std::vector<std::string> dirs, OnHint on_hint);
+  DirRemovalWatch(int inotify_fd, int stop_fd, std::vector<std::string> dirs, OnHint on_hint,
+                  std::chrono::milliseconds hold_off);
   void run();
   void hint_all(const char* why);
   // Watches `dir`, or its parent for its creation when it does not exist (yet).
@@ -76,12 +87,14 @@ class DirRemovalWatch {
   const int stop_fd_;  // eventfd: stop
   const std::vector<std::string> dirs_;
   const OnHint on_hint_;
+  const std::chrono::milliseconds hold_off_;
   // The watch's thread only, after start().
   std::map<int, std::string> watched_;  // watch descriptor -> directory
   std::vector<Pending> pending_;
   mutable std::mutex mu_;
   std::unordered_set<std::string> armed_;
   std::atomic<uint64_t> overflows_{0};
+  std::atomic<uint64_t> reads_{0};
   std::thread thread_;
 };
 
