@@ -6,37 +6,41 @@ set terminal pngcairo size 900,560 font "DejaVu Sans,11"
 set grid
 set key top left
 
-# CPU of each daemon against the pod count, idle (no churn). Log scale: the modes are orders
-# of magnitude apart; a zero reading is drawn at the floor.
+has_data(f) = system("grep -qv '^#' ".dir."/".f." 2>/dev/null && echo 1") eq "1"
+
+# CPU of each daemon against the pod count, idle (no churn), when measured (a run with churn
+# rates only has none). Log scale: the modes are orders of magnitude apart; a zero reading is
+# drawn at the floor.
 floor = 1e-4
 pos(x) = (x > floor ? x : floor)
 # One pod count only (a run with one --counts value): a range around it, not an empty one.
-stats dir."/cpu_vs_n.dat" using 1 nooutput
-if (STATS_min == STATS_max) set xrange [STATS_min - 1 : STATS_max + 1]
-set output dir."/cpu_vs_n.png"
-set title "Idle CPU vs pods (1 container each), both daemons on the same containerd"
-set xlabel "pods N"
-set ylabel "CPU seconds per minute (log)"
-set logscale y
-set format y "%g"
-plot dir."/cpu_vs_n.dat" using 1:(pos($3)) with linespoints lw 2 pt 7 title "kplegd ebpf (daemon + BPF programs)", \
-     ""                 using 1:(pos($4)) with linespoints lw 2 pt 5 title "kplegd relist (daemon)", \
-     ""                 using 1:(pos($5)) with linespoints lw 2 pt 9 dt 2 title "containerd + shims (loaded by both)"
-unset logscale y
+if (has_data("cpu_vs_n.dat")) {
+  stats dir."/cpu_vs_n.dat" using 1 nooutput
+  if (STATS_min == STATS_max) { set xrange [STATS_min - 1 : STATS_max + 1] }
+  set output dir."/cpu_vs_n.png"
+  set title "Idle CPU vs pods (1 container each), both daemons on the same containerd"
+  set xlabel "pods N"
+  set ylabel "CPU seconds per minute (log)"
+  set logscale y
+  set format y "%g"
+  plot dir."/cpu_vs_n.dat" using 1:(pos($3)) with linespoints lw 2 pt 7 title "kplegd ebpf (daemon + BPF programs)", \
+       ""                 using 1:(pos($4)) with linespoints lw 2 pt 5 title "kplegd relist (daemon)", \
+       ""                 using 1:(pos($5)) with linespoints lw 2 pt 9 dt 2 title "containerd + shims (loaded by both)"
+  unset logscale y
 
-# Memory.
-set output dir."/rss_vs_n.png"
-set title "Daemon RSS vs pods"
-set ylabel "VmRSS MiB"
-plot dir."/cpu_vs_n.dat" using 1:6 with linespoints lw 2 pt 7 title "kplegd ebpf", \
-     ""                 using 1:7 with linespoints lw 2 pt 5 title "kplegd relist"
+  # Memory.
+  set output dir."/rss_vs_n.png"
+  set title "Daemon RSS vs pods"
+  set ylabel "VmRSS MiB"
+  plot dir."/cpu_vs_n.dat" using 1:6 with linespoints lw 2 pt 7 title "kplegd ebpf", \
+       ""                 using 1:7 with linespoints lw 2 pt 5 title "kplegd relist"
+}
 
 set autoscale x
 
 # Detection latency CDF, all churn windows pooled: ContainerStarted and ContainerDied, from the
 # kernel's timestamp of the transition to arrival at the consumer.
 # Only when a churn window measured latencies (an idle-only run has none).
-has_data(f) = system("grep -qv '^#' ".dir."/".f." 2>/dev/null && echo 1") eq "1"
 if (has_data("latency_cdf_ebpf_started.dat") || has_data("latency_cdf_relist_started.dat")) {
   set output dir."/latency_cdf.png"
   set title "Detection latency (kernel timestamp to consumer), ContainerStarted + ContainerDied"
