@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include <grpcpp/support/status_code_enum.h>
+
 #include "common/result.h"
 #include "cri/api.pb.h"
 
@@ -30,7 +32,7 @@ class CriClient {
   // Status with verbose=true: the runtime's own information, by key (containerd: "config", a
   // JSON document with its "rootDir" and "stateDir"). Runtimes may answer with nothing.
   virtual Result<std::map<std::string, std::string>> status_info() {
-    return Error{12 /* grpc::StatusCode::UNIMPLEMENTED */, "Status(verbose): not implemented"};
+    return Error{grpc::StatusCode::UNIMPLEMENTED, "Status(verbose): not implemented"};
   }
 
   // Pass a default-constructed filter to list everything.
