@@ -39,11 +39,15 @@ class DirRemovalWatchTest : public ::testing::Test {
     watch_.reset();
     fs::remove_all(root_);
   }
-  void start(const std::vector<std::string>& dirs) {
-    auto w = DirRemovalWatch::start(dirs, [this](const std::string& id) {
-      std::lock_guard lk(mu_);
-      hinted_.push_back(id);
-    });
+  void start(const std::vector<std::string>& dirs,
+             std::chrono::milliseconds hold_off = DirRemovalWatch::kHoldOff) {
+    auto w = DirRemovalWatch::start(
+        dirs,
+        [this](const std::string& id) {
+          std::lock_guard lk(mu_);
+          hinted_.push_back(id);
+        },
+        hold_off);
     ASSERT_TRUE(w.ok()) << w.error().message;
     watch_ = std::move(*w);
   }
@@ -146,6 +150,23 @@ TEST_F(DirRemovalWatchTest, RemovalsThatComeWhileItHoldsOffAreReadTogether) {
   EXPECT_GE(all_hinted - first_hinted, DirRemovalWatch::kHoldOff - std::chrono::milliseconds(50))
       << "the ten were hinted before the hold-off ended";
   EXPECT_EQ(watch_->watch_count(), 0u);
+}
+
+// A read that hinted nothing (here a file named by the id, removed first) is not followed by
+// a hold-off: the directory's removal just after it is hinted at once.
+TEST_F(DirRemovalWatchTest, NoHoldOffAfterAReadThatHintedNothing) {
+  start({containers_}, std::chrono::seconds(30));
+  const std::string a = id_of('a');
+  ASSERT_TRUE(watch_->watch(a));
+  const std::string file = containers_ + "/" + a;
+  int fd = open(file.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
+  ASSERT_GE(fd, 0);
+  close(fd);
+  ASSERT_EQ(unlink(file.c_str()), 0);
+  ASSERT_TRUE(eventually([&] { return watch_->reads() == 1; }));
+  make_and_remove(containers_ + "/" + a);
+  EXPECT_TRUE(eventually([&] { return hinted_has(a); }, std::chrono::seconds(10)))
+      << "held off after a read that hinted nothing";
 }
 
 TEST_F(DirRemovalWatchTest, ADirectoryMadeAfterTheStartIsWatchedFromItsCreation) {

@@ -819,16 +819,18 @@ class FakeRemovalHints : public RemovalHints {
 class RemovalHintTrackerTest : public TrackerTest {
  protected:
   // Sweeps every 20 ms while hints are not trusted, every `with_hints` once they are.
-  void restart_with_hints(std::chrono::milliseconds with_hints, bool trusted = false) {
+  void restart_with_hints(std::chrono::milliseconds with_hints, bool trusted = false,
+                          bool after_removal = false) {
     TrackerOptions o;
     o.removal_sweep_first = 10ms;
-    o.removal_sweep_period = 20ms;
-    o.removal_sweep_idle_max = 20ms;
-    o.removal_hint_delay = 20ms;
+    o.removal_sweep_period = sweep_period_;
+    o.removal_sweep_idle_max = sweep_period_;
+    o.removal_hint_delay = hint_delay_;
+    o.removal_dir_hint_delay = dir_hint_delay_;
     o.removal_sweep_with_hints = with_hints;
     o.removal_event_grace = 100ms;
     restart_tracker(o);
-    tracker_->set_removal_hints(&hints_, trusted);
+    tracker_->set_removal_hints(&hints_, trusted, after_removal);
     auto view = list_runtime(cri_);
     ASSERT_TRUE(view.ok());
     tracker_->reconcile(*view, /*initial=*/true);
@@ -847,7 +849,62 @@ class RemovalHintTrackerTest : public TrackerTest {
   size_t sweeps() const { return tracker_->stats().removal_sweeps; }
 
   FakeRemovalHints hints_;
+  std::chrono::milliseconds hint_delay_ = 20ms;
+  std::chrono::milliseconds dir_hint_delay_ = 20ms;
+  std::chrono::milliseconds sweep_period_ = 20ms;
 };
+
+// inotify's hint comes once the runtime's directory is gone: its sweep goes
+// removal_dir_hint_delay after it, not removal_hint_delay (for the kernel's hint, which comes
+// at the rmdir's entry); a hinted container the runtime still lists is looked for again
+// removal_hint_delay later.
+TEST_F(RemovalHintTrackerTest, AHintThatComesAfterTheRemovalIsSweptForSooner) {
+  hint_delay_ = 1500ms;
+  dir_hint_delay_ = 20ms;
+  restart_with_hints(1h, /*trusted=*/true, /*after_removal=*/true);
+  auto gone = started_and_exited("gone");
+  ASSERT_FALSE(HasFailure());
+  const auto quiet = sweeps();
+  const auto t0 = std::chrono::steady_clock::now();
+  removed_with_hint(gone);
+  ASSERT_FALSE(HasFailure());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s) << "swept for removal_hint_delay after";
+  EXPECT_EQ(sweeps(), quiet + 1);
+
+  // Hinted while the runtime still lists it (it removes the directory, then forgets the id):
+  // the first sweep finds it, the next one, removal_hint_delay later, reports its removal.
+  auto late = started_and_exited("late");
+  ASSERT_FALSE(HasFailure());
+  const auto before = sweeps();
+  kernel_hint(late);
+  ASSERT_TRUE(eventually([&] { return sweeps() == before + 1; }, 1s));
+  EXPECT_TRUE(hints_.armed(late)) << "armed again when still there";
+  ASSERT_TRUE(cri_.remove_container(late).ok());
+  const auto t1 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(wait_types(late, {"ContainerStarted", "ContainerDied", "ContainerRemoved"}));
+  EXPECT_GE(std::chrono::steady_clock::now() - t1, 1000ms) << "looked for again too soon";
+  EXPECT_EQ(tracker_->stats().corrections_total(), 0u);
+}
+
+// Under churn hints come one after another: they share sweeps, one a removal_sweep_period at
+// most, as the sweep runs without hints while containers die and go.
+TEST_F(RemovalHintTrackerTest, HintsThatComeOneAfterAnotherShareASweepAPeriod) {
+  dir_hint_delay_ = 20ms;
+  sweep_period_ = 800ms;
+  restart_with_hints(1h, /*trusted=*/true, /*after_removal=*/true);
+  auto a = started_and_exited("a");
+  auto b = started_and_exited("b");
+  ASSERT_FALSE(HasFailure());
+  const auto quiet = sweeps();
+  removed_with_hint(a);  // swept for at once: no sweep for a while
+  ASSERT_FALSE(HasFailure());
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(sweeps(), quiet + 1);
+  removed_with_hint(b);  // the next sweep a period after the last
+  ASSERT_FALSE(HasFailure());
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 600ms) << "a sweep per hint";
+  EXPECT_EQ(sweeps(), quiet + 2);
+}
 
 TEST_F(RemovalHintTrackerTest, OnceAHintedRemovalIsFoundTheHintStandsForThePeriodicSweep) {
   restart_with_hints(1h);

@@ -189,6 +189,7 @@ void Daemon::report_stuck_calls(api::HealthReport& r) {
 
 void Daemon::start_removal_hints() {
   std::string source;
+  bool after_removal = false;  // the hint comes once the directory is gone
   // Hints trusted from the start: on a runtime known to remove a directory named by the id on
   // every removal, seen where it keeps it (the kernel sees them all; containerd names its own).
   // Directories given by --removal-hint-dir are trusted once a hinted removal is confirmed.
@@ -225,6 +226,7 @@ void Daemon::start_removal_hints() {
     auto* w = removal_dirs_.get();
     removal_hints_ = std::make_unique<RemovalHintsOver>([w](const std::string& id) { return w->watch(id); },
                                                         [w](const std::string& id) { w->unwatch(id); });
+    after_removal = true;
     source = "the removal of their directory in ";
     for (size_t i = 0; i < dirs.size(); ++i) source += (i ? ", " : "") + dirs[i];
   } else {
@@ -237,7 +239,7 @@ void Daemon::start_removal_hints() {
                source,
                known ? "trusted for " + runtime_name_
                      : "trusted once a hinted removal is confirmed");
-  tracker_->set_removal_hints(removal_hints_.get(), known);
+  tracker_->set_removal_hints(removal_hints_.get(), known, after_removal);
 }
 
 void Daemon::on_kernel_event(const kernel::KernelEvent& ev) {

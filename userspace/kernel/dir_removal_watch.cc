@@ -175,6 +175,7 @@ void DirRemovalWatch::run() {
     }
     if (fds[1].revents != 0) return;
     reads_.fetch_add(1, std::memory_order_relaxed);
+    bool delivered = false;
     for (;;) {
       ssize_t n = read(inotify_fd_, buf, sizeof buf);
       if (n < 0 && errno == EINTR) continue;
@@ -207,11 +208,14 @@ void DirRemovalWatch::run() {
         if (armed_.erase(name) != 0) hinted.push_back(std::move(name));
       }
       for (const auto& id : hinted) on_hint_(id);
+      delivered = delivered || !hinted.empty();
       if (lost) hint_all("the inotify queue overflowed");
       for (int wd : gone) on_watch_gone(wd);
     }
-    // Hold off: what comes meanwhile waits in the kernel's queue for the next read.
-    if (hold_off_.count() > 0) {
+    // Hold off after a hint: what comes meanwhile waits in the kernel's queue for the next
+    // read. Not after a read that hinted nothing (a file's removal, an id not armed), so that a
+    // hint just after it is not held.
+    if (delivered && hold_off_.count() > 0) {
       pollfd stop{stop_fd_, POLLIN, 0};
       int rc = poll(&stop, 1, int(hold_off_.count()));
       if (rc > 0) return;

@@ -6,11 +6,13 @@
 // node pays for it (fsnotify costs only operations inside the watched directories).
 //
 // One thread (`kpleg-rmdirs`) blocks in poll() on the inotify descriptor: no periodic wakeup.
-// After it has read and delivered what came, it holds off reading for `hold_off` (the kernel
-// queues what comes meanwhile): under churn the runtime removes a directory several times a
-// second, and each removal would otherwise be a wakeup of its own. A hint only brings the
-// removal sweep forward to TrackerOptions::removal_hint_delay (1 s), so a hint held half a
-// second costs that sweep little, and the thread wakes at most twice a second.
+// After a read that hinted an id, it holds off reading for `hold_off` (the kernel queues what
+// comes meanwhile): under churn the runtime removes a directory several times a second, and
+// each removal would otherwise be a wakeup of its own. The tracker sweeps for hinted removals
+// once a second at most anyway (TrackerOptions::removal_sweep_period), so a hint held half a
+// second costs that sweep little, and the thread wakes at most about twice a second. A read
+// that hinted nothing (a file's removal, an id not armed) is not followed by a hold-off: the
+// hint of a removal just after it is not held.
 // A lost event (the inotify queue overflowed) or a watched directory that went away hints every
 // armed id: the hint only brings the removal sweep, which re-arms the ids it still finds. A
 // directory that went is watched again when it is made again.

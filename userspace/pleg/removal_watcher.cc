@@ -11,7 +11,7 @@ namespace kpleg::pleg {
 namespace {
 // The sweep's own queue key: it runs beside the pods' work, never behind a hung pod.
 const std::string kSweepKey = "\x01removal-sweep";
-// Sweeps, removal_hint_delay apart, that look for a hinted container the runtime still lists.
+// Sweeps (the first the hint's delay after it, then removal_hint_delay apart) that look for a hinted container the runtime still lists.
 constexpr int kHintRechecks = 3;
 }  // namespace
 
@@ -60,7 +60,11 @@ void RemovalWatcher::on_hint(const std::string& id) {
   }
   hinted_.insert(id);
   rechecks_[id] = kHintRechecks;
-  schedule(Clock::now() + core_.opts.removal_hint_delay);
+  // Hints of removals that come one after another share a sweep: one a removal_sweep_period at
+  // most, as without hints while containers die and go.
+  auto at = Clock::now() + hint_delay();
+  if (last_sweep_) at = std::max(at, *last_sweep_ + core_.opts.removal_sweep_period);
+  schedule(at);
 }
 
 void RemovalWatcher::trust_hints(const std::string& hinted_id) {
@@ -163,6 +167,7 @@ void RemovalWatcher::sweep(Clock::time_point due) {
     std::lock_guard lk(core_.mu);
     if (due_ != due) return;  // superseded by an earlier sweep
     due_.reset();
+    last_sweep_ = Clock::now();
     judge_suspects(Clock::now());
     judge_hint_suspects(Clock::now());
     joined = std::exchange(joined_, false);

@@ -14,8 +14,9 @@
 // The removal hint (RemovalHints: inotify on the runtime's directories, kernel/dir_removal_watch.h,
 // or the kernel's syscall tracepoints, bpf/kpleg.bpf.c removal_hint) does the same for runtimes
 // without the stream: each exited id is armed, and the removal of a directory named by it (the
-// runtime removing its files on RemoveContainer) brings the sweep
-// forward to removal_hint_delay. Until a sweep has found a hinted removal the hints are not
+// runtime removing its files on RemoveContainer) brings the sweep forward to removal_hint_delay
+// (removal_dir_hint_delay for inotify's), one removal_sweep_period after the last sweep at the
+// soonest. Until a sweep has found a hinted removal the hints are not
 // trusted (unless the runtime is one known to keep such directories: set_hints) and the sweep
 // runs as without them; once one has, the sweep of hinted ids runs every
 // removal_sweep_with_hints at most, and a removal found without its hint (after
@@ -48,10 +49,14 @@ class RemovalWatcher {
 
   // Arms the removal hint for every record that joins from now on (nullptr: none);
   // `trusted`: the runtime is known to remove a directory named by the id on every removal, so
-  // the hints stand for the periodic sweep at once (until one is missed). Caller holds core.mu.
-  void set_hints(RemovalHints* hints, bool trusted) {
+  // the hints stand for the periodic sweep at once (until one is missed). `after_removal`: a
+  // hint comes once the directory is gone (inotify's), not at the rmdir's entry (the kernel's):
+  // its sweep goes removal_dir_hint_delay after it instead of removal_hint_delay; a hinted id
+  // the sweep still finds is looked for again removal_hint_delay apart. Caller holds core.mu.
+  void set_hints(RemovalHints* hints, bool trusted, bool after_removal = false) {
     hints_ = hints;
     hints_trusted_ = hints != nullptr && trusted;
+    hints_after_removal_ = after_removal;
   }
   // The kernel's hint: a directory named by `id` is being removed. Caller holds core.mu.
   void on_hint(const std::string& id);
@@ -105,6 +110,7 @@ class RemovalWatcher {
   // Under core_.mu:
   std::set<std::string> watched_;          // ids of the records that joined (a sweep walks these, not every record)
   std::optional<Clock::time_point> due_;  // the next sweep
+  std::optional<Clock::time_point> last_sweep_;  // when the last one began
   std::chrono::milliseconds interval_{0};  // after that one
   bool joined_ = false;                    // a record joined since the last sweep
   // Removals a sweep found while the stream covered them, by when: each waits for its DELETED.
@@ -118,6 +124,10 @@ class RemovalWatcher {
   std::map<std::string, int> rechecks_;  // hinted ids the sweep looks for soon, and how often more
   std::map<std::string, Clock::time_point> hint_suspects_;  // removals found before their hint
   bool hints_trusted_ = false;
+  bool hints_after_removal_ = false;
+  std::chrono::milliseconds hint_delay() const {
+    return hints_after_removal_ ? core_.opts.removal_dir_hint_delay : core_.opts.removal_hint_delay;
+  }
 };
 
 }  // namespace kpleg::pleg

@@ -42,9 +42,9 @@ void Tracker::set_inconsistency_handler(std::function<void(const std::string&)> 
   core_.set_inconsistency_handler(std::move(fn));
 }
 
-void Tracker::set_removal_hints(RemovalHints* hints, bool trusted) {
+void Tracker::set_removal_hints(RemovalHints* hints, bool trusted, bool after_removal) {
   std::lock_guard lk(core_.mu);
-  removal_.set_hints(hints, trusted);
+  removal_.set_hints(hints, trusted, after_removal);
 }
 
 void Tracker::on_kernel_event(const kernel::KernelEvent& ev) {

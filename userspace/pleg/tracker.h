@@ -48,8 +48,8 @@ class Tracker {
   void on_kernel_event(const kernel::KernelEvent& ev);
   // The removal hint (removal_watcher.h), armed for every container and sandbox that
   // exits from now on; nullptr: none. `hints` outlives the tracker's use of it (stop()).
-  // `trusted`: see RemovalWatcher::set_hints.
-  void set_removal_hints(RemovalHints* hints, bool trusted = false);
+  // `trusted` and `after_removal`: see RemovalWatcher::set_hints.
+  void set_removal_hints(RemovalHints* hints, bool trusted = false, bool after_removal = false);
 
   // An event of the runtime's GetContainerEvents stream (runtime_events.h), on its thread: the
   // runtime's confirmation of what the kernel signalled, without a look. Never blocks on the

@@ -60,10 +60,16 @@ struct TrackerOptions {
   // this long (it may be on its way); then the sweep runs as without the stream.
   std::chrono::milliseconds removal_event_grace{1000};
   // The kernel's removal hint (removal_watcher.h): a hinted id is swept for removal_hint_delay
-  // after its hint (hints of many removals share one sweep); once hints are trusted, ids the
+  // after its hint, and one removal_sweep_period after the last sweep at the soonest (hints of
+  // many removals share one sweep); once hints are trusted, ids the
   // kernel watches are swept for every removal_sweep_with_hints at most (as the reconcile
   // looks for removals too, the same period by default).
   std::chrono::milliseconds removal_hint_delay{1000};
+  // inotify's hint comes once the directory is gone (the kernel's at the rmdir's entry), and
+  // its watch already gathers the hints of removals that come together (DirRemovalWatch's
+  // hold-off): its sweep goes this soon. The runtime forgets the id just after it removes the
+  // directory; a sweep that still finds it looks again, removal_hint_delay apart.
+  std::chrono::milliseconds removal_dir_hint_delay{100};
   std::chrono::milliseconds removal_sweep_with_hints{300'000};
   // A difference found by a reconcile is re-checked after this grace period (a kernel event in
   // flight is not a missed one) before it becomes a correction.
