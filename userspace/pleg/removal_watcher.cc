@@ -11,7 +11,8 @@ namespace kpleg::pleg {
 namespace {
 // The sweep's own queue key: it runs beside the pods' work, never behind a hung pod.
 const std::string kSweepKey = "\x01removal-sweep";
-// Sweeps (the first the hint's delay after it, then removal_hint_delay apart) that look for a hinted container the runtime still lists.
+// Sweeps (the first the hint's delay after it, then removal_hint_delay apart) that look for a
+// hinted container the runtime still lists.
 constexpr int kHintRechecks = 3;
 }  // namespace
 
