@@ -476,7 +476,8 @@ int main(int argc, char** argv) {
 
   json result;
   result["config"] = {{"execs_per_round", execs}, {"rounds", rounds}, {"block_execs", block_execs},
-                      {"lifecycles", lifecycles}, {"syscalls_per_side", syscalls}};
+                      {"lifecycles", lifecycles}, {"syscalls_per_side", syscalls},
+                      {"quick", quick}};
 
   // --- 1. per-program cost -------------------------------------------------------------------
   {

@@ -996,7 +996,9 @@ def write_summary(cfg, results):
                      f"kplegd's default programs {ss['median_default_ns_per_syscall']:.1f} "
                      f"({ss['median_default_extra_ns_per_syscall']:+.1f}), with the removal hint's syscall tracepoints "
                      f"(--removal-hints kernel) {ss['median_default_and_removal_hint_ns_per_syscall']:.1f} "
-                     f"({ss['median_removal_hint_extra_ns_per_syscall']:+.1f}): every syscall on the node pays that.\n")
+                     f"({ss['median_removal_hint_extra_ns_per_syscall']:+.1f}): every syscall on the node pays that"
+                     + (" (a quick run's storm is too short to tell a few ns apart: quote a full run's)"
+                        if b.get("config", {}).get("quick") else "") + ".\n")
     with open(os.path.join(cfg.out_dir, "summary.md"), "w") as f:
         f.write("\n".join(L) + "\n")
 
