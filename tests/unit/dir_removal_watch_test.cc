@@ -88,10 +88,11 @@ class DirRemovalWatchTest : public ::testing::Test {
 
 TEST_F(DirRemovalWatchTest, TheRemovalOfAnArmedIdsDirectoryHintsItOncePerArming) {
   start({containers_});
-  const std::string a = id_of('a'), b = id_of('b'), c = id_of('c'), sentinel = id_of('e');
-  ASSERT_TRUE(watch_->watch(a));
-  ASSERT_TRUE(watch_->watch(c));
-  EXPECT_FALSE(watch_->watch("abc")) << "not an id";
+  const std::string a = id_of('a'), b = id_of('b'), c = id_of('c'), d = id_of('d'),
+                    sentinel = id_of('e');
+  ASSERT_EQ(watch_->watch(a), DirRemovalWatch::Arm::kArmed);
+  ASSERT_EQ(watch_->watch(c), DirRemovalWatch::Arm::kArmed);
+  EXPECT_EQ(watch_->watch("abc"), DirRemovalWatch::Arm::kNotAnId);
   EXPECT_EQ(watch_->watch_count(), 2u);
 
   make_and_remove(containers_ + "/" + a);
@@ -109,17 +110,35 @@ TEST_F(DirRemovalWatchTest, TheRemovalOfAnArmedIdsDirectoryHintsItOncePerArming)
   ASSERT_EQ(unlink(file.c_str()), 0);
   watch_->unwatch(c);
   make_and_remove(containers_ + "/" + c);
-  ASSERT_TRUE(watch_->watch(b));
-  make_and_remove(root_ + "/" + b);
+  ASSERT_EQ(watch_->watch(d), DirRemovalWatch::Arm::kArmed);
+  make_and_remove(root_ + "/" + d);
 
   // Moved away (renamed aside before its removal): a hint. Then the sentinel, after all above.
-  ASSERT_EQ(mkdir((containers_ + "/" + b).c_str(), 0755), 0);
-  ASSERT_EQ(rename((containers_ + "/" + b).c_str(), (root_ + "/trash").c_str()), 0);
-  ASSERT_TRUE(watch_->watch(sentinel));
+  ASSERT_EQ(mkdir((containers_ + "/" + d).c_str(), 0755), 0);
+  ASSERT_EQ(rename((containers_ + "/" + d).c_str(), (root_ + "/trash").c_str()), 0);
+  ASSERT_EQ(watch_->watch(sentinel), DirRemovalWatch::Arm::kArmed);
   make_and_remove(containers_ + "/" + sentinel);
   ASSERT_TRUE(eventually([&] { return hinted_has(sentinel); }));
-  EXPECT_EQ(hinted(), (std::vector<std::string>{a, b, sentinel}));
+  EXPECT_EQ(hinted(), (std::vector<std::string>{a, d, sentinel}));
   EXPECT_EQ(watch_->overflows(), 0u);
+}
+
+// The runtime may remove an id's directory before the tracker arms it (a RemoveContainer right
+// after StopContainer, before the death is confirmed): arming it then says it is gone, and no
+// hint is left to wait for. A removal is remembered once only, and not after kRememberGone.
+TEST_F(DirRemovalWatchTest, ArmingAnIdWhoseDirectoryWentAlreadySaysSo) {
+  start({containers_});
+  const std::string early = id_of('1'), later = id_of('2');
+  make_and_remove(containers_ + "/" + early);
+  ASSERT_TRUE(eventually([&] { return watch_->reads() >= 1; })) << "the removal was never read";
+  EXPECT_EQ(watch_->watch(early), DirRemovalWatch::Arm::kGone);
+  EXPECT_EQ(watch_->watch_count(), 0u) << "nothing armed for a removal already seen";
+  EXPECT_EQ(watch_->watch(early), DirRemovalWatch::Arm::kArmed) << "remembered once";
+  // Armed, it is hinted as before.
+  ASSERT_EQ(watch_->watch(later), DirRemovalWatch::Arm::kArmed);
+  make_and_remove(containers_ + "/" + later);
+  ASSERT_TRUE(eventually([&] { return hinted_has(later); }));
+  EXPECT_FALSE(hinted_has(early));
 }
 
 // Under churn the runtime removes directories several times a second: after a read, the
@@ -128,7 +147,7 @@ TEST_F(DirRemovalWatchTest, TheRemovalOfAnArmedIdsDirectoryHintsItOncePerArming)
 TEST_F(DirRemovalWatchTest, RemovalsThatComeWhileItHoldsOffAreReadTogether) {
   start({containers_});
   const std::string first = id_of('0');
-  ASSERT_TRUE(watch_->watch(first));
+  ASSERT_EQ(watch_->watch(first), DirRemovalWatch::Arm::kArmed);
   make_and_remove(containers_ + "/" + first);
   ASSERT_TRUE(eventually([&] { return hinted_has(first); }));
   const uint64_t reads_before = watch_->reads();
@@ -138,7 +157,7 @@ TEST_F(DirRemovalWatchTest, RemovalsThatComeWhileItHoldsOffAreReadTogether) {
   std::vector<std::string> ids;
   for (char c : std::string("123456789a")) {
     ids.push_back(id_of(c));
-    ASSERT_TRUE(watch_->watch(ids.back()));
+    ASSERT_EQ(watch_->watch(ids.back()), DirRemovalWatch::Arm::kArmed);
   }
   for (const auto& id : ids) {
     make_and_remove(containers_ + "/" + id);
@@ -157,7 +176,7 @@ TEST_F(DirRemovalWatchTest, RemovalsThatComeWhileItHoldsOffAreReadTogether) {
 TEST_F(DirRemovalWatchTest, NoHoldOffAfterAReadThatHintedNothing) {
   start({containers_}, std::chrono::seconds(30));
   const std::string a = id_of('a');
-  ASSERT_TRUE(watch_->watch(a));
+  ASSERT_EQ(watch_->watch(a), DirRemovalWatch::Arm::kArmed);
   const std::string file = containers_ + "/" + a;
   int fd = open(file.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
   ASSERT_GE(fd, 0);
@@ -173,7 +192,7 @@ TEST_F(DirRemovalWatchTest, ADirectoryMadeAfterTheStartIsWatchedFromItsCreation)
   const std::string sandboxes = root_ + "/sandboxes";
   start({containers_, sandboxes});
   const std::string s = id_of('5');
-  ASSERT_TRUE(watch_->watch(s));
+  ASSERT_EQ(watch_->watch(s), DirRemovalWatch::Arm::kArmed);
   // The runtime makes the directory with its first sandbox.
   ASSERT_EQ(mkdir(sandboxes.c_str(), 0755), 0);
   // The watch is added on the watch's thread when it reads the creation: retried until then
@@ -186,8 +205,8 @@ TEST_F(DirRemovalWatchTest, ADirectoryMadeAfterTheStartIsWatchedFromItsCreation)
 TEST_F(DirRemovalWatchTest, AWatchedDirectoryThatGoesHintsEveryArmedIdAndIsWatchedWhenMadeAgain) {
   start({containers_});
   const std::string a = id_of('a'), b = id_of('b'), c = id_of('c');
-  ASSERT_TRUE(watch_->watch(a));
-  ASSERT_TRUE(watch_->watch(b));
+  ASSERT_EQ(watch_->watch(a), DirRemovalWatch::Arm::kArmed);
+  ASSERT_EQ(watch_->watch(b), DirRemovalWatch::Arm::kArmed);
   ASSERT_EQ(rmdir(containers_.c_str()), 0);
   ASSERT_TRUE(eventually([&] { return hinted().size() == 2; }));
   EXPECT_EQ(watch_->overflows(), 1u);
@@ -195,7 +214,7 @@ TEST_F(DirRemovalWatchTest, AWatchedDirectoryThatGoesHintsEveryArmedIdAndIsWatch
 
   // Made again: its removals hint again (retried until the watch's thread has added it).
   ASSERT_EQ(mkdir(containers_.c_str(), 0755), 0);
-  ASSERT_TRUE(watch_->watch(c));
+  ASSERT_EQ(watch_->watch(c), DirRemovalWatch::Arm::kArmed);
   ASSERT_TRUE(hinted_once_watched(containers_, c));
   EXPECT_EQ(watch_->overflows(), 1u);
 }
@@ -206,10 +225,10 @@ TEST_F(DirRemovalWatchTest, AWatchedDirectoryMovedAwayIsWatchedWhereItWas) {
   ASSERT_TRUE(eventually([&] { return watch_->overflows() == 1; }));
   // A removal in the moved directory is not a removal in the watched one.
   const std::string a = id_of('a'), b = id_of('b');
-  ASSERT_TRUE(watch_->watch(a));
+  ASSERT_EQ(watch_->watch(a), DirRemovalWatch::Arm::kArmed);
   make_and_remove(root_ + "/old/" + a);
   ASSERT_EQ(mkdir(containers_.c_str(), 0755), 0);
-  ASSERT_TRUE(watch_->watch(b));
+  ASSERT_EQ(watch_->watch(b), DirRemovalWatch::Arm::kArmed);
   ASSERT_TRUE(hinted_once_watched(containers_, b));
   EXPECT_FALSE(hinted_has(a));
 }
@@ -228,14 +247,14 @@ TEST_F(DirRemovalWatchTest, TheCallbackMayArmAgain) {
   ASSERT_TRUE(w.ok()) << w.error().message;
   watch_ = std::move(*w);
   const std::string a = id_of('a');
-  ASSERT_TRUE(watch_->watch(a));
+  ASSERT_EQ(watch_->watch(a), DirRemovalWatch::Arm::kArmed);
   make_and_remove(containers_ + "/" + a);
   ASSERT_TRUE(eventually([&] { return hinted().size() == 1; }));
   ASSERT_TRUE(eventually([&] { return watch_->watch_count() == 1; }));
   make_and_remove(containers_ + "/" + a);
   ASSERT_TRUE(eventually([&] { return hinted().size() == 2; }));
   EXPECT_EQ(watch_->watch_count(), 0u);
-  EXPECT_FALSE(watch_->watch(std::string(64, 'G'))) << "not hex";
+  EXPECT_EQ(watch_->watch(std::string(64, 'G')), DirRemovalWatch::Arm::kNotAnId) << "not hex";
 }
 
 TEST(DirRemovalWatchStart, FailsWhenADirectoryAndItsParentAreMissing) {

@@ -790,11 +790,17 @@ TEST_F(TrackerTest, QuietRemovalSweepsBackOffAndADeathBringsThemBack) {
 // The BPF map of armed ids, in memory.
 class FakeRemovalHints : public RemovalHints {
  public:
-  bool watch(const std::string& id) override {
+  Arm watch(const std::string& id) override {
     std::lock_guard lk(mu_);
-    armed_.insert(id);
     ++watches_[id];
-    return true;
+    if (gone_on_watch_) return Arm::kGone;
+    armed_.insert(id);
+    return Arm::kArmed;
+  }
+  // From now on every id armed has been removed already (its directory went unarmed).
+  void gone_on_watch() {
+    std::lock_guard lk(mu_);
+    gone_on_watch_ = true;
   }
   void unwatch(const std::string& id) override {
     std::lock_guard lk(mu_);
@@ -803,6 +809,11 @@ class FakeRemovalHints : public RemovalHints {
   bool armed(const std::string& id) const {
     std::lock_guard lk(mu_);
     return armed_.count(id) > 0;
+  }
+  // The source sees `id` removed: true (and disarmed) when armed, as inotify's watch hints it.
+  bool fire(const std::string& id) {
+    std::lock_guard lk(mu_);
+    return armed_.erase(id) > 0;
   }
   int watches(const std::string& id) const {
     std::lock_guard lk(mu_);
@@ -814,6 +825,7 @@ class FakeRemovalHints : public RemovalHints {
   mutable std::mutex mu_;
   std::set<std::string> armed_;
   std::map<std::string, int> watches_;
+  bool gone_on_watch_ = false;
 };
 
 class RemovalHintTrackerTest : public TrackerTest {
@@ -884,6 +896,50 @@ TEST_F(RemovalHintTrackerTest, AHintThatComesAfterTheRemovalIsSweptForSooner) {
   ASSERT_TRUE(wait_types(late, {"ContainerStarted", "ContainerDied", "ContainerRemoved"}));
   EXPECT_GE(std::chrono::steady_clock::now() - t1, 1000ms) << "looked for again too soon";
   EXPECT_EQ(tracker_->stats().corrections_total(), 0u);
+}
+
+// The runtime may remove a container's directory before its death is confirmed (a
+// RemoveContainer right after StopContainer): the hint came before the id was armed, and arming
+// says so. That is its hint: swept for soon, and the hints stay trusted.
+TEST_F(RemovalHintTrackerTest, ARemovalSeenBeforeItsIdWasArmedIsItsHint) {
+  dir_hint_delay_ = 200ms;
+  restart_with_hints(1h, /*trusted=*/true, /*after_removal=*/true);
+  hints_.gone_on_watch();
+  auto early = started_and_exited("early");
+  ASSERT_FALSE(HasFailure());
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(cri_.remove_container(early).ok());
+  ASSERT_TRUE(wait_types(early, {"ContainerStarted", "ContainerDied", "ContainerRemoved"}, 3s))
+      << "no sweep came for a removal seen before its id was armed";
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+  const auto st = tracker_->stats();
+  EXPECT_EQ(st.removal_hints, 1u);
+  EXPECT_EQ(st.removal_hints_missed, 0u);
+  EXPECT_TRUE(st.removal_hints_trusted);
+  EXPECT_EQ(st.corrections_total(), 0u);
+}
+
+// inotify's watch holds hints back for a while after a read: a sweep brought by one hint may
+// find another removal first. That id stays armed at the source until its hint comes (or its
+// grace is over), so the hint still comes and counts: the hints stay trusted.
+TEST_F(RemovalHintTrackerTest, ARemovalSweptForBeforeItsHeldBackHintStaysArmedForIt) {
+  restart_with_hints(1h, /*trusted=*/true, /*after_removal=*/true);
+  auto a = started_and_exited("a");
+  auto b = started_and_exited("b");
+  ASSERT_FALSE(HasFailure());
+  ASSERT_TRUE(cri_.remove_container(a).ok());
+  ASSERT_TRUE(cri_.remove_container(b).ok());
+  ASSERT_TRUE(hints_.fire(a));
+  kernel_hint(a);  // b's hint is held back
+  ASSERT_TRUE(wait_types(a, {"ContainerStarted", "ContainerDied", "ContainerRemoved"}, 3s));
+  ASSERT_TRUE(wait_types(b, {"ContainerStarted", "ContainerDied", "ContainerRemoved"}, 3s));
+  EXPECT_TRUE(hints_.armed(b)) << "disarmed while its hint may still come";
+  ASSERT_TRUE(hints_.fire(b));
+  kernel_hint(b);
+  // Judged a grace (100 ms here) after the sweep that found it: not a miss.
+  EXPECT_FALSE(eventually([&] { return tracker_->stats().removal_hints_missed > 0; }, 500ms));
+  EXPECT_TRUE(tracker_->stats().removal_hints_trusted);
+  EXPECT_EQ(tracker_->stats().removal_hints, 2u);
 }
 
 // Under churn hints come one after another: they share sweeps, one a removal_sweep_period at
@@ -969,6 +1025,7 @@ TEST_F(RemovalHintTrackerTest, ARemovalTheKernelDidNotHintMakesTheSweepRunAsWith
   ASSERT_TRUE(wait_types(second, {"ContainerStarted", "ContainerDied", "ContainerRemoved"}, 3s));
   ASSERT_TRUE(eventually([&] { return !tracker_->stats().removal_hints_trusted; }, 2s));
   EXPECT_EQ(tracker_->stats().removal_hints_missed, 1u);
+  EXPECT_FALSE(hints_.armed(second)) << "disarmed at the source once its hint is given up";
 
   // The next exited container is swept for every period again.
   auto third = started_and_exited("third");

@@ -14,13 +14,14 @@ namespace {
 // (--removal-hints kernel) or the inotify watch of the runtime's directories (auto).
 class RemovalHintsOver : public pleg::RemovalHints {
  public:
-  RemovalHintsOver(std::function<bool(const std::string&)> arm, std::function<void(const std::string&)> disarm)
+  RemovalHintsOver(std::function<Arm(const std::string&)> arm,
+                   std::function<void(const std::string&)> disarm)
       : arm_(std::move(arm)), disarm_(std::move(disarm)) {}
-  bool watch(const std::string& id) override { return arm_(id); }
+  Arm watch(const std::string& id) override { return arm_(id); }
   void unwatch(const std::string& id) override { disarm_(id); }
 
  private:
-  std::function<bool(const std::string&)> arm_;
+  std::function<Arm(const std::string&)> arm_;
   std::function<void(const std::string&)> disarm_;
 };
 }  // namespace
@@ -197,7 +198,10 @@ void Daemon::start_removal_hints() {
   if (auto* p = kernel_->program(); p != nullptr && p->removal_hints_attached()) {
     // Attached when the kernel options ask for it (--removal-hints kernel).
     removal_hints_ = std::make_unique<RemovalHintsOver>(
-        [p](const std::string& id) { return p->watch_removal(id); },
+        [p](const std::string& id) {
+          return p->watch_removal(id) ? pleg::RemovalHints::Arm::kArmed
+                                      : pleg::RemovalHints::Arm::kFailed;
+        },
         [p](const std::string& id) { p->unwatch_removal(id); });
     source = "the kernel's rmdir of a directory named by the id";
   } else if (opts_.removal_hints == RemovalHintSource::kAuto) {
@@ -224,8 +228,16 @@ void Daemon::start_removal_hints() {
     }
     removal_dirs_ = std::move(*watch);
     auto* w = removal_dirs_.get();
-    removal_hints_ = std::make_unique<RemovalHintsOver>([w](const std::string& id) { return w->watch(id); },
-                                                        [w](const std::string& id) { w->unwatch(id); });
+    removal_hints_ = std::make_unique<RemovalHintsOver>(
+        [w](const std::string& id) {
+          switch (w->watch(id)) {
+            case kernel::DirRemovalWatch::Arm::kArmed: return pleg::RemovalHints::Arm::kArmed;
+            case kernel::DirRemovalWatch::Arm::kGone: return pleg::RemovalHints::Arm::kGone;
+            case kernel::DirRemovalWatch::Arm::kNotAnId: break;
+          }
+          return pleg::RemovalHints::Arm::kFailed;
+        },
+        [w](const std::string& id) { w->unwatch(id); });
     after_removal = true;
     source = "the removal of their directory in ";
     for (size_t i = 0; i < dirs.size(); ++i) source += (i ? ", " : "") + dirs[i];

@@ -98,11 +98,30 @@ DirRemovalWatch::~DirRemovalWatch() {
   close(stop_fd_);
 }
 
-bool DirRemovalWatch::watch(const std::string& id) {
-  if (id.size() != kIdLen || id.find_first_not_of("0123456789abcdef") != std::string::npos) return false;
+namespace {
+bool is_id(const std::string& s) {
+  return s.size() == kIdLen && s.find_first_not_of("0123456789abcdef") == std::string::npos;
+}
+}  // namespace
+
+DirRemovalWatch::Arm DirRemovalWatch::watch(const std::string& id) {
+  if (!is_id(id)) return Arm::kNotAnId;
   std::lock_guard lk(mu_);
+  if (gone_.erase(id) != 0) return Arm::kGone;
   armed_.insert(id);
-  return true;
+  return Arm::kArmed;
+}
+
+void DirRemovalWatch::remember_gone(std::string name, std::chrono::steady_clock::time_point now) {
+  while (!gone_order_.empty() && (gone_order_.size() >= kRememberGoneMax ||
+                                  now - gone_order_.front().first >= kRememberGone)) {
+    auto& [at, old] = gone_order_.front();
+    // Only the entry of that removal: the name may have been taken (or removed again) since.
+    if (auto it = gone_.find(old); it != gone_.end() && it->second == at) gone_.erase(it);
+    gone_order_.pop_front();
+  }
+  gone_[name] = now;
+  gone_order_.emplace_back(now, std::move(name));
 }
 
 void DirRemovalWatch::unwatch(const std::string& id) {
@@ -205,7 +224,11 @@ void DirRemovalWatch::run() {
         }
         if (!(ev->mask & (IN_DELETE | IN_MOVED_FROM)) || !watched_.count(ev->wd)) continue;
         std::lock_guard lk(mu_);
-        if (armed_.erase(name) != 0) hinted.push_back(std::move(name));
+        if (armed_.erase(name) != 0) {
+          hinted.push_back(std::move(name));
+        } else if (is_id(name)) {
+          remember_gone(std::move(name), std::chrono::steady_clock::now());
+        }
       }
       for (const auto& id : hinted) on_hint_(id);
       delivered = delivered || !hinted.empty();

@@ -13,6 +13,7 @@
 // second costs that sweep little, and the thread wakes at most about twice a second. A read
 // that hinted nothing (a file's removal, an id not armed) is not followed by a hold-off: the
 // hint of a removal just after it is not held.
+// The removal of an id not armed yet is remembered for a while: arming it then answers kGone.
 // A lost event (the inotify queue overflowed) or a watched directory that went away hints every
 // armed id: the hint only brings the removal sweep, which re-arms the ids it still finds. A
 // directory that went is watched again when it is made again.
@@ -21,12 +22,14 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -55,9 +58,22 @@ class DirRemovalWatch {
   DirRemovalWatch(const DirRemovalWatch&) = delete;
   DirRemovalWatch& operator=(const DirRemovalWatch&) = delete;
 
+  enum class Arm {
+    kArmed,    // the next removal of its subdirectory hints it
+    kGone,     // its subdirectory was removed (unarmed) within kRememberGone: no hint will come
+    kNotAnId,  // not 64 lowercase hex digits
+  };
+  // Removals of unarmed ids' subdirectories are remembered this long (kRememberGoneMax at
+  // most): an id is armed when the tracker has confirmed its container's death, and the runtime
+  // may remove it before that (a RemoveContainer right after StopContainer), so its hint came
+  // before anyone asked for it.
+  static constexpr std::chrono::seconds kRememberGone{10};
+  static constexpr size_t kRememberGoneMax = 4096;
+
   // Arms an id (64 lowercase hex digits): the next removal of a subdirectory by that name in a
-  // watched directory hints it. False when the id is not one.
-  bool watch(const std::string& id);
+  // watched directory hints it. kGone instead when that removal has already been read: the
+  // caller takes that answer as the hint (nothing is armed).
+  Arm watch(const std::string& id);
   void unwatch(const std::string& id);
   size_t watch_count() const;
 
@@ -93,8 +109,14 @@ class DirRemovalWatch {
   // The watch's thread only, after start().
   std::map<int, std::string> watched_;  // watch descriptor -> directory
   std::vector<Pending> pending_;
+  // Remembers the removal of unarmed `name` (an id's subdirectory). Caller holds mu_.
+  void remember_gone(std::string name, std::chrono::steady_clock::time_point now);
+
   mutable std::mutex mu_;
   std::unordered_set<std::string> armed_;
+  // Unarmed ids whose subdirectory was removed, when; and in the order they came.
+  std::unordered_map<std::string, std::chrono::steady_clock::time_point> gone_;
+  std::deque<std::pair<std::chrono::steady_clock::time_point, std::string>> gone_order_;
   std::atomic<uint64_t> overflows_{0};
   std::atomic<uint64_t> reads_{0};
   std::thread thread_;

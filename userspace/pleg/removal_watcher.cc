@@ -21,7 +21,12 @@ void RemovalWatcher::join(Record& rec) {
   const std::string& id = rec.identity.id;
   watched_.insert(id);
   joined_ = true;
-  if (hints_ != nullptr && !armed_.count(id) && hints_->watch(id)) armed_.insert(id);
+  bool gone = false;
+  if (hints_ != nullptr && !armed_.count(id)) {
+    const RemovalHints::Arm arm = hints_->watch(id);
+    if (arm != RemovalHints::Arm::kFailed) armed_.insert(id);
+    gone = arm == RemovalHints::Arm::kGone;
+  }
   const auto now = Clock::now();
   if (const auto cover = covered_for(rec); cover.count() > 0) {
     if (!due_) interval_ = cover;
@@ -32,6 +37,9 @@ void RemovalWatcher::join(Record& rec) {
   } else {
     schedule(now + core_.opts.removal_sweep_period);  // no later than that
   }
+  // Removed before its death was confirmed (a RemoveContainer right after StopContainer): the
+  // hint that came then is taken now.
+  if (gone) on_hint(id);
 }
 
 std::chrono::milliseconds RemovalWatcher::covered_for(const Record& rec) const {
@@ -43,7 +51,10 @@ std::chrono::milliseconds RemovalWatcher::covered_for(const Record& rec) const {
 }
 
 void RemovalWatcher::forget(const std::string& id) {
-  if (armed_.erase(id) && hints_ != nullptr) hints_->unwatch(id);
+  // A removal the sweep found before its hint stays armed at the source until the hint comes
+  // or its grace is over (judge_hint_suspects): the watch may be holding the hint back, and
+  // disarmed, it would drop it.
+  if (armed_.erase(id) && hints_ != nullptr && !hint_suspects_.count(id)) hints_->unwatch(id);
   hinted_.erase(id);
   rechecks_.erase(id);
 }
@@ -78,7 +89,7 @@ void RemovalWatcher::trust_hints(const std::string& hinted_id) {
 
 void RemovalWatcher::judge_hint_suspects(Clock::time_point now) {
   std::string example;
-  const size_t missed = take_overdue(hint_suspects_, now, example);
+  const size_t missed = take_overdue(hint_suspects_, now, example, /*disarm=*/true);
   if (missed == 0) return;
   core_.stats.removal_hints_missed += missed;
   if (!hints_trusted_) return;
@@ -109,7 +120,8 @@ void RemovalWatcher::on_deleted_event(const std::string& id) {
 }
 
 size_t RemovalWatcher::take_overdue(std::map<std::string, Clock::time_point>& suspects,
-                                    Clock::time_point now, std::string& example) const {
+                                    Clock::time_point now, std::string& example,
+                                    bool disarm) const {
   size_t overdue = 0;
   for (auto it = suspects.begin(); it != suspects.end();) {
     if (now - it->second < core_.opts.removal_event_grace) {
@@ -118,6 +130,7 @@ size_t RemovalWatcher::take_overdue(std::map<std::string, Clock::time_point>& su
     }
     ++overdue;
     example = it->first;
+    if (disarm && hints_ != nullptr && !armed_.count(it->first)) hints_->unwatch(it->first);
     it = suspects.erase(it);
   }
   return overdue;
@@ -246,7 +259,7 @@ void RemovalWatcher::sweep(Clock::time_point due) {
       // Hinted, still there: the runtime removes its files before it forgets the container
       // (or the directory went for another reason: then after a few more looks, no more).
       // Armed again, and looked for again soon.
-      if (rc->second == kHintRechecks && hints_ != nullptr) hints_->watch(id);
+      if (rc->second == kHintRechecks && hints_ != nullptr) (void)hints_->watch(id);
       if (--rc->second > 0)
         early_hint = true;
       else

@@ -20,7 +20,10 @@
 // trusted (unless the runtime is one known to keep such directories: set_hints) and the sweep
 // runs as without them; once one has, the sweep of hinted ids runs every
 // removal_sweep_with_hints at most, and a removal found without its hint (after
-// removal_event_grace) makes it run as without them again.
+// removal_event_grace) makes it run as without them again. A removal the sweep finds first
+// stays armed at the source until its hint comes or that grace is over (the hint may be held
+// back); an id the source saw removed before it was armed (RemovalHints::Arm::kGone) is hinted
+// as it joins.
 #pragma once
 
 #include <chrono>
@@ -38,8 +41,12 @@ namespace kpleg::pleg {
 class RemovalHints {
  public:
   virtual ~RemovalHints() = default;
-  // False when the id cannot be armed (the map is full): its removal is then not hinted.
-  virtual bool watch(const std::string& id) = 0;
+  enum class Arm {
+    kArmed,
+    kFailed,  // cannot be armed (the map is full): its removal is then not hinted
+    kGone,    // removed already (the source saw it before the id was armed): that is its hint
+  };
+  virtual Arm watch(const std::string& id) = 0;
   virtual void unwatch(const std::string& id) = 0;
 };
 
@@ -93,9 +100,10 @@ class RemovalWatcher {
   // it. Caller holds core.mu.
   void judge_suspects(Clock::time_point now);
   // Takes the suspects whose grace (removal_event_grace) is over out of `suspects`: how many,
-  // and one of them in `example`. Caller holds core.mu.
+  // and one of them in `example`; `disarm`: disarms them at the hint's source too (unless armed
+  // again since). Caller holds core.mu.
   size_t take_overdue(std::map<std::string, Clock::time_point>& suspects, Clock::time_point now,
-                      std::string& example) const;
+                      std::string& example, bool disarm = false) const;
   // Same for removals of armed ids a sweep found before their hint came. Caller holds core.mu.
   // A hinted removal was confirmed: the hints stand for the periodic sweep (logged once).
   void trust_hints(const std::string& hinted_id);
