@@ -48,6 +48,19 @@ struct {
 	__type(value, __u64);
 } removal_watch SEC(".maps");
 
+/*
+ * Ids whose directory was removed while not armed, with the rmdir's bpf_ktime_get_ns(): the
+ * runtime may remove it before userspace has confirmed the death and armed the id (a
+ * RemoveContainer right after StopContainer). Userspace arms, then looks here: such a removal
+ * is its hint. Only 64-character names that nobody armed come here.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, char[KPLEG_ID_LEN]);
+	__type(value, __u64);
+} removal_early SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, KPLEG_CNT_MAX);
@@ -446,8 +459,14 @@ static __always_inline void removal__hint(const char *user_path)
 		return;
 	__u64 *armed = bpf_map_lookup_elem(&removal_watch, id);
 
+	if (!armed) {
+		__u64 now = bpf_ktime_get_ns();
+
+		bpf_map_update_elem(&removal_early, id, &now, BPF_ANY);
+		return;
+	}
 	/* Once per arming, even when two CPUs remove directories of the same id at once. */
-	if (!armed || *armed != 1 || __sync_val_compare_and_swap(armed, 1, 0) != 1)
+	if (*armed != 1 || __sync_val_compare_and_swap(armed, 1, 0) != 1)
 		return;
 	struct kpleg_removal_hint_event *e = event__reserve(sizeof(*e), KPLEG_EVENT_REMOVAL_HINT);
 

@@ -186,6 +186,12 @@ TEST_F(KernelSourceTest, TheRmdirOfADirectoryNamedByAWatchedIdHintsItsRemovalOnc
   ASSERT_EQ(unlinkat(AT_FDCWD, (dir + "/" + watched).c_str(), AT_REMOVEDIR), 0);
   ASSERT_TRUE(made(other));
   ASSERT_EQ(rmdir((dir + "/" + other).c_str()), 0);
+  // An id nobody armed yet: its removal is remembered for the arming (the runtime may remove a
+  // container before its death is confirmed), once.
+  EXPECT_TRUE(prog->take_early_removal(other)) << "the removal before the arming was not kept";
+  EXPECT_FALSE(prog->take_early_removal(other)) << "answered twice";
+  EXPECT_FALSE(prog->take_early_removal(sentinel)) << "never removed";
+  EXPECT_FALSE(prog->take_early_removal(watched)) << "armed when removed: hinted instead";
   ASSERT_TRUE(made("x" + forgotten));
   ASSERT_EQ(rmdir((dir + "/x" + forgotten).c_str()), 0);
   const int f = open((dir + "/" + forgotten).c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0644);

@@ -199,8 +199,10 @@ void Daemon::start_removal_hints() {
     // Attached when the kernel options ask for it (--removal-hints kernel).
     removal_hints_ = std::make_unique<RemovalHintsOver>(
         [p](const std::string& id) {
-          return p->watch_removal(id) ? pleg::RemovalHints::Arm::kArmed
-                                      : pleg::RemovalHints::Arm::kFailed;
+          if (!p->watch_removal(id)) return pleg::RemovalHints::Arm::kFailed;
+          // Armed, then asked: a removal in between is hinted by the program.
+          return p->take_early_removal(id) ? pleg::RemovalHints::Arm::kGone
+                                           : pleg::RemovalHints::Arm::kArmed;
         },
         [p](const std::string& id) { p->unwatch_removal(id); });
     source = "the kernel's rmdir of a directory named by the id";

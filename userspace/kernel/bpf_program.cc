@@ -10,6 +10,7 @@
 #include <array>
 #include <cstdarg>
 #include <cstring>
+#include <ctime>
 #include <deque>
 #include <mutex>
 
@@ -128,6 +129,8 @@ Result<std::unique_ptr<BpfProgram>> BpfProgram::load(const BpfOptions& opts) {
   // The removal hint is a hint: without its tracepoints (not asked for, or no tracefs; attached
   // after the OOM hook mounted it if need be) removals are swept for as before.
   bpf_map__set_max_entries(skel->maps.removal_watch, opts.max_tracked_cgroups);
+  // Removals before the arming: only with the hint (an LRU map's memory is allocated at once).
+  if (!opts.removal_hint) bpf_map__set_max_entries(skel->maps.removal_early, 1);
   bpf_program__set_autoattach(skel->progs.removal_hint_unlinkat, false);
   bpf_program__set_autoattach(skel->progs.removal_hint_rmdir, false);
 
@@ -185,6 +188,20 @@ bool BpfProgram::watch_removal(const std::string& id) {
 void BpfProgram::unwatch_removal(const std::string& id) {
   if (id.size() != KPLEG_ID_LEN) return;
   bpf_map_delete_elem(bpf_map__fd(skel_->maps.removal_watch), id.data());
+}
+
+bool BpfProgram::take_early_removal(const std::string& id) {
+  if (id.size() != KPLEG_ID_LEN) return false;
+  const int fd = bpf_map__fd(skel_->maps.removal_early);
+  uint64_t at = 0;
+  // A look-up and a delete (lookup_and_delete on a hash map needs Linux 5.14).
+  if (bpf_map_lookup_elem(fd, id.data(), &at) != 0) return false;
+  bpf_map_delete_elem(fd, id.data());
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC, &now);  // bpf_ktime_get_ns()'s clock
+  const uint64_t now_ns = uint64_t(now.tv_sec) * 1'000'000'000u + uint64_t(now.tv_nsec);
+  return now_ns >= at &&
+         now_ns - at <= uint64_t(std::chrono::nanoseconds(kEarlyRemovalWindow).count());
 }
 
 size_t BpfProgram::removal_watch_count() const {

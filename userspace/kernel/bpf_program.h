@@ -3,6 +3,7 @@
 // freed) exactly once, when the owner goes away.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -86,6 +87,11 @@ class BpfProgram {
   bool watch_removal(const std::string& id);
   // Forgets the id (its removal was seen, or it is no longer watched).
   void unwatch_removal(const std::string& id);
+  // Whether a directory named by the id was removed while it was not armed, within
+  // kEarlyRemovalWindow (the program remembers such removals, 4096 at most): that removal is
+  // its hint. Arm first, then ask: a removal in between is hinted. Answers once per removal.
+  static constexpr std::chrono::seconds kEarlyRemovalWindow{10};
+  bool take_early_removal(const std::string& id);
   size_t removal_watch_count() const;
 
   int ringbuf_fd() const;
