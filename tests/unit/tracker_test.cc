@@ -805,6 +805,12 @@ class FakeRemovalHints : public RemovalHints {
   void unwatch(const std::string& id) override {
     std::lock_guard lk(mu_);
     armed_.erase(id);
+    ++unwatches_[id];
+  }
+  int unwatches(const std::string& id) const {
+    std::lock_guard lk(mu_);
+    auto it = unwatches_.find(id);
+    return it == unwatches_.end() ? 0 : it->second;
   }
   bool armed(const std::string& id) const {
     std::lock_guard lk(mu_);
@@ -824,7 +830,7 @@ class FakeRemovalHints : public RemovalHints {
  private:
   mutable std::mutex mu_;
   std::set<std::string> armed_;
-  std::map<std::string, int> watches_;
+  std::map<std::string, int> watches_, unwatches_;
   bool gone_on_watch_ = false;
 };
 
@@ -934,8 +940,11 @@ TEST_F(RemovalHintTrackerTest, ARemovalSweptForBeforeItsHeldBackHintStaysArmedFo
   ASSERT_TRUE(wait_types(a, {"ContainerStarted", "ContainerDied", "ContainerRemoved"}, 3s));
   ASSERT_TRUE(wait_types(b, {"ContainerStarted", "ContainerDied", "ContainerRemoved"}, 3s));
   EXPECT_TRUE(hints_.armed(b)) << "disarmed while its hint may still come";
+  EXPECT_EQ(hints_.unwatches(b), 0);
   ASSERT_TRUE(hints_.fire(b));
   kernel_hint(b);
+  // Then disarmed at the source (the kernel's map keeps a fired entry until then).
+  EXPECT_TRUE(eventually([&] { return hints_.unwatches(b) == 1; }, 1s));
   // Judged a grace (100 ms here) after the sweep that found it: not a miss.
   EXPECT_FALSE(eventually([&] { return tracker_->stats().removal_hints_missed > 0; }, 500ms));
   EXPECT_TRUE(tracker_->stats().removal_hints_trusted);

@@ -107,7 +107,11 @@ bool is_id(const std::string& s) {
 DirRemovalWatch::Arm DirRemovalWatch::watch(const std::string& id) {
   if (!is_id(id)) return Arm::kNotAnId;
   std::lock_guard lk(mu_);
-  if (gone_.erase(id) != 0) return Arm::kGone;
+  if (auto it = gone_.find(id); it != gone_.end()) {
+    const bool recent = std::chrono::steady_clock::now() - it->second < kRememberGone;
+    gone_.erase(it);
+    if (recent) return Arm::kGone;
+  }
   armed_.insert(id);
   return Arm::kArmed;
 }

@@ -63,6 +63,8 @@ void RemovalWatcher::on_hint(const std::string& id) {
   ++core_.stats.removal_hints;
   // A sweep that found the removal first: it was hinted after all.
   if (hint_suspects_.erase(id) > 0) {
+    // Kept armed at the source for this hint alone (forget): disarmed now.
+    if (!armed_.count(id) && hints_ != nullptr) hints_->unwatch(id);
     trust_hints(id);
     return;
   }
