@@ -390,6 +390,32 @@ TEST_F(CriProxyTest, DelayedCallsAreAnsweredAfterTheDelay) {
             grpc::StatusCode::DEADLINE_EXCEEDED);
 }
 
+// A late answer: the runtime is asked at once, and its answer (the state when it was asked)
+// reaches the caller after the delay, when the runtime may have moved on.
+TEST_F(CriProxyTest, LateAnswersTellTheStateWhenTheCallCameAfterTheDelay) {
+  proxy_->set_stalled_pod({a_.uid, StallMode::kLateAnswer, 400ms});
+  const auto& id = a_.container_ids[0];
+  auto t0 = Clock::now();
+  v1::ContainerStatusResponse resp;
+  auto call = std::async(std::launch::async, [&] { return container_status(id, 5s, &resp); });
+  ASSERT_TRUE(wait_held(1)) << "the answer is held";
+  const auto forwarded = proxy_->stats().forwarded;
+  ASSERT_TRUE(upstream_->fake.stop_container(id, 0).ok());
+  ASSERT_TRUE(call.get().ok());
+  EXPECT_GE(Clock::now() - t0, 400ms);
+  EXPECT_EQ(resp.status().state(), v1::CONTAINER_RUNNING) << "the state when it was asked";
+  EXPECT_EQ(proxy_->stats().forwarded, forwarded) << "asked once, before the hold";
+  // The next call is answered with the new state, late too; an impatient caller gets its
+  // deadline.
+  ASSERT_TRUE(container_status(id, 5s, &resp).ok());
+  EXPECT_EQ(resp.status().state(), v1::CONTAINER_EXITED);
+  EXPECT_EQ(container_status(id, 100ms).error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  // Other pods' answers are not held.
+  t0 = Clock::now();
+  ASSERT_TRUE(container_status(b_.container_ids[0], 5s).ok());
+  EXPECT_LT(Clock::now() - t0, 400ms);
+}
+
 TEST_F(CriProxyTest, HeldCallsDoNotHoldUpOtherPods) {
   proxy_->set_stalled_pod({a_.uid, StallMode::kHang, {}});
   constexpr int kHeld = 40;  // far more than gRPC's default pollers

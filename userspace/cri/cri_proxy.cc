@@ -286,9 +286,19 @@ class CriProxy::Impl final : public v1::RuntimeService::Service {
   grpc::Status stall_or_forward(grpc::ServerContext* ctx, const char* method, Concern concern,
                                 const Req& req, Resp* resp, Rpc<Req, Resp> rpc) {
     if (auto uid = stalled_pod_named(ctx, concern)) {
+      if (late_answer_for(*uid)) {
+        auto st = forward(ctx, req, resp, rpc);
+        if (auto answer = hold(ctx, method, *uid)) return *answer;
+        return st;
+      }
       if (auto answer = hold(ctx, method, *uid)) return *answer;
     }
     return forward(ctx, req, resp, rpc);
+  }
+
+  bool late_answer_for(const std::string& uid) {
+    std::lock_guard lk(mu_);
+    return stall_ && stall_->pod_uid == uid && stall_->mode == StallMode::kLateAnswer;
   }
 
   void count_forwarded() {
@@ -416,8 +426,8 @@ class CriProxy::Impl final : public v1::RuntimeService::Service {
   }
 
  private:
-  // Holds a call of the stalled pod. Returns the answer to give instead of forwarding, or
-  // nothing when the call should now go upstream (delay over, stall cleared or moved).
+  // Holds a call of the stalled pod (or, kLateAnswer, its answer). Returns the answer to give
+  // instead, or nothing when the call goes on (delay over, stall cleared or moved).
   std::optional<grpc::Status> hold(grpc::ServerContext* ctx, const char* method,
                                    const std::string& uid) {
     const auto start = SteadyClock::now();
@@ -444,7 +454,7 @@ class CriProxy::Impl final : public v1::RuntimeService::Service {
       }
       const auto now = SteadyClock::now();
       auto wake = now + kHoldPoll;
-      if (stall_->mode == StallMode::kDelay) {
+      if (stall_->mode != StallMode::kHang) {
         const auto until = start + stall_->delay;
         if (now >= until) break;
         wake = std::min(wake, until);
@@ -507,7 +517,9 @@ void CriProxy::set_stalled_pod(PodStall stall) {
   spdlog::info("CRI proxy: stalling pod {} ({})", stall.pod_uid,
                stall.mode == StallMode::kHang
                    ? std::string("hang until the caller's deadline")
-                   : std::to_string(stall.delay.count()) + " ms delay");
+               : stall.mode == StallMode::kDelay
+                   ? std::to_string(stall.delay.count()) + " ms delay"
+                   : "answers held " + std::to_string(stall.delay.count()) + " ms");
   impl_->set_stall(std::move(stall));
 }
 

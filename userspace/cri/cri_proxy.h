@@ -24,8 +24,10 @@
 // through while a stall is set fill the cache too. Mapping lookups happen only while a stall is
 // set, so a proxy without a stall adds one hop and nothing else.
 //
-// A stalled call either waits a fixed delay and is then forwarded, or hangs until the caller's
-// deadline passes or it cancels (answered DEADLINE_EXCEEDED / CANCELLED, as a hung runtime
+// A stalled call either waits a fixed delay and is then forwarded, is forwarded at once and its
+// answer held for a fixed delay (a runtime whose answers are late: the state it reports is
+// already old when the caller reads it), or hangs until the caller's deadline passes or it
+// cancels (answered DEADLINE_EXCEEDED / CANCELLED, as a hung runtime
 // would be seen by the caller). Either way the server thread is released when the caller gives
 // up, and clearing the stall releases held calls at once (they are forwarded: the call was
 // slow, not failed). The server runs enough threads that held calls never delay other pods.
@@ -44,13 +46,14 @@ namespace kpleg::cri {
 
 enum class StallMode {
   kDelay,  // wait `delay`, then forward
+  kLateAnswer,  // forward at once, then hold the answer for `delay`
   kHang,   // never answer until the caller's deadline or cancellation (or the stall is cleared)
 };
 
 struct PodStall {
   std::string pod_uid;
   StallMode mode = StallMode::kHang;
-  std::chrono::milliseconds delay{0};  // kDelay only
+  std::chrono::milliseconds delay{0};  // kDelay and kLateAnswer only
 };
 
 struct CriProxyOptions {

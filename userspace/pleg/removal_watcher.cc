@@ -39,7 +39,11 @@ void RemovalWatcher::join(Record& rec) {
   }
   // Removed before its death was confirmed (a RemoveContainer right after StopContainer): the
   // hint that came then is taken now.
-  if (gone) on_hint(id);
+  if (gone) {
+    spdlog::debug("tracker: {} was removed before its death was confirmed: that is its removal hint",
+                  id.substr(0, 12));
+    on_hint(id);
+  }
 }
 
 std::chrono::milliseconds RemovalWatcher::covered_for(const Record& rec) const {

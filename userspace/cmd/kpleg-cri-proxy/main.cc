@@ -32,7 +32,7 @@ namespace {
 
 using namespace kpleg;
 
-// "hang UID", "delay UID 5s", "clear" or nothing: the stall to apply, or nullopt to clear.
+// "hang UID", "delay UID 5s", "late UID 5s", "clear" or nothing: the stall to apply, or nullopt to clear.
 Result<std::optional<cri::PodStall>> parse_control(const std::string& text) {
   std::istringstream in(text);
   std::string verb, uid, delay, extra;
@@ -47,14 +47,15 @@ Result<std::optional<cri::PodStall>> parse_control(const std::string& text) {
     stall.mode = cri::StallMode::kHang;
     return std::optional<cri::PodStall>{stall};
   }
-  if (verb == "delay" && !uid.empty() && !delay.empty() && extra.empty()) {
+  if ((verb == "delay" || verb == "late") && !uid.empty() && !delay.empty() && extra.empty()) {
     auto d = parse_duration(delay);
     if (!d) return d.error();
-    stall.mode = cri::StallMode::kDelay;
+    stall.mode = verb == "delay" ? cri::StallMode::kDelay : cri::StallMode::kLateAnswer;
     stall.delay = *d;
     return std::optional<cri::PodStall>{stall};
   }
-  return Error{EINVAL, "expected 'hang <pod uid>', 'delay <pod uid> <duration>' or 'clear', got '" +
+  return Error{EINVAL, "expected 'hang <pod uid>', 'delay <pod uid> <duration>', 'late <pod uid> "
+                       "<duration>' or 'clear', got '" +
                            text + "'"};
 }
 
@@ -102,7 +103,8 @@ int main(int argc, char** argv) {
                  "Answer every unfiltered ListContainers/ListPodSandbox this much later (e.g. "
                  "3s), as a node with thousands of containers would");
   app.add_option("--control-file", control_file,
-                 "File re-read on SIGHUP: 'hang <uid>', 'delay <uid> <duration>' or 'clear'");
+                 "File re-read on SIGHUP: 'hang <uid>', 'delay <uid> <duration>' (the call waits), "
+                 "'late <uid> <duration>' (the answer waits) or 'clear'");
   app.add_option("--upstream-timeout", upstream_timeout,
                  "How long to wait for the upstream to answer at start")
       ->capture_default_str();
