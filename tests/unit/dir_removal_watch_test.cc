@@ -171,8 +171,24 @@ TEST_F(DirRemovalWatchTest, RemovalsThatComeWhileItHoldsOffAreReadTogether) {
   EXPECT_EQ(watch_->watch_count(), 0u);
 }
 
-// A read that hinted nothing (here a file named by the id, removed first) is not followed by
-// a hold-off: the directory's removal just after it is hinted at once.
+// The removal of an id not armed yet (remembered for its arming) is followed by a hold-off too:
+// under churn most removals come before the tracker arms their ids, and each would otherwise
+// wake the thread. The remembered removal is answered at once all the same.
+TEST_F(DirRemovalWatchTest, ARemovalRememberedForItsArmingIsFollowedByAHoldOff) {
+  start({containers_}, std::chrono::seconds(30));
+  const std::string early = id_of('1'), armed = id_of('2');
+  ASSERT_EQ(watch_->watch(armed), DirRemovalWatch::Arm::kArmed);
+  make_and_remove(containers_ + "/" + early);
+  ASSERT_TRUE(eventually([&] { return watch_->reads() == 1; }));
+  EXPECT_EQ(watch_->watch(early), DirRemovalWatch::Arm::kGone) << "not delayed by the hold-off";
+  make_and_remove(containers_ + "/" + armed);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // a bounded negative wait
+  EXPECT_FALSE(hinted_has(armed)) << "read at once after a remembered removal: no hold-off";
+  EXPECT_EQ(watch_->reads(), 1u);
+}
+
+// A read that saw no id's directory removed (here a file named by the id, removed first) is
+// not followed by a hold-off: the directory's removal just after it is hinted at once.
 TEST_F(DirRemovalWatchTest, NoHoldOffAfterAReadThatHintedNothing) {
   start({containers_}, std::chrono::seconds(30));
   const std::string a = id_of('a');

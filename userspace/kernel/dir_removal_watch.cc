@@ -198,7 +198,7 @@ void DirRemovalWatch::run() {
     }
     if (fds[1].revents != 0) return;
     reads_.fetch_add(1, std::memory_order_relaxed);
-    bool delivered = false;
+    bool saw_removal = false;  // of an id's subdirectory, armed or not
     for (;;) {
       ssize_t n = read(inotify_fd_, buf, sizeof buf);
       if (n < 0 && errno == EINTR) continue;
@@ -230,19 +230,22 @@ void DirRemovalWatch::run() {
         std::lock_guard lk(mu_);
         if (armed_.erase(name) != 0) {
           hinted.push_back(std::move(name));
+          saw_removal = true;
         } else if (is_id(name)) {
           remember_gone(std::move(name), std::chrono::steady_clock::now());
+          saw_removal = true;
         }
       }
       for (const auto& id : hinted) on_hint_(id);
-      delivered = delivered || !hinted.empty();
       if (lost) hint_all("the inotify queue overflowed");
       for (int wd : gone) on_watch_gone(wd);
     }
-    // Hold off after a hint: what comes meanwhile waits in the kernel's queue for the next
-    // read. Not after a read that hinted nothing (a file's removal, an id not armed), so that a
-    // hint just after it is not held.
-    if (delivered && hold_off_.count() > 0) {
+    // Hold off after the removal of an id's subdirectory (hinted, or remembered for its arming):
+    // what comes meanwhile waits in the kernel's queue for the next read. Not after a read that
+    // saw no such removal (a file named by an id, removed just before its directory), so that
+    // the hint just after it is not held. A remembered removal is taken when its id is armed,
+    // which this thread's hold-off does not delay.
+    if (saw_removal && hold_off_.count() > 0) {
       pollfd stop{stop_fd_, POLLIN, 0};
       int rc = poll(&stop, 1, int(hold_off_.count()));
       if (rc > 0) return;

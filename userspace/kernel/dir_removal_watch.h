@@ -6,14 +6,15 @@
 // node pays for it (fsnotify costs only operations inside the watched directories).
 //
 // One thread (`kpleg-rmdirs`) blocks in poll() on the inotify descriptor: no periodic wakeup.
-// After a read that hinted an id, it holds off reading for `hold_off` (the kernel queues what
-// comes meanwhile): under churn the runtime removes a directory several times a second, and
-// each removal would otherwise be a wakeup of its own. The tracker sweeps for hinted removals
-// once a second at most anyway (TrackerOptions::removal_sweep_period), so a hint held half a
-// second costs that sweep little, and the thread wakes at most about twice a second. A read
-// that hinted nothing (a file's removal, an id not armed) is not followed by a hold-off: the
-// hint of a removal just after it is not held.
-// The removal of an id not armed yet is remembered for a while: arming it then answers kGone.
+// After a read that saw an id's subdirectory removed, it holds off reading for `hold_off` (the
+// kernel queues what comes meanwhile): under churn the runtime removes a directory several
+// times a second, and each removal would otherwise be a wakeup of its own. The tracker sweeps
+// for hinted removals once a second at most anyway (TrackerOptions::removal_sweep_period), so a
+// hint held half a second costs that sweep little, and the thread wakes at most about twice a
+// second. A read that saw no such removal (a file named by an id) is not followed by a
+// hold-off: the hint of the directory's removal just after it is not held.
+// The removal of an id not armed yet is remembered for a while: arming it then answers kGone
+// (the hold-off does not delay that answer).
 // A lost event (the inotify queue overflowed) or a watched directory that went away hints every
 // armed id: the hint only brings the removal sweep, which re-arms the ids it still finds. A
 // directory that went is watched again when it is made again.
