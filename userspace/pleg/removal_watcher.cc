@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <set>
 #include <utility>
+#include <vector>
 
 namespace kpleg::pleg {
 
@@ -94,15 +95,17 @@ void RemovalWatcher::trust_hints(const std::string& hinted_id) {
 }
 
 void RemovalWatcher::judge_hint_suspects(Clock::time_point now) {
-  std::string example;
-  const size_t missed = take_overdue(hint_suspects_, now, example, /*disarm=*/true);
-  if (missed == 0) return;
-  core_.stats.removal_hints_missed += missed;
+  const std::vector<std::string> missed = take_overdue(hint_suspects_, now);
+  if (missed.empty()) return;
+  // Kept armed at the source for their hints alone (forget): disarmed now, unless armed again.
+  for (const auto& id : missed)
+    if (hints_ != nullptr && !armed_.count(id)) hints_->unwatch(id);
+  core_.stats.removal_hints_missed += missed.size();
   if (!hints_trusted_) return;
   hints_trusted_ = false;
   spdlog::info("tracker: no hint came for {} removal(s) the sweep found (e.g. {}): "
                "removals are swept for as without the hint until a hinted one is found",
-               missed, example.substr(0, 12));
+               missed.size(), missed.front().substr(0, 12));
 }
 
 void RemovalWatcher::on_runtime_events_live(bool live) {
@@ -125,34 +128,30 @@ void RemovalWatcher::on_deleted_event(const std::string& id) {
   }
 }
 
-size_t RemovalWatcher::take_overdue(std::map<std::string, Clock::time_point>& suspects,
-                                    Clock::time_point now, std::string& example,
-                                    bool disarm) const {
-  size_t overdue = 0;
+std::vector<std::string> RemovalWatcher::take_overdue(
+    std::map<std::string, Clock::time_point>& suspects, Clock::time_point now) const {
+  std::vector<std::string> overdue;
   for (auto it = suspects.begin(); it != suspects.end();) {
     if (now - it->second < core_.opts.removal_event_grace) {
       ++it;
       continue;
     }
-    ++overdue;
-    example = it->first;
-    if (disarm && hints_ != nullptr && !armed_.count(it->first)) hints_->unwatch(it->first);
+    overdue.push_back(it->first);
     it = suspects.erase(it);
   }
   return overdue;
 }
 
 void RemovalWatcher::judge_suspects(Clock::time_point now) {
-  std::string example;
-  const size_t missed = take_overdue(suspects_, now, example);
-  if (missed == 0) return;
-  core_.stats.runtime_events_missed_removals += missed;
+  const std::vector<std::string> missed = take_overdue(suspects_, now);
+  if (missed.empty()) return;
+  core_.stats.runtime_events_missed_removals += missed.size();
   if (events_miss_removals_ || !core_.runtime_events_live) return;
   events_miss_removals_ = true;
   spdlog::info("tracker: the runtime's event stream did not report {} removal(s) the sweep found "
                "(e.g. {}): removals are swept for as without the stream ({} ms after a death, "
                "not {} s) until it stops",
-               missed, example.substr(0, 12), core_.opts.removal_sweep_period.count(),
+               missed.size(), missed.front().substr(0, 12), core_.opts.removal_sweep_period.count(),
                core_.opts.removal_sweep_with_events.count() / 1000);
 }
 

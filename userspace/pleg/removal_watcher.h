@@ -31,6 +31,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "pleg/tracker_core.h"
 
@@ -99,14 +100,14 @@ class RemovalWatcher {
   // removal_event_grace, are ones the stream left out: from then on the sweep runs as without
   // it. Caller holds core.mu.
   void judge_suspects(Clock::time_point now);
-  // Takes the suspects whose grace (removal_event_grace) is over out of `suspects`: how many,
-  // and one of them in `example`; `disarm`: disarms them at the hint's source too (unless armed
-  // again since). Caller holds core.mu.
-  size_t take_overdue(std::map<std::string, Clock::time_point>& suspects, Clock::time_point now,
-                      std::string& example, bool disarm = false) const;
-  // Same for removals of armed ids a sweep found before their hint came. Caller holds core.mu.
+  // Takes the suspects whose grace (removal_event_grace) is over out of `suspects`, and
+  // returns their ids. Caller holds core.mu.
+  std::vector<std::string> take_overdue(std::map<std::string, Clock::time_point>& suspects,
+                                        Clock::time_point now) const;
   // A hinted removal was confirmed: the hints stand for the periodic sweep (logged once).
   void trust_hints(const std::string& hinted_id);
+  // Same as judge_suspects for removals of armed ids a sweep found before their hint came; their
+  // ids are disarmed at the source. Caller holds core.mu.
   void judge_hint_suspects(Clock::time_point now);
   // How long the sweep may wait for `rec` because something else announces its removal (the
   // runtime's events, the kernel's hint); zero when nothing does. Caller holds core.mu.
