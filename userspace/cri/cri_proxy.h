@@ -45,9 +45,9 @@
 namespace kpleg::cri {
 
 enum class StallMode {
-  kDelay,  // wait `delay`, then forward
+  kDelay,       // wait `delay`, then forward
   kLateAnswer,  // forward at once, then hold the answer for `delay`
-  kHang,   // never answer until the caller's deadline or cancellation (or the stall is cleared)
+  kHang,        // never answer until the caller's deadline or cancellation (or the stall is cleared)
 };
 
 struct PodStall {

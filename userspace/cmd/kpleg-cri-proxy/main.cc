@@ -32,7 +32,8 @@ namespace {
 
 using namespace kpleg;
 
-// "hang UID", "delay UID 5s", "late UID 5s", "clear" or nothing: the stall to apply, or nullopt to clear.
+// "hang UID", "delay UID 5s", "late UID 5s", "clear" or nothing: the stall to apply, or nullopt
+// to clear.
 Result<std::optional<cri::PodStall>> parse_control(const std::string& text) {
   std::istringstream in(text);
   std::string verb, uid, delay, extra;
