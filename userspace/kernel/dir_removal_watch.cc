@@ -197,7 +197,6 @@ void DirRemovalWatch::run() {
       return;
     }
     if (fds[1].revents != 0) return;
-    reads_.fetch_add(1, std::memory_order_relaxed);
     bool saw_removal = false;  // of an id's subdirectory, armed or not
     for (;;) {
       ssize_t n = read(inotify_fd_, buf, sizeof buf);
@@ -240,6 +239,9 @@ void DirRemovalWatch::run() {
       if (lost) hint_all("the inotify queue overflowed");
       for (int wd : gone) on_watch_gone(wd);
     }
+    // Counted once what it read is taken (remembered, hinted): a test that saw the count may
+    // arm an id and find its removal remembered.
+    reads_.fetch_add(1, std::memory_order_relaxed);
     // Hold off after the removal of an id's subdirectory (hinted, or remembered for its arming):
     // what comes meanwhile waits in the kernel's queue for the next read. Not after a read that
     // saw no such removal (a file named by an id, removed just before its directory), so that

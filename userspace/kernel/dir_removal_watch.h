@@ -81,7 +81,8 @@ class DirRemovalWatch {
   const std::vector<std::string>& dirs() const { return dirs_; }
   // Times every armed id was hinted at once (a lost inotify event, a watched directory gone).
   uint64_t overflows() const { return overflows_.load(std::memory_order_relaxed); }
-  // Times the thread read inotify events (its wakeups, but for its hold-offs' ends and the stop).
+  // Times the thread read inotify events (its wakeups, but for its hold-offs' ends and the stop),
+  // counted once it has taken what it read.
   uint64_t reads() const { return reads_.load(std::memory_order_relaxed); }
 
  private:
