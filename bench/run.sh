@@ -16,10 +16,10 @@ usage: bench/run.sh [--quick] [--skip-bpf] [--runtime containerd-1.6|containerd-
                  start and one per death), at most 2 calls on containerd 2.x (0 measured: its
                  event stream confirms) ($KPLEG_BENCH_MAX_CALLS_PER_LIFECYCLE overrides; the
                  goal is 1.5). The churn windows come after 10 s of churn that is not measured
-                 (compare.py --warmup): with 5 s and 6 s windows the looks repeated while the
-                 daemon still learned the runtime's lag made 2.61-2.96 calls per lifecycle, too
-                 close to the bound; with 10 and 10 s, 2.51-2.62 (bench/REPORT.md). The CTest
-                 smoke test `bench_quick`, run on both runtimes by scripts/test.sh.
+                 (compare.py --warmup): with 5 s of warm-up and 6 s windows two runs measured
+                 2.61 and 2.87 calls per lifecycle, close to the bound; with 10 and 10 s, three
+                 runs 2.43-2.62 (bench/REPORT.md). The CTest smoke test `bench_quick`, run on
+                 both runtimes by scripts/test.sh.
   --skip-bpf     Leave out kpleg-bench-bpf (the daemon comparison only).
   --runtime      The test bed's runtime (default: $KPLEG_TESTBED_RUNTIME, else containerd-1.6;
                  containerd-2 is built once by scripts/runtimes.sh, see docs/testbed.md).
