@@ -285,20 +285,15 @@ class CriProxy::Impl final : public v1::RuntimeService::Service {
   template <typename Req, typename Resp>
   grpc::Status stall_or_forward(grpc::ServerContext* ctx, const char* method, Concern concern,
                                 const Req& req, Resp* resp, Rpc<Req, Resp> rpc) {
-    if (auto uid = stalled_pod_named(ctx, concern)) {
-      if (late_answer_for(*uid)) {
+    if (auto stall = stall_concerning(ctx, concern)) {
+      if (stall->mode == StallMode::kLateAnswer) {
         auto st = forward(ctx, req, resp, rpc);
-        if (auto answer = hold(ctx, method, *uid)) return *answer;
+        if (auto answer = hold(ctx, method, stall->pod_uid)) return *answer;
         return st;
       }
-      if (auto answer = hold(ctx, method, *uid)) return *answer;
+      if (auto answer = hold(ctx, method, stall->pod_uid)) return *answer;
     }
     return forward(ctx, req, resp, rpc);
-  }
-
-  bool late_answer_for(const std::string& uid) {
-    std::lock_guard lk(mu_);
-    return stall_ && stall_->pod_uid == uid && stall_->mode == StallMode::kLateAnswer;
   }
 
   void count_forwarded() {
@@ -306,27 +301,27 @@ class CriProxy::Impl final : public v1::RuntimeService::Service {
     ++stats_.forwarded;
   }
 
-  // The stalled pod's uid if the call concerns it.
-  std::optional<std::string> stalled_pod_named(grpc::ServerContext* ctx, const Concern& c) {
+  // The stall (its pod and mode, as set when the call came) if the call concerns its pod.
+  std::optional<PodStall> stall_concerning(grpc::ServerContext* ctx, const Concern& c) {
     if (c.empty()) return std::nullopt;
-    std::string stalled;
+    PodStall stall;
     std::vector<std::string> unknown;
     {
       std::lock_guard lk(mu_);
       if (!stall_) return std::nullopt;
-      stalled = stall_->pod_uid;
-      if (c.pod_uid == stalled) return stalled;
+      stall = *stall_;
+      if (c.pod_uid == stall.pod_uid) return stall;
       for (const auto& id : c.ids) {
         auto it = pod_of_.find(id);
         if (it == pod_of_.end()) {
           unknown.push_back(id);
-        } else if (it->second == stalled) {
-          return stalled;
+        } else if (it->second == stall.pod_uid) {
+          return stall;
         }
       }
     }
     for (const auto& id : unknown) {
-      if (lookup(ctx, id) == stalled) return stalled;
+      if (lookup(ctx, id) == stall.pod_uid) return stall;
     }
     return std::nullopt;
   }

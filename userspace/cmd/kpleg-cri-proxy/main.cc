@@ -84,7 +84,8 @@ int main(int argc, char** argv) {
   CLI::App app{"kpleg-cri-proxy: a CRI proxy that can stall one pod's runtime calls"};
   cri::CriProxyOptions opts;
   opts.upstream_endpoint = std::string(cri::kDefaultRuntimeEndpoint);
-  std::string stall_pod, stall_delay, control_file, upstream_timeout = "10s", full_list_delay;
+  std::string stall_pod, stall_delay, stall_late, control_file, upstream_timeout = "10s",
+      full_list_delay;
   bool stall_hang = false;
   std::string log_level = "info", log_format = "text";
 
@@ -95,10 +96,14 @@ int main(int argc, char** argv) {
   auto* pod = app.add_option("--stall-pod", stall_pod, "Uid of the pod whose calls to stall");
   auto* delay = app.add_option("--stall-delay", stall_delay,
                                "Answer the pod's calls this much later (e.g. 5s)");
+  auto* late = app.add_option("--stall-late", stall_late,
+                              "Forward the pod's calls at once and give their answers this much "
+                              "later (e.g. 1500ms): the state they tell is that old");
   auto* hang = app.add_flag("--stall-hang", stall_hang,
                             "Never answer the pod's calls before the caller's deadline (default "
                             "with --stall-pod)");
-  delay->excludes(hang)->needs(pod);
+  delay->excludes(hang)->excludes(late)->needs(pod);
+  late->excludes(hang)->needs(pod);
   hang->needs(pod);
   app.add_option("--full-list-delay", full_list_delay,
                  "Answer every unfiltered ListContainers/ListPodSandbox this much later (e.g. "
@@ -130,13 +135,15 @@ int main(int argc, char** argv) {
   std::optional<cri::PodStall> stall;
   if (!stall_pod.empty()) {
     stall = cri::PodStall{stall_pod, cri::StallMode::kHang, {}};
-    if (!stall_delay.empty()) {
-      auto d = parse_duration(stall_delay);
+    const bool delayed = !stall_delay.empty();
+    if (delayed || !stall_late.empty()) {
+      auto d = parse_duration(delayed ? stall_delay : stall_late);
       if (!d) {
-        std::cerr << "kpleg-cri-proxy: --stall-delay: " << d.error().message << std::endl;
+        std::cerr << "kpleg-cri-proxy: " << (delayed ? "--stall-delay" : "--stall-late") << ": "
+                  << d.error().message << std::endl;
         return 2;
       }
-      stall->mode = cri::StallMode::kDelay;
+      stall->mode = delayed ? cri::StallMode::kDelay : cri::StallMode::kLateAnswer;
       stall->delay = *d;
     }
   }
