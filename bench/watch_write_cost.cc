@@ -226,6 +226,11 @@ class DirectWatch {
   explicit DirectWatch(Progress& p) : progress_(p) {}
   ~DirectWatch() {
     if (reader_.joinable()) {
+      {
+        std::lock_guard lk(mu_);
+        stopping_ = true;
+      }
+      shutdown(listen_fd_, SHUT_RDWR);  // ends an accept() still waiting
       uint64_t one = 1;
       (void)!write(wake_fd_, &one, sizeof(one));
       reader_.join();
@@ -313,10 +318,12 @@ class DirectWatch {
 
   void serve() {
     pthread_setname_np(pthread_self(), "direct-reader");
-    fd_ = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd_ < 0) return;
+    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) return;
     {
       std::lock_guard lk(mu_);
+      fd_ = fd;
+      if (stopping_) return;
       nghttp2_session_callbacks* cbs = nullptr;
       nghttp2_session_callbacks_new(&cbs);
       nghttp2_session_callbacks_set_send_callback(cbs, on_send);
@@ -340,7 +347,7 @@ class DirectWatch {
         uint64_t v;
         (void)!read(wake_fd_, &v, sizeof(v));
         std::lock_guard lk(mu_);
-        if (!nghttp2_session_want_write(session_)) return;  // the destructor's wake
+        if (stopping_) return;
       }
       std::lock_guard lk(mu_);
       if (fds[0].revents & (POLLIN | POLLHUP | POLLERR)) {
@@ -362,6 +369,7 @@ class DirectWatch {
   std::string out_;   // framed messages not given to nghttp2 yet
   uint64_t unsent_ = 0;  // messages in out_
   bool ending_ = false;
+  bool stopping_ = false;
   std::thread reader_;
 };
 
