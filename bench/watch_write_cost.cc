@@ -13,24 +13,25 @@
 // WINDOW_UPDATE after every message it reads) or with kpleg's nghttp2 reader (cri/h2_stream.h,
 // a 16 MiB window: an update almost never). The publisher (the main thread) sends --events
 // events --gap-ms apart without waiting for their writes, as kplegd's publisher does under
-// churn; it waits once, at the end, until every event was written. Per thread of the serving process: runs (schedstat's timeslices, i.e. wakeups) and CPU
-// per event. The publisher's thread is reported apart: its sleeps between events are the
-// benchmark's pacing, where kplegd's publishing thread is awake anyway.
+// churn; it waits once, at the end, until every event was written. Per thread of the serving
+// process: runs (schedstat's timeslices, i.e. wakeups) and CPU per event. The publisher's
+// thread is reported apart: its sleeps between events are the benchmark's pacing, where
+// kplegd's publishing thread is awake anyway.
 //
 // Prints one JSON object; exits 1 when the consumer did not read every event.
 #include <dirent.h>
-#include <nghttp2/nghttp2.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
-#include <sys/un.h>
-#include <grpcpp/grpcpp.h>
 #include <sys/syscall.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <grpcpp/grpcpp.h>
+#include <nghttp2/nghttp2.h>
 #include <nlohmann/json.hpp>
 #include <atomic>
 #include <chrono>
@@ -353,8 +354,8 @@ class DirectWatch {
       if (fds[0].revents & (POLLIN | POLLHUP | POLLERR)) {
         ssize_t got = recv(fd_, buf, sizeof(buf), MSG_DONTWAIT);
         if (got == 0) return;  // the consumer went
-        if (got > 0 &&
-            nghttp2_session_mem_recv(session_, reinterpret_cast<const uint8_t*>(buf), size_t(got)) < 0)
+        if (got > 0 && nghttp2_session_mem_recv(session_, reinterpret_cast<const uint8_t*>(buf),
+                                                size_t(got)) < 0)
           return;
       }
       nghttp2_session_send(session_);
@@ -397,7 +398,8 @@ class DirectWatch {
         std::this_thread::sleep_for(10ms);
         continue;
       }
-      if (!st) std::fprintf(stderr, "kpleg-bench-watch-write: reader: %s\n", st.error().message.c_str());
+      if (!st)
+        std::fprintf(stderr, "kpleg-bench-watch-write: reader: %s\n", st.error().message.c_str());
       break;
     }
   } else {
@@ -408,7 +410,8 @@ class DirectWatch {
     v1::Event ev;
     while (stream->Read(&ev)) ++read;
     auto st = stream->Finish();
-    if (!st.ok()) std::fprintf(stderr, "kpleg-bench-watch-write: reader: %s\n", st.error_message().c_str());
+    if (!st.ok())
+      std::fprintf(stderr, "kpleg-bench-watch-write: reader: %s\n", st.error_message().c_str());
   }
   std::_Exit(read == events ? 0 : 1);
 }
@@ -426,8 +429,12 @@ int main(int argc, char** argv) {
   app.add_option("--reader", reader, "The consumer: grpc (grpc++) or h2 (kpleg's nghttp2 reader)")
       ->check(CLI::IsMember({"grpc", "h2"}))
       ->capture_default_str();
-  app.add_option("--events", events, "Events to publish")->check(CLI::Range(1, 1'000'000))->capture_default_str();
-  app.add_option("--gap-ms", gap_ms, "Pause between events")->check(CLI::Range(0, 10'000))->capture_default_str();
+  app.add_option("--events", events, "Events to publish")
+      ->check(CLI::Range(1, 1'000'000))
+      ->capture_default_str();
+  app.add_option("--gap-ms", gap_ms, "Pause between events")
+      ->check(CLI::Range(0, 10'000))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   // gRPC's background threads as in kplegd (grpcidle.h); before any gRPC object exists.
   if (auto note = kpleg::grpcidle::install(); !note.empty())
@@ -455,7 +462,8 @@ int main(int argc, char** argv) {
     grpc::ServerBuilder builder;
     builder.AddListeningPort("unix://" + socket, grpc::InsecureServerCredentials());
     // kplegd's sync server options (api/api_server.cc): one poller, no periodic poller wakeup.
-    builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::CQ_TIMEOUT_MSEC, 3600 * 1000);
+    builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::CQ_TIMEOUT_MSEC,
+                                3600 * 1000);
     builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 1);
     if (writer == "sync") {
       builder.RegisterService(&sync_service);
@@ -506,7 +514,8 @@ int main(int argc, char** argv) {
     const long runs = a.runs - (b == before.end() ? 0 : b->second.runs);
     const long ns = a.on_cpu_ns - (b == before.end() ? 0 : b->second.on_cpu_ns);
     if (runs == 0) continue;
-    const double runs_per = double(runs) / double(events), us_per = double(ns) / 1e3 / double(events);
+    const double runs_per = double(runs) / double(events);
+    const double us_per = double(ns) / 1e3 / double(events);
     threads.push_back({{"name", a.name}, {"publisher", tid == publisher},
                        {"runs_per_event", runs_per}, {"cpu_us_per_event", us_per}});
     if (tid == publisher) {
