@@ -25,6 +25,8 @@
 #include <nlohmann/json.hpp>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstdint>
 #include <cstring>
 #include <ctime>
@@ -72,8 +74,8 @@ nlohmann::json per_wakeup(const Sched& before, const Sched& after, int wakeups) 
           {"us_per_wakeup", double(after.on_cpu_ns - before.on_cpu_ns) / 1e3 / wakeups}};
 }
 
-// The thread sleeps out every gap itself. Its first schedstat is read by itself, its last one
-// after it was joined (a finished thread's entry is gone): the thread reads both.
+// The thread sleeps out every gap itself. It reads its own schedstat before its first sleep and
+// after its last wakeup (a finished thread's entry is gone).
 nlohmann::json timer_mode(int wakeups, int gap_ms, int woken_cpu) {
   Sched before, after;
   int woken = 0;
@@ -118,7 +120,11 @@ nlohmann::json eventfd_mode(int wakeups, int gap_ms, int woken_cpu, int waker_cp
   const Sched waker_before = sched_of(tid);
   for (int i = 0; i < wakeups; ++i) {
     const uint64_t one = 1;
-    if (write(fd, &one, sizeof one) != sizeof one) break;
+    if (write(fd, &one, sizeof one) != sizeof one) {
+      // The reader would wait for this write for ever.
+      std::fprintf(stderr, "kpleg-bench-wakeup: eventfd write: %s\n", std::strerror(errno));
+      std::_Exit(1);
+    }
     sleep_ms(gap_ms);
   }
   const Sched waker_after = sched_of(tid);
