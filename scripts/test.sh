@@ -25,77 +25,44 @@ build=${KPLEG_BUILD_DIR:-$repo/build}
 cd "$repo"
 
 bash scripts/install-deps.sh
-
-# The tools and runtimes that are built from the Go module proxy, PyPI and the crate registry,
-# pinned, into /var/cache/kpleg: about 20 minutes of building on a fresh machine, nothing once
-# cached. They build in two background chains while the project builds (the kubelet alone is
-# the longest); each one's output goes to $build/Testing/tools/<name>.log and is printed when it
-# is waited for, before the first test:
-#   virtme-ng (scripts/vng.sh): the VM tests boot their kernels with it.
-#   crictl and critest (scripts/crictl.sh): the test bed makes its own CRI calls with crictl
-#     (scripts/testbed.sh builds it the same way if needed), the CRI tests use it as users do,
-#     and cri.critest runs critest (tests/cri/critest.sh). Without them the test bed cannot come
-#     up and the tests that need it skip (and fail in CI).
-#   the kubelet (scripts/kubelet.sh): kubelet.e2e runs it against kplegd's CRI endpoint.
-#   virtiofsd (scripts/virtiofsd.sh): vng boots the cloud kernels, which have no 9p, with it.
-#   the runtimes of the runs after the whole suite (scripts/runtimes.sh, see below).
-# A tool that cannot be built is named here; the tests that need it skip (and fail in CI).
-tools_dir=$build/Testing/tools
-mkdir -p "$tools_dir"
-rm -f "$tools_dir"/*
-# tool <name> <command>...: runs the command with its output in <name>.log and the bin
-# directory it prints in <name>.bin.
-tool() {
-  local name=$1
-  shift
-  "$@" >"$tools_dir/$name.bin" 2>"$tools_dir/$name.log" || echo "$?" >"$tools_dir/$name.failed"
-}
-export -f tool
-export tools_dir
-extra_runtimes=
-[ -z "${CTEST_ARGS:-}" ] && extra_runtimes=${KPLEG_TEST_RUNTIMES-containerd-2 crio}
-# Each chain is a session of its own (setsid), so that stopping it stops the builds it started.
-setsid bash -c 'tool kubelet bash scripts/kubelet.sh' &
-chains=$!
-setsid bash -c 'tool vng bash scripts/vng.sh
-  tool crictl bash scripts/crictl.sh
-  tool virtiofsd bash scripts/virtiofsd.sh
-  for rt in $0; do tool "runtime-$rt" bash scripts/runtimes.sh build "$rt"; done' "$extra_runtimes" &
-chains="$chains $!"
-stop_chains() {
-  for pid in $chains; do kill -- "-$pid" 2>/dev/null || true; done
-}
-# The chains stop with the run: when the build fails, or the run is interrupted.
-trap stop_chains EXIT
-trap 'stop_chains; exit 130' INT TERM
-
+# virtme-ng from PyPI (pinned, cached outside the tree): the VM tests boot their kernels with it.
+if vng_bin=$(bash scripts/vng.sh); then
+  export PATH=$vng_bin:$PATH
+elif [ "${KPLEG_REQUIRE_PRIVILEGED:-0}" = 1 ]; then
+  echo "FAIL: cannot install virtme-ng (KPLEG_REQUIRE_PRIVILEGED=1)"
+  exit 1
+else
+  echo "virtme-ng could not be installed: the VM tests use the plain qemu runner"
+fi
+# crictl and critest (cri-tools) from the Go module proxy (pinned by tools/crictl, cached): the test
+# bed makes its own CRI calls with crictl (scripts/testbed.sh builds it the same way if needed), the
+# CRI tests use it as users do, and cri.critest runs critest (tests/cri/critest.sh). Without them
+# the test bed cannot come up and the tests that need it skip (and fail in CI).
+if crictl_bin=$(bash scripts/crictl.sh); then
+  export PATH=$crictl_bin:$PATH
+else
+  echo "crictl and critest could not be built (see above)"
+fi
+# The kubelet from the Go module proxy (pinned by tools/kubelet, cached; about 5 min the first
+# time): kubelet.e2e runs it against kplegd's CRI endpoint. Without it that test skips (and fails
+# in CI).
+if kubelet_bin=$(bash scripts/kubelet.sh); then
+  export PATH=$kubelet_bin:$PATH
+else
+  echo "the kubelet could not be built (see above)"
+fi
+# virtiofsd from the Rust crate registry (pinned, cached): vng boots the cloud kernels, which have no 9p, with it.
+if vfsd_bin=$(bash scripts/virtiofsd.sh); then
+  export PATH=$vfsd_bin:$PATH
+else
+  echo "virtiofsd could not be built: the VM tests of cloud kernels skip (and fail in CI)"
+fi
 # Which cgroup controllers are on a v1 hierarchy (and which on cgroup2): the run must leave the
 # host as it found it (the CRI-O test bed mounts hugetlb for a while; see docs/testbed.md).
 cgroup_layout() { awk '!/^#/ { print $1, ($2 == 0 ? "cgroup2" : "v1") }' /proc/cgroups; }
 layout_before=$(cgroup_layout)
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
 cmake --build "$build" -j "$(nproc)"
-
-# shellcheck disable=SC2086
-wait $chains || true
-trap - EXIT INT TERM
-# added <name> <what it is for>: prints the tool's log, and puts its bin directory on PATH.
-added() {
-  cat "$tools_dir/$1.log" >&2
-  if [ -f "$tools_dir/$1.failed" ] || [ ! -s "$tools_dir/$1.bin" ]; then
-    echo "$1 could not be installed or built (above): $2"
-    return 1
-  fi
-  PATH=$(head -n1 "$tools_dir/$1.bin"):$PATH
-}
-if ! added vng "the VM tests use the plain qemu runner" && [ "${KPLEG_REQUIRE_PRIVILEGED:-0}" = 1 ]; then
-  echo "FAIL: cannot install virtme-ng (KPLEG_REQUIRE_PRIVILEGED=1)"
-  exit 1
-fi
-added crictl "the test bed cannot come up" || true
-added kubelet "kubelet.e2e skips" || true
-added virtiofsd "the VM tests of cloud kernels skip" || true
-export PATH
 
 status=0
 # The cri/e2e tests share one containerd test bed (one kills and restarts it), so tests run
@@ -128,8 +95,7 @@ if [ -z "${CTEST_ARGS:-}" ]; then
     esac
     bash scripts/testbed.sh down >/dev/null 2>&1 || true
     echo "==== tests against $rt: ${select[*]} ====" | tee -a "$ctest_log"
-    cat "$tools_dir/runtime-$rt.log" 2>/dev/null || true
-    if [ -f "$tools_dir/runtime-$rt.failed" ] || ! bash scripts/runtimes.sh build "$rt" >/dev/null; then
+    if ! bash scripts/runtimes.sh build "$rt" >/dev/null; then
       if [ "${KPLEG_REQUIRE_PRIVILEGED:-0}" = 1 ]; then
         echo "FAIL: cannot build $rt (KPLEG_REQUIRE_PRIVILEGED=1)" | tee -a "$ctest_log"
         status=1
