@@ -34,7 +34,6 @@ namespace kpleg::testing {
 namespace {
 
 using namespace std::chrono_literals;
-constexpr auto kCriTimeout = 2s;
 // Short enough that ebpf mode's periodic reconcile falls inside the test's patience: after a
 // confirmation has failed for its whole budget, the periodic reconcile is what retries it.
 constexpr auto kReconcilePeriod = 10s;
