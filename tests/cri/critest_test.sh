@@ -37,7 +37,8 @@ fi
 # Ends before CTest's limit (600 s), so a hung runtime still gets its bed taken down below.
 export KPLEG_CRITEST_TIMEOUT=${KPLEG_CRITEST_TIMEOUT:-5m}
 args=()
-[ -z "$report_dir" ] || args+=(--report-dir "$report_dir")
+# A report left by an earlier run (another runtime's) must not stand for this one's.
+[ -z "$report_dir" ] || { rm -f "$report_dir/critest.json"; args+=(--report-dir "$report_dir"); }
 
 if [ -n "${KPLEG_RUNTIME_ENDPOINT:-}" ]; then
   exec "$here/critest.sh" "${args[@]}" "$KPLEG_RUNTIME_ENDPOINT"
