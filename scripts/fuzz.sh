@@ -1,40 +1,47 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets with clang in their own build directory and runs each for a
-# bounded time: the cgroup path parser, the runtime event decoder against the generated
+# Builds the libFuzzer targets with clang and runs each for a bounded time, as many at once as
+# there are CPUs: the cgroup path parser, the runtime event decoder against the generated
 # protobuf parser, the ring-buffer decoder with sequences of kernel events applied to the
 # cgroup index, and the consumer API's request handlers through the real gRPC server over a unix
 # socket. Exits non-zero when a fuzzer finds a crash, a sanitizer error or a broken invariant;
 # the input that did it is kept under <build>/fuzz-work/*/artifacts/.
 #
 #   FUZZ_SECONDS   how long to fuzz each target (default 60)
-#   FUZZ_BUILD_DIR build directory (default <repo>/build-fuzz)
-#   FUZZ_JOBS      parallel build jobs (default 2)
+#   FUZZ_BUILD_DIR build directory (default <repo>/build-fuzz); one already configured with clang
+#                  and -DKPLEG_FUZZ=ON (scripts/test.sh's) is used as it is, nothing built twice
+#   FUZZ_JOBS      parallel build jobs and fuzzers at once (default: the number of CPUs)
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${FUZZ_BUILD_DIR:-$repo/build-fuzz}
 seconds=${FUZZ_SECONDS:-60}
 
-cmake -S "$repo" -B "$build" -G Ninja \
-  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DKPLEG_FUZZ=ON >/dev/null
-cmake --build "$build" --target cgroup_path_fuzz event_decoder_fuzz kernel_events_fuzz \
-  api_requests_fuzz -j "${FUZZ_JOBS:-2}"
+jobs=${FUZZ_JOBS:-$(nproc)}
 
-# run_fuzzer NAME [libFuzzer flags...]: fuzzes NAME for $seconds from its checked-in seeds.
+if ! grep -q '^KPLEG_FUZZ:BOOL=ON$' "$build/CMakeCache.txt" 2>/dev/null; then
+  cmake -S "$repo" -B "$build" -G Ninja \
+    -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DKPLEG_FUZZ=ON >/dev/null
+fi
+cmake --build "$build" --target cgroup_path_fuzz event_decoder_fuzz kernel_events_fuzz \
+  api_requests_fuzz -j "$jobs"
+
+# run_fuzzer NAME [libFuzzer flags...]: fuzzes NAME for $seconds from its checked-in seeds, in
+# the background (its output in its work directory); up to $jobs at once.
+pids=()
+names=()
 run_fuzzer() {
   local name=$1 work
   shift
   work=$build/fuzz-work/$name
   mkdir -p "$work/corpus" "$work/artifacts"
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do sleep 1; done
   # New inputs go to the first corpus directory (the build's), never into the checked-in seeds.
-  if ! "$build/fuzz/${name}_fuzz" \
+  "$build/fuzz/${name}_fuzz" \
     -max_total_time="$seconds" -print_final_stats=1 "$@" \
     -artifact_prefix="$work/artifacts/" \
-    "$work/corpus" "$repo/tests/fuzz/corpus/$name"; then
-    echo "fuzz.sh: ${name}_fuzz failed; reproducer(s) in $work/artifacts/" >&2
-    exit 1
-  fi
-  echo "fuzz.sh: ${name}_fuzz ran ${seconds}s without a failure"
+    "$work/corpus" "$repo/tests/fuzz/corpus/$name" >"$work/output.log" 2>&1 &
+  pids+=($!)
+  names+=("$name")
 }
 
 # max_len goes just past the parser's 4096-byte limit so both sides of it are exercised.
@@ -48,3 +55,17 @@ run_fuzzer kernel_events -max_len=16384
 # 4096-byte request limit. Leak detection is off (gRPC's process-wide state; see the target).
 # The target fails a call that takes 10 s itself; -timeout is the backstop for a hang elsewhere.
 run_fuzzer api_requests -max_len=8192 -timeout=60 -detect_leaks=0
+
+failed=0
+for i in "${!pids[@]}"; do
+  name=${names[$i]}
+  work=$build/fuzz-work/$name
+  if wait "${pids[$i]}"; then
+    echo "fuzz.sh: ${name}_fuzz ran ${seconds}s without a failure ($(grep -m1 -o 'stat::number_of_executed_units: *[0-9]*' "$work/output.log" | grep -o '[0-9]*$' || echo '?') runs)"
+  else
+    tail -n 40 "$work/output.log" >&2
+    echo "fuzz.sh: ${name}_fuzz failed; its output in $work/output.log, reproducer(s) in $work/artifacts/" >&2
+    failed=1
+  fi
+done
+exit $failed
