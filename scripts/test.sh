@@ -245,7 +245,7 @@ fi
   echo "==== the ten slowest tests ===="
   awk '/^==== ctest / { pass = $3; sub(/:$/, "", pass) }
        / Test +#[0-9]+: / { for (i = 1; i < NF; i++) if ($(i + 1) == "sec") printf "%10.1f s  %s (%s)\n", $i, $4, pass }' \
-    "$ctest_log" | sort -rn | head -n 10
+    "$ctest_log" | sort -rn | awk "NR <= 10"
 } | tee -a "$ctest_log"
 
 # A failed test's output (assertions, then kplegd's log) scrolls far up a long run: repeat its
