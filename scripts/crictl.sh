@@ -85,8 +85,11 @@ gobuild "$tmp/bin/critest" sigs.k8s.io/cri-tools/cmd/critest test -c ||
   die "building critest $VERSION failed (needs the Go module proxy reachable, or the modules in the Go module cache)"
 "$tmp/bin/crictl" --version >/dev/null || die "the built crictl does not run"
 # critest reads /etc/crictl.yaml if present and warns on stderr if not; -version prints and exits.
-"$tmp/bin/critest" -version 2>/dev/null | grep -q "critest version: $VERSION" ||
-  die "the built critest does not run (or reports another version)"
+# Its output is read whole: it prints "PASS" after the version, and a grep -q that ended first
+# would kill it with SIGPIPE, which pipefail reports as a failure.
+critest_version=$("$tmp/bin/critest" -version 2>/dev/null) || die "the built critest does not run"
+grep -q "critest version: $VERSION" <<<"$critest_version" ||
+  die "the built critest reports another version: $critest_version"
 {
   echo "version $VERSION"
   echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) with $("$go" version)"
