@@ -121,9 +121,18 @@ class Load {
   }
 
   // Stops and removes a pod sandbox (and so its containers), then does the kubelet's part:
-  // the pod cgroup and the log directory.
+  // the pod cgroup and the log directory. Its running containers are killed first, without a
+  // grace period, as the kubelet kills a pod whose grace is over: a runtime's StopPodSandbox
+  // may give each container a grace period of its own first (CRI-O waits 10 s for a PID 1 that
+  // ignores SIGTERM, such as sleep).
   Status remove_pod(const std::string& sandbox_id, const std::string& pod_uid,
                     const std::string& log_directory) {
+    v1::ContainerFilter running;
+    running.set_pod_sandbox_id(sandbox_id);
+    running.mutable_state()->set_state(v1::CONTAINER_RUNNING);
+    if (auto cs = cri_.list_containers(running); cs.ok()) {
+      for (const auto& c : *cs) (void)cri_.stop_container(c.id(), 0);
+    }
     // A failed stop (e.g. the network teardown of a sandbox whose network setup failed) does
     // not end the attempt: the runtime may still be able to remove the sandbox.
     auto stopped = cri_.stop_pod_sandbox(sandbox_id);
@@ -513,7 +522,8 @@ int main(int argc, char** argv) {
   auto* stop_p = app.add_subcommand("stop-pod", "Stop a pod sandbox and its containers");
   stop_p->add_option("SANDBOX_ID", sandbox_id)->required();
   auto* remove_p =
-      app.add_subcommand("remove-pod", "Stop and remove a pod sandbox, its pod cgroup and logs");
+      app.add_subcommand("remove-pod", "Kill its running containers, stop and remove a pod sandbox, "
+                                        "its pod cgroup and logs");
   remove_p->add_option("SANDBOX_ID", sandbox_id)->required();
 
   PodOptions churn_pod_opts;
