@@ -1066,7 +1066,7 @@ def exited_pods(cfg, k):
 
 
 def alone_runs(cfg, runtime, cgroups, out_dir, n):
-    res = {"n": n, "window_s": cfg.window, "runs": {}, "exited_containers": cfg.idle_exited}
+    res = {"n": n, "window_s": cfg.idle_window, "runs": {}, "exited_containers": cfg.idle_exited}
     exited = exited_pods(cfg, cfg.idle_exited)
     try:
         alone_windows(cfg, runtime, cgroups, out_dir, n, res)
@@ -1085,7 +1085,7 @@ def alone_windows(cfg, runtime, cgroups, out_dir, n, res):
                                                    f"alone-{which}-n{n}",
                                                    "none" if which == "ebpf-unwatched" else None)
         try:
-            secs = cfg.unwatched_window if which == "ebpf-unwatched" else cfg.window
+            secs = cfg.unwatched_window if which == "ebpf-unwatched" else cfg.idle_window
             w = window(cfg, ds, runtime, 0, secs, out_dir, f"alone-{which}-n{n}", set())
         finally:
             for d in ds:
@@ -1247,6 +1247,8 @@ def main():
     ap.add_argument("--counts", default="0,10,50,110,250,500")
     ap.add_argument("--rates", default="0,1,10")
     ap.add_argument("--window", type=float, default=60)
+    ap.add_argument("--idle-window", type=float, default=None,
+                    help="window of the idle cells (rate 0) and of the each-mode-alone runs (default: --window)")
     ap.add_argument("--settle", type=float, default=8, dest="settle_s")
     ap.add_argument("--warmup", type=float, default=5, dest="warmup_s",
                     help="seconds of churn before each daemon pair's first churn window, not measured (0: none)")
@@ -1269,6 +1271,8 @@ def main():
     ap.add_argument("--trace-kernel", action="store_true",
                     help="also record kplegd --trace-kernel for the benchmark's cgroups (diagnostics)")
     cfg = ap.parse_args()
+    if cfg.idle_window is None:
+        cfg.idle_window = cfg.window
     cfg.kplegd = os.path.join(cfg.bin_dir, "kplegd")
     cfg.kpleg_load = os.path.join(cfg.bin_dir, "kpleg-load")
     cfg.watch = os.path.join(cfg.bin_dir, "kpleg-bench-watch")
@@ -1337,8 +1341,9 @@ def main():
                     if rate > 0 and not warmed and cfg.warmup_s > 0:
                         results.setdefault("warmup", []).append(warm_up(cfg, ds, raw, f"n{n}"))
                         warmed = True
-                    log(f"N={n} rate={rate}/s: {cfg.window:.0f} s window")
-                    w = window(cfg, ds, runtime, rate, cfg.window, raw, f"n{n}-r{rate}", base_uids)
+                    secs = cfg.window if rate else cfg.idle_window
+                    log(f"N={n} rate={rate}/s: {secs:.0f} s window")
+                    w = window(cfg, ds, runtime, rate, secs, raw, f"n{n}-r{rate}", base_uids)
                     w["n"] = n
                     w["scenario"] = "shared"
                     results["cells"].append(w)
