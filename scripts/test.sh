@@ -90,8 +90,11 @@ KUBELET_TESTS='^kubelet\.e2e$'
 CLOUD_VMS='^vmtest\..*-cloud$'
 # What the passes on other runtimes run (-R), because it differs there:
 # - containerd-2: its event stream confirms transitions instead of the status calls (lifecycle in
-#   both modes, the differential test, the event stream's own tests, the restart storm); its
-#   cgroup paths and restart (FaultsTest.Containerd..., cgroup resolution, the CRI client);
+#   both modes, the differential test, the event stream's own tests, the restart storm, a
+#   container created before kplegd and started after, a removal before the death was confirmed,
+#   the removal sweep of long-exited containers, a death the runtime records late); its cgroup
+#   paths and restart (FaultsTest.Containerd..., an exited container reloaded after a restart,
+#   cgroup resolution, the CRI client);
 #   kplegd's CRI endpoint and the kubelet on it (the kubelet's own hint); critest directly and
 #   through kplegd; the quick bench's CRI-calls bound (0 on 2.x).
 # - crio: the lifecycle tests in both modes (but the OCI-hook one: the test bed has no
@@ -100,7 +103,7 @@ CLOUD_VMS='^vmtest\..*-cloud$'
 #   kpleg-load's churn. The other cri/e2e/kubelet tests read containerd's cgroup paths, shim
 #   files or state, or need the test bed's CNI (docs/testbed.md).
 declare -A RUNTIME_TESTS=(
-  [containerd-2]='^(Modes/LifecycleTest\.|DifferentialTest\.|ApiE2eTest\.(TheRuntimesEventStream|AQuietRuntimesEventStream|ExitedContainersCost)|RestartStormTest\.|FaultsTest\.Containerd|CgroupResolution\.|GrpcCriClientTestBed\.|CriEndpoint|kubelet\.|cri\.critest$|Crictl\.|KpLegLoad\.Churn|bench_quick$)'
+  [containerd-2]='^(Modes/LifecycleTest\.|DifferentialTest\.|ApiE2eTest\.(TheRuntimesEventStream|AQuietRuntimesEventStream|ExitedContainersCost)|RestartStormTest\.|StartUpTest\.|ProxiedTestBedTest\.|LongExitedTest\.|FaultsTest\.(Containerd|ADeathTheRuntimeRecordsLate|AnExitedContainerReloaded)|CgroupResolution\.|GrpcCriClientTestBed\.|CriEndpoint|kubelet\.|cri\.critest$|Crictl\.|KpLegLoad\.Churn|bench_quick$)'
   [crio]='^(Modes/LifecycleTest\.|DifferentialTest\.|ApiE2eTest\.(TheRuntimesEventStream|AQuietRuntimesEventStream|ExitedContainersCost)|CriEndpointTest\.|kubelet\.e2e$|Crictl\.|KpLegLoad\.Churn)'
 )
 declare -A RUNTIME_EXCLUDE=([containerd-2]='^$' [crio]='OciHooks')
