@@ -27,7 +27,8 @@ usage: bench/run.sh [--quick] [--skip-bpf] [--runtime containerd-1.6|containerd-
   --bin-dir      Where kplegd, kpleg-load, kpleg-bench-bpf, kpleg-bench-watch,
                  kpleg-bench-cri-prefix, kpleg-bench-ceiling (and kpleg-cri-proxy, for the
                  slow-runtime scenario) are (default: build-bench/bin, else build/bin).
-  --results-dir  Parent of the timestamped result directory (default: bench/results).
+  --results-dir  Parent of the timestamped result directory (default: build/bench-results;
+                 results are never committed).
 
 Full run: N in 0,10,50,110,250,500 (as far as memory and the time budget allow), churn 0, 1
 and 10 transitions/s, 60 s windows; about half an hour. Needs root. Uses its own test bed
@@ -41,7 +42,7 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 QUICK=0
 SKIP_BPF=0
 BIN_DIR=
-RESULTS_PARENT=$REPO/bench/results
+RESULTS_PARENT=$REPO/build/bench-results
 EXTRA=()
 while [ $# -gt 0 ]; do
   case $1 in
