@@ -21,6 +21,7 @@
 #                       <cache>/cri-tools-<version>/bin, complete once <cache>/cri-tools-<version>/ok
 #                       exists
 #   GO                  the go command (default: go on PATH, else /usr/local/go/bin/go)
+# The cache, its lock and its ok file: scripts/lib/toolcache.sh.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -29,75 +30,41 @@ module=$repo/tools/crictl
 VERSION=$(awk '$1 == "require" && $2 == "sigs.k8s.io/cri-tools" { print $3; exit }
   $1 == "sigs.k8s.io/cri-tools" && $2 ~ /^v/ { print $2; exit }' "$module/go.mod")
 
-CACHE=${KPLEG_TOOLS_CACHE:-/var/cache/kpleg/tools}
-dir=$CACHE/cri-tools-$VERSION
-
 log() { echo "crictl.sh: $*" >&2; }
 die() { echo "crictl.sh: error: $*" >&2; exit 1; }
+# shellcheck source=scripts/lib/toolcache.sh
+. "$repo/scripts/lib/toolcache.sh"
 
-complete() { [ -f "$dir/ok" ] && [ -x "$dir/bin/crictl" ] && [ -x "$dir/bin/critest" ]; }
+# build_cri_tools TMP: crictl and critest into TMP/bin.
+build_cri_tools() {
+  local tmp=$1 go critest_version
+  go=$(find_go "crictl and critest are built from the Go module proxy")
+  log "building crictl and critest $VERSION with $("$go" version | cut -d' ' -f3) (once)"
+  # -mod=readonly: go.sum is used as committed, never updated. The version ldflag is the one
+  # cri-tools' Makefile sets for both programs (`crictl --version`, `critest -version`).
+  gobuild() { # output, package, then the go subcommand...
+    local out=$1 pkg=$2
+    shift 2
+    (cd "$module" &&
+      GOFLAGS=-mod=readonly GONOSUMDB=sigs.k8s.io/cri-tools,k8s.io CGO_ENABLED=0 \
+        "$go" "$@" -trimpath -ldflags "-X sigs.k8s.io/cri-tools/pkg/version.Version=$VERSION" \
+        -o "$out" "$pkg" >&2)
+  }
+  gobuild "$tmp/bin/crictl" sigs.k8s.io/cri-tools/cmd/crictl build ||
+    die "building crictl $VERSION failed (needs the Go module proxy reachable, or the modules in the Go module cache)"
+  gobuild "$tmp/bin/critest" sigs.k8s.io/cri-tools/cmd/critest test -c ||
+    die "building critest $VERSION failed (needs the Go module proxy reachable, or the modules in the Go module cache)"
+  "$tmp/bin/crictl" --version >/dev/null || die "the built crictl does not run"
+  # critest reads /etc/crictl.yaml if present and warns on stderr if not; -version prints and
+  # exits. Its output is read whole: it prints "PASS" after the version, and a grep -q that ended
+  # first would kill it with SIGPIPE, which pipefail reports as a failure.
+  critest_version=$("$tmp/bin/critest" -version 2>/dev/null) || die "the built critest does not run"
+  grep -q "critest version: $VERSION" <<<"$critest_version" ||
+    die "the built critest reports another version: $critest_version"
+  echo "with $("$go" version)"
+  echo "programs crictl critest"
+}
 
 [ -n "$VERSION" ] || die "no cri-tools version in $module/go.mod"
-if complete; then
-  echo "$dir/bin"
-  exit 0
-fi
-
-go=${GO:-}
-if [ -z "$go" ]; then
-  if command -v go >/dev/null; then
-    go=$(command -v go)
-  elif [ -x /usr/local/go/bin/go ]; then
-    go=/usr/local/go/bin/go
-  else
-    die "no Go toolchain (go on PATH or /usr/local/go/bin/go): crictl and critest are built from the Go module proxy"
-  fi
-fi
-
-mkdir -p "$CACHE"
-# Concurrent callers (the test bed's `up` in parallel tests, scripts/test.sh) build once: the
-# others wait here and then find the cache complete.
-exec {lock}>"$CACHE/.cri-tools-$VERSION.lock"
-flock -w 1200 "$lock" || die "another build of cri-tools $VERSION held its lock for 20 min"
-if complete; then
-  echo "$dir/bin"
-  exit 0
-fi
-tmp=$(mktemp -d "$CACHE/.cri-tools-$VERSION.XXXXXX")
-chmod 0755 "$tmp"
-trap 'rm -rf "$tmp"' EXIT
-start=$SECONDS
-mkdir -p "$tmp/bin"
-log "building crictl and critest $VERSION with $("$go" version | cut -d' ' -f3) into $dir (once)"
-# -mod=readonly: go.sum is used as committed, never updated. The version ldflag is the one
-# cri-tools' Makefile sets for both programs (`crictl --version`, `critest -version`).
-gobuild() { # go subcommand..., then output and package
-  local out=$1 pkg=$2
-  shift 2
-  (cd "$module" &&
-    GOFLAGS=-mod=readonly GONOSUMDB=sigs.k8s.io/cri-tools,k8s.io CGO_ENABLED=0 \
-      "$go" "$@" -trimpath -ldflags "-X sigs.k8s.io/cri-tools/pkg/version.Version=$VERSION" \
-      -o "$out" "$pkg" >&2)
-}
-gobuild "$tmp/bin/crictl" sigs.k8s.io/cri-tools/cmd/crictl build ||
-  die "building crictl $VERSION failed (needs the Go module proxy reachable, or the modules in the Go module cache)"
-gobuild "$tmp/bin/critest" sigs.k8s.io/cri-tools/cmd/critest test -c ||
-  die "building critest $VERSION failed (needs the Go module proxy reachable, or the modules in the Go module cache)"
-"$tmp/bin/crictl" --version >/dev/null || die "the built crictl does not run"
-# critest reads /etc/crictl.yaml if present and warns on stderr if not; -version prints and exits.
-# Its output is read whole: it prints "PASS" after the version, and a grep -q that ended first
-# would kill it with SIGPIPE, which pipefail reports as a failure.
-critest_version=$("$tmp/bin/critest" -version 2>/dev/null) || die "the built critest does not run"
-grep -q "critest version: $VERSION" <<<"$critest_version" ||
-  die "the built critest reports another version: $critest_version"
-{
-  echo "version $VERSION"
-  echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ) with $("$go" version)"
-  echo "programs crictl critest"
-  echo "seconds $((SECONDS - start))"
-} >"$tmp/ok"
-rm -rf "$dir"
-mv "$tmp" "$dir"
-trap - EXIT
-log "built crictl and critest $VERSION in $dir in $((SECONDS - start)) s"
-echo "$dir/bin"
+cached_build "${KPLEG_TOOLS_CACHE:-/var/cache/kpleg/tools}" cri-tools "$VERSION" "crictl critest" \
+  build_cri_tools

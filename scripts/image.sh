@@ -43,6 +43,9 @@ ENTRYPOINT=/usr/local/bin/kplegd
 log() { echo "image.sh: $*" >&2; }
 die() { echo "image.sh: error: $*" >&2; exit 1; }
 
+# shellcheck source=scripts/lib/oci.sh
+. "$REPO/scripts/lib/oci.sh"
+
 cache_dir() {
   local d=${KPLEG_IMAGE_CACHE:-}
   if [ -z "$d" ]; then
@@ -51,15 +54,8 @@ cache_dir() {
       mkdir -p "$d" 2>/dev/null && [ -w "$d" ] && break
     done
   fi
-  mkdir -p "$d" && [ -w "$d" ] || die "cannot write to $d"
+  { mkdir -p "$d" && [ -w "$d" ]; } || die "cannot write to $d"
   echo "$d"
-}
-
-oci_arch() {
-  case $(uname -m) in
-    x86_64) echo amd64 ;; aarch64) echo arm64 ;; armv7l) echo arm ;; ppc64le) echo ppc64le ;;
-    s390x) echo s390x ;; riscv64) echo riscv64 ;; *) die "unsupported architecture $(uname -m)" ;;
-  esac
 }
 
 # The host path of every ELF file that goes into the image (before symlinks are resolved): the
@@ -103,7 +99,7 @@ add_path() {
 input_hash() {
   {
     echo "$IMAGE $(oci_arch)"
-    sha256sum "${BASH_SOURCE[0]}"
+    sha256sum "${BASH_SOURCE[0]}" "$REPO/scripts/lib/oci.sh"
     elf_paths | while read -r p; do
       echo "$p -> $(realpath -e "$p")"
       sha256sum "$(realpath -e "$p")" | cut -d' ' -f1
@@ -112,14 +108,11 @@ input_hash() {
 }
 
 # build_into DIR: DIR/rootfs, DIR/image.tar (an OCI image layout as one archive, what
-# `ctr images import` takes) and DIR/config.json (the image config in it).
+# `ctr images import` takes), DIR/config.json (the image config in it) and DIR/digest.
 build_into() {
-  local out=$1 arch layer layer_digest layer_size cfg cfg_digest cfg_size man man_digest man_size
-  local p b l
+  local out=$1 p b l
   ROOTFS=$out/rootfs
-  arch=$(oci_arch)
-  mkdir -p "$ROOTFS"/{usr/bin,usr/lib,usr/sbin,usr/local/bin,etc,dev,proc,sys,run,tmp,var} \
-    "$out/oci/blobs/sha256"
+  mkdir -p "$ROOTFS"/{usr/bin,usr/lib,usr/sbin,usr/local/bin,etc,dev,proc,sys,run,tmp,var}
   chmod 1777 "$ROOTFS/tmp"
   # Debian 12's merged /usr: the top-level directories are symlinks into /usr.
   for l in bin lib sbin; do ln -s "usr/$l" "$ROOTFS/$l"; done
@@ -135,56 +128,13 @@ build_into() {
     case $p in "$BIN"/*) continue ;; esac
     add_path "$p"
   done
-
-  layer=$out/layer.tar
-  tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner --format=gnu \
-    -C "$ROOTFS" -cf "$layer" .
-  layer_digest=$(sha256sum "$layer" | cut -d' ' -f1)
-  layer_size=$(stat -c %s "$layer")
-  mv "$layer" "$out/oci/blobs/sha256/$layer_digest"
-
-  cfg=$out/config.json
-  jq -cn --arg arch "$arch" --arg diff "sha256:$layer_digest" --arg ep "$ENTRYPOINT" '{
-      architecture: $arch, os: "linux",
-      config: {
+  oci_image_archive "$ROOTFS" "$out" "$IMAGE" \
+    "$(jq -cn --arg ep "$ENTRYPOINT" '{
         Env: ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
-        Entrypoint: [$ep], WorkingDir: "/"
-      },
-      rootfs: {type: "layers", diff_ids: [$diff]},
-      history: [{created: "1970-01-01T00:00:00Z",
-                 created_by: "scripts/image.sh: build/bin, the shared libraries they load, /bin/sh, /bin/true"}]
-    }' | tr -d '\n' >"$cfg"
-  cfg_digest=$(sha256sum "$cfg" | cut -d' ' -f1)
-  cfg_size=$(stat -c %s "$cfg")
-  mv "$cfg" "$out/oci/blobs/sha256/$cfg_digest"
-
-  man=$out/manifest.json
-  jq -cn --arg cd "sha256:$cfg_digest" --argjson cs "$cfg_size" \
-    --arg ld "sha256:$layer_digest" --argjson ls "$layer_size" '{
-      schemaVersion: 2, mediaType: "application/vnd.oci.image.manifest.v1+json",
-      config: {mediaType: "application/vnd.oci.image.config.v1+json", digest: $cd, size: $cs},
-      layers: [{mediaType: "application/vnd.oci.image.layer.v1.tar", digest: $ld, size: $ls}]
-    }' | tr -d '\n' >"$man"
-  man_digest=$(sha256sum "$man" | cut -d' ' -f1)
-  man_size=$(stat -c %s "$man")
-  mv "$man" "$out/oci/blobs/sha256/$man_digest"
-
-  jq -cn --arg md "sha256:$man_digest" --argjson ms "$man_size" --arg arch "$arch" \
-    --arg name "$IMAGE" --arg tag "${IMAGE##*:}" '{
-      schemaVersion: 2, mediaType: "application/vnd.oci.image.index.v1+json",
-      manifests: [{
-        mediaType: "application/vnd.oci.image.manifest.v1+json", digest: $md, size: $ms,
-        platform: {architecture: $arch, os: "linux"},
-        annotations: {"io.containerd.image.name": $name, "org.opencontainers.image.ref.name": $tag}
-      }]
-    }' >"$out/oci/index.json"
-  echo '{"imageLayoutVersion":"1.0.0"}' >"$out/oci/oci-layout"
-  tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner --format=gnu \
-    -C "$out/oci" -cf "$out/image.tar" oci-layout index.json blobs
-  # The archive holds the layout; the image config stays next to it for readers.
-  cp "$out/oci/blobs/sha256/$cfg_digest" "$out/config.json"
-  rm -rf "$out/oci"
-  echo "sha256:$man_digest" >"$out/digest"
+        Entrypoint: [$ep], WorkingDir: "/"}')" \
+    '{"created": "1970-01-01T00:00:00Z",
+      "created_by": "scripts/image.sh: build/bin, the shared libraries they load, /bin/sh, /bin/true"}'
+  echo "$OCI_MANIFEST_DIGEST" >"$out/digest"
 }
 
 # Prints the directory of the built image (rootfs/, image.tar, config.json, digest).

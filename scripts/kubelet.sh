@@ -24,79 +24,49 @@
 #                       <cache>/kubelet-<version>/bin, complete once <cache>/kubelet-<version>/ok
 #                       exists
 #   GO                  the go command (default: go on PATH, else /usr/local/go/bin/go)
+# The cache, its lock and its ok file: scripts/lib/toolcache.sh.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 module=$repo/tools/kubelet
 VERSION=$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" { print $3 }' "$module/go.mod")
 
-CACHE=${KPLEG_TOOLS_CACHE:-/var/cache/kpleg/tools}
-dir=$CACHE/kubelet-$VERSION
-
 log() { echo "kubelet.sh: $*" >&2; }
 die() { echo "kubelet.sh: error: $*" >&2; exit 1; }
+# shellcheck source=scripts/lib/toolcache.sh
+. "$repo/scripts/lib/toolcache.sh"
+
+# build_kubelet TMP: kubelet into TMP/bin.
+build_kubelet() {
+  local tmp=$1 go major minor build_date ldflags pkg got
+  go=$(find_go "kubelet is built from the Go module proxy")
+  # v1.37.2 -> major 1, minor 37.
+  major=${VERSION#v}
+  major=${major%%.*}
+  minor=${VERSION#v*.}
+  minor=${minor%%.*}
+  # The release's time (RFC 3339, UTC) from the module's .info; downloads the module if needed.
+  build_date=$(cd "$module" && GOFLAGS=-mod=readonly "$go" list -m -f '{{if .Time}}{{.Time.UTC.Format "2006-01-02T15:04:05Z"}}{{end}}' k8s.io/kubernetes) ||
+    die "cannot resolve k8s.io/kubernetes $VERSION (needs the Go module proxy, or the module in the Go module cache)"
+  [ -n "$build_date" ] || build_date=1970-01-01T00:00:00Z
+  ldflags="-s -w"
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldflags+=" -X $pkg.gitVersion=$VERSION -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
+    ldflags+=" -X $pkg.gitCommit= -X $pkg.gitTreeState=clean -X $pkg.buildDate=$build_date"
+  done
+  log "building kubelet $VERSION with $("$go" version | cut -d' ' -f3) (several minutes, once)"
+  # -mod=readonly: go.sum is used as committed, never updated.
+  (cd "$module" &&
+    GOFLAGS="-mod=readonly -buildvcs=false" CGO_ENABLED=0 \
+      "$go" build -trimpath -tags selinux,notest,grpcnotrace -ldflags "$ldflags" \
+      -o "$tmp/bin/kubelet" k8s.io/kubernetes/cmd/kubelet >&2) ||
+    die "building kubelet $VERSION failed"
+  got=$("$tmp/bin/kubelet" --version) || die "the built kubelet does not run"
+  [ "$got" = "Kubernetes $VERSION" ] || die "the built kubelet says '$got', not 'Kubernetes $VERSION'"
+  echo "with $("$go" version)"
+}
 
 [ -n "$VERSION" ] || die "no k8s.io/kubernetes version in $module/go.mod"
-if [ -f "$dir/ok" ] && [ -x "$dir/bin/kubelet" ]; then
-  echo "$dir/bin"
-  exit 0
-fi
-
-go=${GO:-}
-if [ -z "$go" ]; then
-  if command -v go >/dev/null; then
-    go=$(command -v go)
-  elif [ -x /usr/local/go/bin/go ]; then
-    go=/usr/local/go/bin/go
-  else
-    die "no Go toolchain (go on PATH or /usr/local/go/bin/go): kubelet is built from the Go module proxy"
-  fi
-fi
-
-mkdir -p "$CACHE"
-# The build takes minutes: concurrent callers wait for one build instead of starting another.
-exec {lock}>"$CACHE/.kubelet-$VERSION.lock"
-flock -w 1800 "$lock" || die "another build of kubelet $VERSION held its lock for 30 min"
-if [ -f "$dir/ok" ] && [ -x "$dir/bin/kubelet" ]; then
-  echo "$dir/bin"
-  exit 0
-fi
-
-tmp=$(mktemp -d "$CACHE/.kubelet.XXXXXX")
-chmod 0755 "$tmp"
-trap 'rm -rf "$tmp"' EXIT
-start=$(date +%s)
-mkdir -p "$tmp/bin"
-
-# v1.37.2 -> major 1, minor 37.
-major=${VERSION#v}
-major=${major%%.*}
-minor=${VERSION#v*.}
-minor=${minor%%.*}
-# The release's time (RFC 3339, UTC) from the module's .info; downloads the module if needed.
-build_date=$(cd "$module" && GOFLAGS=-mod=readonly "$go" list -m -f '{{if .Time}}{{.Time.UTC.Format "2006-01-02T15:04:05Z"}}{{end}}' k8s.io/kubernetes) ||
-  die "cannot resolve k8s.io/kubernetes $VERSION (needs the Go module proxy, or the module in the Go module cache)"
-[ -n "$build_date" ] || build_date=1970-01-01T00:00:00Z
-ldflags="-s -w"
-for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-  ldflags+=" -X $pkg.gitVersion=$VERSION -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
-  ldflags+=" -X $pkg.gitCommit= -X $pkg.gitTreeState=clean -X $pkg.buildDate=$build_date"
-done
-
-log "building kubelet $VERSION with $("$go" version | cut -d' ' -f3) into $dir (several minutes, once)"
-# -mod=readonly: go.sum is used as committed, never updated.
-if ! (cd "$module" &&
-  GOFLAGS="-mod=readonly -buildvcs=false" CGO_ENABLED=0 \
-    "$go" build -trimpath -tags selinux,notest,grpcnotrace \
-    -ldflags "$ldflags" \
-    -o "$tmp/bin/kubelet" k8s.io/kubernetes/cmd/kubelet >&2); then
-  die "building kubelet $VERSION failed"
-fi
-got=$("$tmp/bin/kubelet" --version) || die "the built kubelet does not run"
-[ "$got" = "Kubernetes $VERSION" ] || die "the built kubelet says '$got', not 'Kubernetes $VERSION'"
-echo "$("$go" version | cut -d' ' -f3) $(($(date +%s) - start)) s" >"$tmp/ok"
-rm -rf "$dir"
-mv "$tmp" "$dir"
-trap - EXIT
-log "built kubelet $VERSION in $dir in $(($(date +%s) - start)) s"
-echo "$dir/bin"
+# The build takes minutes: concurrent callers wait up to 30 min for one build.
+TOOL_LOCK_WAIT_S=1800 cached_build "${KPLEG_TOOLS_CACHE:-/var/cache/kpleg/tools}" kubelet "$VERSION" \
+  kubelet build_kubelet

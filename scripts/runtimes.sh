@@ -54,68 +54,21 @@ CACHE=${KPLEG_RUNTIMES_CACHE:-/var/cache/kpleg/runtimes}
 log() { echo "runtimes: $*" >&2; }
 die() { echo "runtimes: error: $*" >&2; exit 1; }
 
-find_go() {
-  if [ -n "${GO:-}" ]; then
-    command -v "$GO" >/dev/null || die "GO=$GO is not a command"
-    echo "$GO"
-  elif command -v go >/dev/null; then
-    command -v go
-  elif [ -x /usr/local/go/bin/go ]; then
-    echo /usr/local/go/bin/go
-  else
-    die "no Go toolchain (go on PATH or /usr/local/go/bin/go): containerd 2.x and CRI-O are built from \
-the Go module proxy and need Go >= 1.24 (CRI-O: 1.25); install Go, or set GO=/path/to/go"
-  fi
-}
+# shellcheck source=scripts/lib/toolcache.sh
+. "$REPO/scripts/lib/toolcache.sh"
+GO_NEEDED="containerd 2.x and CRI-O are built from the Go module proxy and need Go >= 1.24 (CRI-O: 1.25)"
 
-# Runs "$3 <tmp> $4..." to build <name>-<version> ($1, $2) into <tmp>/bin, then renames <tmp> to
-# <cache>/$1-$2, so an interrupted build never looks complete. Prints the bin dir. What the
-# builder prints on stdout goes into the ok file.
-cached_build() {
-  local name=$1 version=$2 builder=$3 dir tmp start
-  shift 3
-  dir=$CACHE/$name-$version
-  if [ -f "$dir/ok" ]; then
-    echo "$dir/bin"
-    return 0
-  fi
-  mkdir -p "$CACHE"
-  exec {lock}>"$CACHE/.$name-$version.lock"
-  flock -w 1200 "$lock" || die "another build of $name-$version held its lock for 20 min"
-  if [ -f "$dir/ok" ]; then
-    echo "$dir/bin"
-    return 0
-  fi
-  tmp=$(mktemp -d "$CACHE/.$name-$version.XXXXXX")
-  chmod 0755 "$tmp"
-  # shellcheck disable=SC2064
-  trap "rm -rf '$tmp'" EXIT
-  start=$SECONDS
-  "$builder" "$tmp" "$@" >"$tmp/ok.part"
-  {
-    echo "version $version"
-    echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-    cat "$tmp/ok.part"
-    echo "seconds $((SECONDS - start))"
-  } >"$tmp/ok"
-  rm -f "$tmp/ok.part"
-  rm -rf "$dir"
-  mv "$tmp" "$dir"
-  trap - EXIT
-  log "built $name $version in $((SECONDS - start)) s"
-  echo "$dir/bin"
-}
-
-# Builds the Go packages $3... of module version $2 into <cache>/$1/bin with `go install`.
+# go_build NAME VERSION "PROGRAMS" PKG...: the Go packages PKG... of module version VERSION into
+# <cache>/NAME-VERSION/bin with `go install`.
 go_build() {
-  cached_build "$1" "$2" go_install "$@"
+  cached_build "$CACHE" "$1" "$2" "$3" go_install "$1" "$2" "${@:4}"
 }
 
 # go_install <tmp> <name> <version> <pkg>...: `go install <pkg>@<version>` into <tmp>/bin.
 go_install() {
   local tmp=$1 name=$2 version=$3 go pkg
   shift 3
-  go=$(find_go)
+  go=$(find_go "$GO_NEEDED")
   log "building $name $version with $("$go" version | cut -d' ' -f3) into $CACHE/$name-$version (a few minutes, once)"
   for pkg in "$@"; do
     log "  go install $pkg@$version"
@@ -132,7 +85,7 @@ go_install() {
 # cri-o module's source (pinns/src/*.c, flags of its Makefile: static, -Werror).
 crio_build() {
   local tmp=$1 go src missing=()
-  go=$(find_go)
+  go=$(find_go "$GO_NEEDED")
   command -v cc >/dev/null || missing+=(gcc)
   command -v pkg-config >/dev/null || missing+=(pkg-config)
   if command -v pkg-config >/dev/null && ! pkg-config --exists libseccomp; then
@@ -141,7 +94,6 @@ crio_build() {
   [ ${#missing[@]} -eq 0 ] ||
     die "building CRI-O needs Debian packages: apt-get install -y ${missing[*]}"
   log "building crio $CRIO_VERSION (tags: $CRIO_TAGS) with $("$go" version | cut -d' ' -f3) into $CACHE/crio-$CRIO_VERSION (a few minutes, once)"
-  mkdir -p "$tmp/bin"
   # -mod=readonly: go.sum is used as committed, never updated. CGO_ENABLED=1: seccomp is cgo.
   (cd "$CRIO_MODULE" &&
     GOFLAGS="-mod=readonly -buildvcs=false" GONOSUMDB=$CRIO_NOSUMDB CGO_ENABLED=1 \
@@ -161,14 +113,14 @@ crio_build() {
 build() {
   case ${1:-} in
     containerd-2)
-      go_build containerd "$CONTAINERD2_VERSION" \
+      go_build containerd "$CONTAINERD2_VERSION" "containerd ctr containerd-shim-runc-v2" \
         github.com/containerd/containerd/v2/cmd/containerd \
         github.com/containerd/containerd/v2/cmd/ctr \
         github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2
       ;;
     crio)
       [ -n "$CRIO_VERSION" ] || die "no github.com/cri-o/cri-o version in $CRIO_MODULE/go.mod"
-      cached_build crio "$CRIO_VERSION" crio_build
+      cached_build "$CACHE" crio "$CRIO_VERSION" "crio pinns" crio_build
       ;;
     "") die "which runtime? (scripts/runtimes.sh list)" ;;
     *) die "unknown runtime '$1' (scripts/runtimes.sh list)" ;;

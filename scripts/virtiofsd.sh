@@ -14,45 +14,35 @@
 #   KPLEG_TOOLS_CACHE   cache root (default /var/cache/kpleg/tools); virtiofsd lives in
 #                       <cache>/virtiofsd-<version>/bin, complete once <cache>/virtiofsd-<version>/ok exists
 #   CARGO               the cargo command (default: cargo on PATH, else ~/.cargo/bin/cargo)
+# The cache, its lock and its ok file: scripts/lib/toolcache.sh.
 set -euo pipefail
 
 # Pinned: a virtiofsd release in the Rust crate registry that builds with the machine's Rust toolchain.
 VIRTIOFSD_VERSION=1.13.2
 
-CACHE=${KPLEG_TOOLS_CACHE:-/var/cache/kpleg/tools}
-dir=$CACHE/virtiofsd-$VIRTIOFSD_VERSION
-
 log() { echo "virtiofsd.sh: $*" >&2; }
 die() { echo "virtiofsd.sh: error: $*" >&2; exit 1; }
+# shellcheck source=scripts/lib/toolcache.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib/toolcache.sh"
 
-if [ -f "$dir/ok" ] && [ -x "$dir/bin/virtiofsd" ]; then
-  echo "$dir/bin"
-  exit 0
-fi
-
-cargo=${CARGO:-}
-if [ -z "$cargo" ]; then
-  if command -v cargo >/dev/null; then
-    cargo=$(command -v cargo)
-  elif [ -x "$HOME/.cargo/bin/cargo" ]; then
-    cargo=$HOME/.cargo/bin/cargo
-  else
-    die "no cargo (Rust toolchain): virtiofsd is built from the Rust crate registry; install Rust, or set CARGO"
+# build_virtiofsd TMP: virtiofsd into TMP/bin.
+build_virtiofsd() {
+  local tmp=$1 cargo=${CARGO:-}
+  if [ -z "$cargo" ]; then
+    if command -v cargo >/dev/null; then
+      cargo=$(command -v cargo)
+    elif [ -x "$HOME/.cargo/bin/cargo" ]; then
+      cargo=$HOME/.cargo/bin/cargo
+    else
+      die "no cargo (Rust toolchain): virtiofsd is built from the Rust crate registry; install Rust, or set CARGO"
+    fi
   fi
-fi
+  # libseccomp-dev and libcap-ng-dev come from scripts/install-deps.sh.
+  "$cargo" install --quiet --locked --root "$tmp" virtiofsd --version "$VIRTIOFSD_VERSION" >&2 ||
+    die "cargo could not build virtiofsd $VIRTIOFSD_VERSION"
+  "$tmp/bin/virtiofsd" --version >/dev/null || die "the built virtiofsd does not run"
+  echo "with $("$cargo" --version)"
+}
 
-mkdir -p "$CACHE"
-tmp=$(mktemp -d "$CACHE/.virtiofsd.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
-start=$(date +%s)
-# libseccomp-dev and libcap-ng-dev come from scripts/install-deps.sh.
-if ! "$cargo" install --quiet --locked --root "$tmp" virtiofsd --version "$VIRTIOFSD_VERSION" >&2; then
-  die "cargo could not build virtiofsd $VIRTIOFSD_VERSION"
-fi
-"$tmp/bin/virtiofsd" --version >/dev/null || die "the built virtiofsd does not run"
-touch "$tmp/ok"
-rm -rf "$dir"
-mv "$tmp" "$dir"
-trap - EXIT
-log "built virtiofsd $VIRTIOFSD_VERSION in $dir in $(($(date +%s) - start)) s"
-echo "$dir/bin"
+cached_build "${KPLEG_TOOLS_CACHE:-/var/cache/kpleg/tools}" virtiofsd "$VIRTIOFSD_VERSION" virtiofsd \
+  build_virtiofsd
