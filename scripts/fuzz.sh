@@ -10,7 +10,19 @@
 #   FUZZ_BUILD_DIR build directory (default <repo>/build-fuzz); one already configured with clang
 #                  and -DKPLEG_FUZZ=ON (scripts/test.sh's) is used as it is, nothing built twice
 #   FUZZ_JOBS      parallel build jobs and fuzzers at once (default: the number of CPUs)
+#
+#   scripts/fuzz.sh --minimize   instead of fuzzing, shrinks each checked-in seed corpus
+#                                (tests/fuzz/corpus/<target>) to the smallest set of its inputs
+#                                that keeps the same coverage (libFuzzer's -merge=1); run it after
+#                                adding seeds, and commit the result.
 set -euo pipefail
+
+minimize=0
+case ${1:-} in
+  --minimize) minimize=1 ;;
+  "") ;;
+  *) echo "scripts/fuzz.sh: unknown argument '$1' (only --minimize)" >&2; exit 2 ;;
+esac
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${FUZZ_BUILD_DIR:-$repo/build-fuzz}
@@ -24,6 +36,30 @@ if ! grep -q '^KPLEG_FUZZ:BOOL=ON$' "$build/CMakeCache.txt" 2>/dev/null; then
 fi
 cmake --build "$build" --target cgroup_path_fuzz event_decoder_fuzz kernel_events_fuzz \
   api_requests_fuzz -j "$jobs"
+
+# minimize_corpus NAME [libFuzzer flags...]: replaces NAME's seeds by a -merge=1 of them.
+minimize_corpus() {
+  local name=$1 seeds=$repo/tests/fuzz/corpus/$1 out
+  shift
+  out=$(mktemp -d)
+  "$build/fuzz/${name}_fuzz" -merge=1 "$@" "$out" "$seeds" >"$out.log" 2>&1 ||
+    { cat "$out.log" >&2; rm -rf "$out" "$out.log"; return 1; }
+  echo "fuzz.sh: $name: $(ls "$seeds" | wc -l) seeds -> $(ls "$out" | wc -l)"
+  # Nothing to drop: the seeds keep their names (some say what they are).
+  if [ -n "$(ls "$out")" ] && [ "$(ls "$out" | wc -l)" -lt "$(ls "$seeds" | wc -l)" ]; then
+    rm -rf "$seeds"
+    mkdir -p "$seeds"
+    cp "$out"/* "$seeds"/
+  fi
+  rm -rf "$out" "$out.log"
+}
+if [ "$minimize" = 1 ]; then
+  minimize_corpus cgroup_path -dict="$repo/tests/fuzz/cgroup_path.dict"
+  minimize_corpus event_decoder -close_fd_mask=2
+  minimize_corpus kernel_events
+  minimize_corpus api_requests -detect_leaks=0
+  exit 0
+fi
 
 # run_fuzzer NAME [libFuzzer flags...]: fuzzes NAME for $seconds from its checked-in seeds, in
 # the background (its output in its work directory); up to $jobs at once.
