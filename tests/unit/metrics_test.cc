@@ -125,12 +125,41 @@ TEST(Registry, CollectorsRunAtScrapeTime) {
   EXPECT_TRUE(contains(r.render(), "\nmirrored 9\n"));
 }
 
+const char* type_name(MetricType t) {
+  switch (t) {
+    case MetricType::kCounter:
+      return "counter";
+    case MetricType::kGauge:
+      return "gauge";
+    case MetricType::kHistogram:
+      return "histogram";
+  }
+  return "?";
+}
+
 TEST(KplegMetrics, ExportsEveryFamily) {
   Registry r;
   KplegMetrics m(r);
+  // A labelled family without a series is not written: give each one.
+  m.kernel_events.with({"exec"});
+  m.corrections.with({"ContainerDied"});
+  m.cri_calls.with({"Version", "OK"});
+  m.bpf_ringbuf_drops.with({"exec"});
+  m.bpf_helper_failures.with({"cgroup_mkdir", "7"});
+  m.bpf_not_claimed.with({"exec_hook"});
+  m.cri_calls_in_flight.with({"StopPodSandbox", "endpoint"});
+  m.cri_call_oldest_seconds.with({"StopPodSandbox", "endpoint"});
+  m.cri_endpoint_calls.with({"Version", "OK"});
   std::string out = r.render();
-  for (auto name : kMetricNames)
-    EXPECT_TRUE(contains(out, "# TYPE " + std::string(name) + " ")) << name;
+  EXPECT_EQ(metric_definitions().size(), 40u);
+  for (const auto& d : metric_definitions()) {
+    const std::string name(d.name);
+    EXPECT_TRUE(contains(out, "# HELP " + name + " " + std::string(d.help) + "\n# TYPE " + name +
+                                  " " + type_name(d.type) + "\n"))
+        << name;
+    // Every definition is registered: a second registration of its name fails.
+    EXPECT_THROW(r.gauge(name, "again"), std::invalid_argument) << name;
+  }
   EXPECT_TRUE(contains(out, "# TYPE kubelet_pleg_relist_duration_seconds histogram\n"));
   EXPECT_TRUE(contains(out, "# TYPE kubelet_pleg_discard_events counter\n"));
   EXPECT_TRUE(contains(out, "# TYPE kubelet_pleg_last_seen_seconds gauge\n"));
