@@ -11,7 +11,7 @@ PACKAGES=(
   # userspace libraries
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev libcpp-httplib-dev libssl-dev
-  libnghttp2-dev
+  libnghttp2-dev prometheus-cpp-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   # the local CRI runtime test bed

@@ -56,7 +56,8 @@ class ApiE2eTest : public CriTestBedTest {
       if (line.rfind("kpleg_cri_calls_total{", 0) == 0) sum += std::stod(line.substr(line.rfind(' ') + 1));
     return sum;
   }
-  // The value of one series in a scrape, -1 when it is missing.
+  // The value of one series in a scrape, -1 when it is missing. The series is written with its
+  // labels sorted by name, as prometheus-cpp writes them.
   static double value(const std::string& text, const std::string& series) {
     auto at = text.find("\n" + series + " ");
     return at == std::string::npos ? -1.0 : std::stod(text.substr(at + series.size() + 2));
@@ -211,7 +212,7 @@ TEST_F(ApiE2eTest, AFullTrackedCgroupMapIsNamedCountedAndReconciledUntilThereIsR
   EXPECT_GE(value(text, "kpleg_bpf_track_full_total"), 1) << text;
   EXPECT_GE(value(text, "kpleg_untracked_cgroups"), 1) << text;
   // The refused map update, by program and errno (E2BIG = 7).
-  EXPECT_GE(value(text, "kpleg_bpf_helper_failures_total{program=\"cgroup_mkdir\",errno=\"7\"}"), 1)
+  EXPECT_GE(value(text, "kpleg_bpf_helper_failures_total{errno=\"7\",program=\"cgroup_mkdir\"}"), 1)
       << text;
   auto health = kplegctl(socket_of(kplegd), {"health"});
   ASSERT_TRUE(health.ok());
@@ -389,7 +390,7 @@ TEST_F(ApiE2eTest, PromtoolAcceptsLiveMetricsAndCountersMove) {
   ASSERT_TRUE(d.ok()) << d.error().message;
   int port = metrics_port(**d);
   ASSERT_GT(port, 0) << (*d)->log();
-  const std::string started = "kpleg_events_total{type=\"ContainerStarted\",source=\"kernel\"}";
+  const std::string started = "kpleg_events_total{source=\"kernel\",type=\"ContainerStarted\"}";
   const std::string execs = "kpleg_kernel_events_total{kind=\"exec\"}";
   auto before = scrape(port);
   ASSERT_FALSE(before.empty());

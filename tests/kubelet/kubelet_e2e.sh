@@ -518,13 +518,15 @@ def calls(f, metric="kpleg_cri_endpoint_calls_total"):
     p = os.path.join(d, f)
     if not os.path.exists(p):
         return out
-    pat = re.compile(r'^' + metric + r'\{method="([^"]*)",code="([^"]*)"\} (\S+)')
+    pat = re.compile(r'^' + metric + r'\{([^}]*)\} (\S+)')  # labels in any order
     with open(p) as fh:
         for line in fh:
             m = pat.match(line)
             if m:
-                key = m.group(1) if m.group(2) == "OK" else "%s(%s)" % (m.group(1), m.group(2))
-                out[key] = out.get(key, 0) + float(m.group(3))
+                labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+                method, code = labels["method"], labels["code"]
+                key = method if code == "OK" else "%s(%s)" % (method, code)
+                out[key] = out.get(key, 0) + float(m.group(2))
     return out
 def gauge(f, metric):
     p = os.path.join(d, f)

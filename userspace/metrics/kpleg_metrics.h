@@ -5,6 +5,7 @@
 
 #include <array>
 #include <functional>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -20,7 +21,21 @@ class CallStats;
 
 namespace kpleg::metrics {
 
+// One family kpleg exports. Names, types, labels and help texts are an interface: dashboards
+// and alerts select on them, and docs/api.md lists them.
+struct MetricDefinition {
+  std::string_view name;
+  MetricType type;
+  std::string_view help;
+  std::array<std::string_view, 2> labels{};  // label names; an empty one is none
+  std::span<const double> buckets{};         // a histogram's upper bounds
+};
+
+// Every family, in the order registered.
+std::span<const MetricDefinition> metric_definitions();
+
 struct KplegMetrics {
+  // Registers every family of metric_definitions() in `registry`.
   explicit KplegMetrics(Registry& registry);
 
   // kubelet_pleg_relist_duration_seconds: one relist (list + inspect + diff), either mode.
@@ -123,36 +138,12 @@ struct KplegMetrics {
   void on_scrape(std::function<void()> f);
 
  private:
+  class Families;
+  KplegMetrics(Registry& registry, const Families& families);
+
   Registry& registry_;
   static constexpr size_t kTypes = 6, kSources = 3;
   std::array<std::array<Counter*, kSources>, kTypes> events_by_type_source_{};
-};
-
-// The metric names, for docs and tests.
-inline constexpr std::array<std::string_view, 23> kMetricNames = {
-    "kubelet_pleg_relist_duration_seconds",
-    "kubelet_pleg_relist_interval_seconds",
-    "kubelet_pleg_last_seen_seconds",
-    "kubelet_pleg_discard_events",
-    "kpleg_kernel_events_total",
-    "kpleg_lost_events_total",
-    "kpleg_corrections_total",
-    "kpleg_cri_calls_total",
-    "kpleg_detection_latency_seconds",
-    "kpleg_events_total",
-    "kpleg_subscribers",
-    "kpleg_subscribers_cut_off_total",
-    "kpleg_mode",
-    "kpleg_foreign_containers_total",
-    "kpleg_tracked_records",
-    "kpleg_runtime_events_total",
-    "kpleg_runtime_events_live",
-    "kpleg_runtime_events_missed_removals_total",
-    "kpleg_removal_hints_total",
-    "kpleg_removal_hints_missed_total",
-    "kpleg_removal_hints_trusted",
-    "kpleg_uncovered_containers",
-    "kpleg_build_info",
 };
 
 }  // namespace kpleg::metrics

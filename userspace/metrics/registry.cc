@@ -5,261 +5,139 @@
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <type_traits>
 
-#include <fmt/format.h>
+#include <prometheus/check_names.h>
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
 
 namespace kpleg::metrics {
 namespace {
 
-bool valid_metric_name(std::string_view n) {
-  if (n.empty()) return false;
-  for (size_t i = 0; i < n.size(); ++i) {
-    char c = n[i];
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || c == ':' ||
-              (i > 0 && c >= '0' && c <= '9');
-    if (!ok) return false;
+// prometheus-cpp checks a metric name when its family is registered but a label name only when
+// a child is added, and neither "le" on a histogram nor help texts it cannot write.
+void check_definition(const std::string& name, const std::string& help,
+                      const std::vector<std::string>& label_names, MetricType type) {
+  if (!prometheus::CheckMetricName(name))
+    throw std::invalid_argument("invalid metric name: " + name);
+  if (help.find_first_of("\\\n") != std::string::npos)
+    throw std::invalid_argument("the help text of " + name + " has a backslash or newline");
+  for (const auto& l : label_names) {
+    if (!prometheus::CheckLabelName(l))
+      throw std::invalid_argument("invalid label name " + l + " in " + name);
+    if (type == MetricType::kHistogram && l == "le")
+      throw std::invalid_argument("histogram " + name + " cannot have a label named le");
   }
-  return true;
-}
-
-bool valid_label_name(std::string_view n) {
-  if (n.empty() || n.starts_with("__")) return false;
-  for (size_t i = 0; i < n.size(); ++i) {
-    char c = n[i];
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' ||
-              (i > 0 && c >= '0' && c <= '9');
-    if (!ok) return false;
-  }
-  return true;
-}
-
-const char* type_name(MetricType t) {
-  switch (t) {
-    case MetricType::kCounter:
-      return "counter";
-    case MetricType::kGauge:
-      return "gauge";
-    case MetricType::kHistogram:
-      return "histogram";
-  }
-  return "untyped";
 }
 
 }  // namespace
 
-std::string escape_label_value(std::string_view v) {
-  std::string out;
-  out.reserve(v.size());
-  for (char c : v) {
-    if (c == '\\')
-      out += "\\\\";
-    else if (c == '"')
-      out += "\\\"";
-    else if (c == '\n')
-      out += "\\n";
-    else
-      out += c;
-  }
-  return out;
+void Counter::inc(double v) { c_.Increment(v); }
+
+void Counter::set(double v) {
+  const double now = c_.Value();
+  if (v > now) c_.Increment(v - now);
 }
 
-std::string escape_help(std::string_view v) {
-  std::string out;
-  out.reserve(v.size());
-  for (char c : v) {
-    if (c == '\\')
-      out += "\\\\";
-    else if (c == '\n')
-      out += "\\n";
-    else
-      out += c;
-  }
-  return out;
-}
+double Counter::value() const { return c_.Value(); }
 
-std::string format_value(double v) {
-  if (std::isnan(v)) return "NaN";
-  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
-  // Integral values (nearly all counters) print without an exponent up to 2^53.
-  if (v == std::floor(v) && std::fabs(v) < 9007199254740992.0)
-    return fmt::format("{}", static_cast<int64_t>(v));
-  return fmt::format("{}", v);
-}
+void Gauge::set(double v) { g_.Set(v); }
+void Gauge::inc(double v) { g_.Increment(v); }
+void Gauge::dec(double v) { g_.Decrement(v); }
+double Gauge::value() const { return g_.Value(); }
 
 void Gauge::set_to_current_time() {
   timespec ts{};
   clock_gettime(CLOCK_REALTIME, &ts);
-  set(static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) / 1e9);
+  g_.Set(static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) / 1e9);
 }
 
-// ---- Histogram ----
-
-Histogram::Histogram(std::vector<double> bounds)
-    : bounds_(std::move(bounds)),
-      counts_(std::make_unique<std::atomic<uint64_t>[]>(bounds_.size() + 1)) {
-  for (size_t i = 0; i < bounds_.size(); ++i) {
-    if (std::isnan(bounds_[i]) || std::isinf(bounds_[i]) || (i > 0 && bounds_[i] <= bounds_[i - 1]))
-      throw std::invalid_argument("histogram bounds must be finite and strictly increasing");
-  }
-}
-
-void Histogram::observe(double v) {
-  // Prometheus buckets are "less than or equal": the first bound >= v.
-  size_t i =
-      static_cast<size_t>(std::lower_bound(bounds_.begin(), bounds_.end(), v) - bounds_.begin());
-  counts_[i].fetch_add(1, std::memory_order_relaxed);
-  sum_.fetch_add(v, std::memory_order_relaxed);
-}
-
-Histogram::Snapshot Histogram::snapshot() const {
-  Snapshot s;
-  s.bounds = bounds_;
-  uint64_t running = 0;
-  for (size_t i = 0; i <= bounds_.size(); ++i) {
-    running += counts_[i].load(std::memory_order_relaxed);
-    s.cumulative.push_back(running);
-  }
-  // _count is the +Inf bucket, so the two always agree even while observations race.
-  s.count = running;
-  s.sum = sum_.load(std::memory_order_relaxed);
-  return s;
-}
-
-std::vector<double> default_buckets() { return {.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}; }
-
-std::vector<double> exponential_buckets(double start, double factor, int count) {
-  std::vector<double> out;
-  double v = start;
-  for (int i = 0; i < count; ++i, v *= factor) out.push_back(v);
-  return out;
-}
+void Histogram::observe(double v) { h_.Observe(v); }
 
 // ---- families ----
 
-FamilyBase::FamilyBase(std::string name, std::string help, std::vector<std::string> label_names,
-                       MetricType type)
-    : name_(std::move(name)),
-      help_(std::move(help)),
-      label_names_(std::move(label_names)),
-      type_(type) {
-  if (!valid_metric_name(name_)) throw std::invalid_argument("invalid metric name: " + name_);
-  for (const auto& l : label_names_) {
-    if (!valid_label_name(l))
-      throw std::invalid_argument("invalid label name " + l + " in " + name_);
-    if (type_ == MetricType::kHistogram && l == "le")
-      throw std::invalid_argument("histogram " + name_ + " cannot have a label named le");
-  }
-}
+template <typename T>
+Family<T>::Family(Prometheus& family, std::vector<std::string> label_names,
+                  std::vector<double> bounds)
+    : family_(family), label_names_(std::move(label_names)), bounds_(std::move(bounds)) {}
 
-void FamilyBase::check_arity(const std::vector<std::string>& values) const {
-  if (values.size() != label_names_.size())
-    throw std::invalid_argument(
-        fmt::format("{} has {} labels, got {} values", name_, label_names_.size(), values.size()));
-}
-
-std::string FamilyBase::labels_text(const std::vector<std::string>& values,
-                                    std::string_view extra_name,
-                                    std::string_view extra_value) const {
-  if (values.empty() && extra_name.empty()) return {};
-  std::string out = "{";
-  for (size_t i = 0; i < values.size(); ++i) {
-    if (i > 0) out += ',';
-    out += label_names_[i];
-    out += "=\"";
-    out += escape_label_value(values[i]);
-    out += '"';
-  }
-  if (!extra_name.empty()) {
-    if (!values.empty()) out += ',';
-    out += extra_name;
-    out += "=\"";
-    out += extra_value;
-    out += '"';
-  }
-  out += '}';
-  return out;
-}
-
-void FamilyBase::render(std::string& out) const {
-  out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name_, escape_help(help_), name_,
-                     type_name(type_));
-  render_children(out);
-}
-
-template <>
-void Family<Counter>::render_children(std::string& out) const {
+template <typename T>
+T& Family<T>::with(const std::vector<std::string>& label_values) {
+  if (label_values.size() != label_names_.size())
+    throw std::invalid_argument(family_.GetName() + " has " + std::to_string(label_names_.size()) +
+                                " labels, got " + std::to_string(label_values.size()) + " values");
   std::lock_guard l(mu_);
-  for (const auto& [values, c] : children_)
-    out += fmt::format("{}{} {}\n", name_, labels_text(values), format_value(c->value()));
-}
-
-template <>
-void Family<Gauge>::render_children(std::string& out) const {
-  std::lock_guard l(mu_);
-  for (const auto& [values, g] : children_)
-    out += fmt::format("{}{} {}\n", name_, labels_text(values), format_value(g->value()));
-}
-
-template <>
-void Family<Histogram>::render_children(std::string& out) const {
-  std::lock_guard l(mu_);
-  for (const auto& [values, h] : children_) {
-    Histogram::Snapshot s = h->snapshot();
-    for (size_t i = 0; i < s.cumulative.size(); ++i) {
-      std::string le = i < s.bounds.size() ? format_value(s.bounds[i]) : "+Inf";
-      out += fmt::format("{}_bucket{} {}\n", name_, labels_text(values, "le", le), s.cumulative[i]);
-    }
-    out += fmt::format("{}_sum{} {}\n", name_, labels_text(values), format_value(s.sum));
-    out += fmt::format("{}_count{} {}\n", name_, labels_text(values), s.count);
+  if (auto it = children_.find(label_values); it != children_.end()) return it->second;
+  prometheus::Labels labels;
+  for (size_t i = 0; i < label_values.size(); ++i) labels.emplace(label_names_[i], label_values[i]);
+  auto& child = [&]() -> auto& {
+    if constexpr (std::is_same_v<T, Histogram>)
+      return family_.Add(labels, bounds_);
+    else
+      return family_.Add(labels);
   }
+  ();
+  return children_.try_emplace(label_values, child).first->second;
 }
+
+template class Family<Counter>;
+template class Family<Gauge>;
+template class Family<Histogram>;
 
 // ---- registry ----
 
-void Registry::add(std::unique_ptr<FamilyBase> family) {
-  std::lock_guard l(mu_);
-  for (const auto& f : families_)
-    if (f->name() == family->name())
-      throw std::invalid_argument("metric registered twice: " + family->name());
-  families_.push_back(std::move(family));
+Registry::Registry()
+    : registry_(
+          std::make_unique<prometheus::Registry>(prometheus::Registry::InsertBehavior::Throw)) {}
+
+Registry::~Registry() = default;
+
+template <typename T, typename Builder>
+Family<T>& Registry::add(Builder builder, std::vector<std::unique_ptr<Family<T>>>& families,
+                         const std::string& name, const std::string& help,
+                         std::vector<std::string> label_names, std::vector<double> bounds) {
+  const bool unlabelled = label_names.empty();
+  Family<T>* family;
+  {
+    std::lock_guard l(mu_);
+    // Throws std::invalid_argument for a name registered before, of any type.
+    auto& registered = builder.Name(name).Help(help).Register(*registry_);
+    family = families
+                 .emplace_back(std::make_unique<Family<T>>(registered, std::move(label_names),
+                                                           std::move(bounds)))
+                 .get();
+  }
+  if (unlabelled) family->get();  // present (as 0) from the first scrape
+  return *family;
 }
 
-Family<Counter>& Registry::counter(std::string name, std::string help,
+Family<Counter>& Registry::counter(const std::string& name, const std::string& help,
                                    std::vector<std::string> label_names) {
-  bool unlabelled = label_names.empty();
-  auto f = std::make_unique<Family<Counter>>(std::move(name), std::move(help),
-                                             std::move(label_names), MetricType::kCounter,
-                                             [] { return std::make_unique<Counter>(); });
-  auto& ref = *f;
-  add(std::move(f));
-  if (unlabelled) ref.get();  // present (as 0) from the first scrape
-  return ref;
+  check_definition(name, help, label_names, MetricType::kCounter);
+  return add<Counter>(prometheus::BuildCounter(), counters_, name, help, std::move(label_names));
 }
 
-Family<Gauge>& Registry::gauge(std::string name, std::string help,
+Family<Gauge>& Registry::gauge(const std::string& name, const std::string& help,
                                std::vector<std::string> label_names) {
-  bool unlabelled = label_names.empty();
-  auto f =
-      std::make_unique<Family<Gauge>>(std::move(name), std::move(help), std::move(label_names),
-                                      MetricType::kGauge, [] { return std::make_unique<Gauge>(); });
-  auto& ref = *f;
-  add(std::move(f));
-  if (unlabelled) ref.get();
-  return ref;
+  check_definition(name, help, label_names, MetricType::kGauge);
+  return add<Gauge>(prometheus::BuildGauge(), gauges_, name, help, std::move(label_names));
 }
 
-Family<Histogram>& Registry::histogram(std::string name, std::string help,
+Family<Histogram>& Registry::histogram(const std::string& name, const std::string& help,
                                        std::vector<double> bounds,
                                        std::vector<std::string> label_names) {
-  bool unlabelled = label_names.empty();
-  Histogram probe(bounds);  // validates the bounds before anything is registered
-  auto f = std::make_unique<Family<Histogram>>(
-      std::move(name), std::move(help), std::move(label_names), MetricType::kHistogram,
-      [bounds = std::move(bounds)] { return std::make_unique<Histogram>(bounds); });
-  auto& ref = *f;
-  add(std::move(f));
-  if (unlabelled) ref.get();
-  return ref;
+  check_definition(name, help, label_names, MetricType::kHistogram);
+  for (size_t i = 0; i < bounds.size(); ++i) {
+    if (!std::isfinite(bounds[i]) || (i > 0 && bounds[i] <= bounds[i - 1]))
+      throw std::invalid_argument("the buckets of " + name +
+                                  " must be finite and strictly increasing");
+  }
+  return add<Histogram>(prometheus::BuildHistogram(), histograms_, name, help,
+                        std::move(label_names), std::move(bounds));
 }
 
 void Registry::add_collector(std::function<void()> collect) {
@@ -270,10 +148,7 @@ void Registry::add_collector(std::function<void()> collect) {
 std::string Registry::render() const {
   std::lock_guard l(mu_);
   for (const auto& c : collectors_) c();
-  std::string out;
-  out.reserve(16384);
-  for (const auto& f : families_) f->render(out);
-  return out;
+  return prometheus::TextSerializer().Serialize(registry_->Collect());
 }
 
 }  // namespace kpleg::metrics

@@ -1,137 +1,126 @@
-// A small metrics registry rendering the Prometheus text exposition format (0.0.4).
-//
-// Families are registered once (name, help, label names); a child for one set of label values
-// is looked up once and kept as a reference by the component that updates it, so the hot path
-// is a single atomic operation. Values fed from elsewhere (CRI call counters, the event bus)
-// are copied in by collectors that run at scrape time.
+// kplegd's metrics registry. prometheus-cpp's core library (Debian's prometheus-cpp-dev 1.0)
+// keeps the families and their values and writes the text exposition format (0.0.4); this
+// wrapper adds what kplegd needs and prometheus-cpp 1.0 has not:
+//  - a child looked up by its label values in label-name order, once, and kept as a reference
+//    by the component that updates it: the hot path is then one prometheus-cpp update;
+//  - hooks that run before every scrape, to copy in totals kept elsewhere, and Counter::set
+//    for those totals (prometheus-cpp's counters only increment: set() adds the difference);
+//  - Gauge::set_to_current_time to the nanosecond (prometheus-cpp's truncates to seconds);
+//  - checks of definitions prometheus-cpp lacks: no "le" label on a histogram, no newline or
+//    backslash in a help text (it writes help texts unescaped).
+// Its exposition differs from the hand-written writer it replaced in form only (promtool
+// accepts it): families by type (counters, gauges, histograms), a family's series in hash
+// order, labels sorted by name, _count and _sum before the buckets, and no HELP/TYPE lines for
+// a labelled family without series. Costs: docs/design.md, "Metrics".
 #pragma once
 
-#include <atomic>
-#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <string_view>
 #include <vector>
+
+namespace prometheus {
+class Counter;
+class Gauge;
+class Histogram;
+class Registry;
+template <typename T>
+class Family;
+}  // namespace prometheus
 
 namespace kpleg::metrics {
 
 class Counter {
  public:
-  void inc(double v = 1) { value_.fetch_add(v, std::memory_order_relaxed); }
-  // For collectors mirroring a counter kept elsewhere (it must only grow).
-  void set(double v) { value_.store(v, std::memory_order_relaxed); }
-  double value() const { return value_.load(std::memory_order_relaxed); }
+  explicit Counter(prometheus::Counter& c) : c_(c) {}
+  void inc(double v = 1);
+  // For scrape hooks mirroring a total kept elsewhere, which only grows: adds the difference
+  // (a lower value is ignored). Hooks run one at a time, so two sets do not race.
+  void set(double v);
+  double value() const;
 
  private:
-  std::atomic<double> value_{0};
+  prometheus::Counter& c_;
 };
 
 class Gauge {
  public:
-  void set(double v) { value_.store(v, std::memory_order_relaxed); }
-  void inc(double v = 1) { value_.fetch_add(v, std::memory_order_relaxed); }
-  void dec(double v = 1) { value_.fetch_sub(v, std::memory_order_relaxed); }
-  void set_to_current_time();  // Unix time in seconds
-  double value() const { return value_.load(std::memory_order_relaxed); }
+  explicit Gauge(prometheus::Gauge& g) : g_(g) {}
+  void set(double v);
+  void inc(double v = 1);
+  void dec(double v = 1);
+  void set_to_current_time();  // Unix time in seconds, to the nanosecond
+  double value() const;
 
  private:
-  std::atomic<double> value_{0};
+  prometheus::Gauge& g_;
 };
 
 class Histogram {
  public:
-  // `bounds`: upper bounds, strictly increasing; +Inf is implicit.
-  explicit Histogram(std::vector<double> bounds);
+  explicit Histogram(prometheus::Histogram& h) : h_(h) {}
   void observe(double v);
 
-  struct Snapshot {
-    std::vector<double> bounds;
-    std::vector<uint64_t> cumulative;  // one per bound, then +Inf
-    double sum = 0;
-    uint64_t count = 0;
-  };
-  Snapshot snapshot() const;
-
  private:
-  const std::vector<double> bounds_;
-  std::unique_ptr<std::atomic<uint64_t>[]> counts_;  // per bucket (not cumulative), +Inf last
-  std::atomic<double> sum_{0};
+  prometheus::Histogram& h_;
 };
-
-// Prometheus' client default buckets (seconds), as the kubelet's PLEG histograms use.
-std::vector<double> default_buckets();
-// start, start*factor, ... (count bounds).
-std::vector<double> exponential_buckets(double start, double factor, int count);
 
 enum class MetricType { kCounter, kGauge, kHistogram };
 
-class FamilyBase {
- public:
-  FamilyBase(std::string name, std::string help, std::vector<std::string> label_names,
-             MetricType type);
-  virtual ~FamilyBase() = default;
-  const std::string& name() const { return name_; }
-  MetricType type() const { return type_; }
-  void render(std::string& out) const;
-
- protected:
-  void check_arity(const std::vector<std::string>& values) const;
-  virtual void render_children(std::string& out) const = 0;
-  std::string labels_text(const std::vector<std::string>& values, std::string_view extra_name = {},
-                          std::string_view extra_value = {}) const;
-
-  const std::string name_;
-  const std::string help_;
-  const std::vector<std::string> label_names_;
-  const MetricType type_;
-  mutable std::mutex mu_;
-};
-
+namespace detail {
 template <typename T>
-class Family final : public FamilyBase {
+struct PrometheusType;
+template <>
+struct PrometheusType<Counter> {
+  using type = prometheus::Counter;
+};
+template <>
+struct PrometheusType<Gauge> {
+  using type = prometheus::Gauge;
+};
+template <>
+struct PrometheusType<Histogram> {
+  using type = prometheus::Histogram;
+};
+}  // namespace detail
+
+// One metric family: T is Counter, Gauge or Histogram.
+template <typename T>
+class Family {
  public:
-  Family(std::string name, std::string help, std::vector<std::string> label_names, MetricType type,
-         std::function<std::unique_ptr<T>()> make)
-      : FamilyBase(std::move(name), std::move(help), std::move(label_names), type),
-        make_(std::move(make)) {}
+  using Prometheus = prometheus::Family<typename detail::PrometheusType<T>::type>;
+  Family(Prometheus& family, std::vector<std::string> label_names, std::vector<double> bounds);
 
   // The child for these label values (in label-name order), created on first use. The
   // reference stays valid as long as the registry: look it up once, keep it.
-  T& with(const std::vector<std::string>& label_values) {
-    check_arity(label_values);
-    std::lock_guard l(mu_);
-    auto& slot = children_[label_values];
-    if (!slot) slot = make_();
-    return *slot;
-  }
+  T& with(const std::vector<std::string>& label_values);
   T& get() { return with({}); }
 
  private:
-  void render_children(std::string& out) const override;
-
-  std::function<std::unique_ptr<T>()> make_;
-  std::map<std::vector<std::string>, std::unique_ptr<T>> children_;  // sorted: stable output
+  Prometheus& family_;
+  const std::vector<std::string> label_names_;
+  const std::vector<double> bounds_;  // a histogram's
+  std::mutex mu_;
+  std::map<std::vector<std::string>, T> children_;
 };
-
-template <>
-void Family<Counter>::render_children(std::string& out) const;
-template <>
-void Family<Gauge>::render_children(std::string& out) const;
-template <>
-void Family<Histogram>::render_children(std::string& out) const;
 
 class Registry {
  public:
+  Registry();
+  ~Registry();
+  Registry(const Registry&) = delete;
+  Registry& operator=(const Registry&) = delete;
+
   // Registering a name twice, or an invalid metric or label name, throws std::invalid_argument:
   // metric definitions are code, not input.
-  Family<Counter>& counter(std::string name, std::string help,
+  Family<Counter>& counter(const std::string& name, const std::string& help,
                            std::vector<std::string> label_names = {});
-  Family<Gauge>& gauge(std::string name, std::string help,
+  Family<Gauge>& gauge(const std::string& name, const std::string& help,
                        std::vector<std::string> label_names = {});
-  Family<Histogram>& histogram(std::string name, std::string help, std::vector<double> bounds,
+  Family<Histogram>& histogram(const std::string& name, const std::string& help,
+                               std::vector<double> bounds,
                                std::vector<std::string> label_names = {});
 
   // Runs at the start of every render(), to copy in values kept elsewhere. A collector may
@@ -142,16 +131,17 @@ class Registry {
   std::string render() const;
 
  private:
-  void add(std::unique_ptr<FamilyBase> family);
+  template <typename T, typename Builder>
+  Family<T>& add(Builder builder, std::vector<std::unique_ptr<Family<T>>>& families,
+                 const std::string& name, const std::string& help,
+                 std::vector<std::string> label_names, std::vector<double> bounds = {});
 
-  mutable std::mutex mu_;
-  std::vector<std::unique_ptr<FamilyBase>> families_;  // registration order
+  std::unique_ptr<prometheus::Registry> registry_;
+  mutable std::mutex mu_;  // the lists below; one render() at a time
   std::vector<std::function<void()>> collectors_;
+  std::vector<std::unique_ptr<Family<Counter>>> counters_;
+  std::vector<std::unique_ptr<Family<Gauge>>> gauges_;
+  std::vector<std::unique_ptr<Family<Histogram>>> histograms_;
 };
-
-// Text-format escaping, exposed for tests.
-std::string escape_label_value(std::string_view v);
-std::string escape_help(std::string_view v);
-std::string format_value(double v);
 
 }  // namespace kpleg::metrics
