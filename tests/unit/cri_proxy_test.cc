@@ -20,7 +20,7 @@
 #include <thread>
 
 #include "cri/api.grpc.pb.h"
-#include "cri/fake_cri_client.h"
+#include "support/fake_cri_client.h"
 
 namespace kpleg::cri {
 namespace {

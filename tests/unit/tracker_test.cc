@@ -17,10 +17,10 @@
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
 
-#include "cri/fake_cri_client.h"
 #include "pleg/reconciler.h"
 #include "pleg/tracker.h"
 #include "support/eventually.h"
+#include "support/fake_cri_client.h"
 
 namespace kpleg::pleg {
 namespace {
