@@ -21,9 +21,9 @@
 #include <sstream>
 #include <thread>
 
-#include "cri/cri_proxy.h"
 #include "cri/grpc_cri_client.h"
 #include "e2e/e2e_support.h"
+#include "kpleg-cri-proxy/cri_proxy.h"
 #include "support/eventually.h"
 
 #ifndef KPLEGCTL_BIN

@@ -3,7 +3,7 @@
 // never hold up other pods' calls, and every held call ends at the caller's deadline, on
 // cancellation, when the stall is cleared, or at shutdown. (The same proxy in front of the real
 // containerd is exercised by tests/e2e/slow_runtime_test.cc.)
-#include "cri/cri_proxy.h"
+#include "kpleg-cri-proxy/cri_proxy.h"
 
 #include <grpcpp/grpcpp.h>
 #include <google/protobuf/util/message_differencer.h>
