@@ -16,11 +16,11 @@
 #include <thread>
 #include <vector>
 
-#include "cmd/kpleg-load/kubelet_pod.h"
-#include "cmd/kpleg-load/pod_cgroups.h"
 #include "common/logging.h"
 #include "cri/endpoint.h"
 #include "cri/grpc_cri_client.h"
+#include "kpleg-load/kubelet_pod.h"
+#include "kpleg-load/pod_cgroups.h"
 
 namespace kpleg::load {
 namespace {
