@@ -21,13 +21,21 @@
 
 #include "cgroup/cgroup2_mount.h"
 #include "kernel/kernel_source.h"
-#include "kernel/self_test.h"
+#include "support/event_collector.h"
 #include "support/privileged.h"
+#include "support/scratch_cgroup.h"
 
 namespace kpleg::kernel {
 namespace {
 
 using namespace std::chrono_literals;
+using kpleg::testing::count_kind;
+using kpleg::testing::EventCollector;
+using kpleg::testing::filter_cgroups;
+using kpleg::testing::run_in_cgroup;
+using kpleg::testing::ScratchCgroup;
+using kpleg::testing::spawn_in_cgroup;
+using kpleg::testing::wait_child;
 
 constexpr auto kDeadline = 5s;
 const std::string kPodUid = "0c1d2e3f-4a5b-4c6d-8e7f-000000000001";

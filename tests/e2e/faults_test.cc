@@ -22,8 +22,8 @@
 
 #include "cri/grpc_cri_client.h"
 #include "e2e/e2e_support.h"
-#include "kernel/self_test.h"
 #include "support/eventually.h"
+#include "support/scratch_cgroup.h"
 
 namespace kpleg::testing {
 namespace {
@@ -227,16 +227,16 @@ TEST_F(FaultsTest, AnotherRuntimesContainerIsIgnoredWithoutARelist) {
   char uid[40];
   snprintf(uid, sizeof(uid), "f0e1d2c3-0000-4000-8000-%012x", unsigned(getpid()));
   const std::string pod_dir = std::string("/sys/fs/cgroup/unified/kubepods/besteffort/pod") + uid;
-  auto pod = kernel::ScratchCgroup::create(pod_dir);
+  auto pod = ScratchCgroup::create(pod_dir);
   ASSERT_TRUE(pod.ok()) << pod.error().message;
   const std::string id(64, 'e');
-  auto ctr = kernel::ScratchCgroup::create(pod_dir + "/" + id);
+  auto ctr = ScratchCgroup::create(pod_dir + "/" + id);
   ASSERT_TRUE(ctr.ok()) << ctr.error().message;
-  auto pid = kernel::spawn_in_cgroup(ctr->path(), {"/bin/sleep", "60"});
+  auto pid = spawn_in_cgroup(ctr->path(), {"/bin/sleep", "60"});
   ASSERT_TRUE(pid.ok()) << pid.error().message;
   const bool given_up = kplegd.wait_for_log("the runtime does not know it", 20s);
   kill(*pid, SIGKILL);
-  auto status = kernel::wait_child(*pid);
+  auto status = wait_child(*pid);
   ASSERT_TRUE(status.ok()) << status.error().message;
   EXPECT_TRUE(given_up);
   EXPECT_EQ(kplegd.log().find("reconcile (tracker"), std::string::npos)
@@ -264,19 +264,19 @@ TEST_F(FaultsTest, ALookAlikeCgroupOfARunningContainerIsIgnored) {
   ASSERT_TRUE(wait_types(kplegd, id, kStarted));
 
   const std::string base = "/sys/fs/cgroup/unified/kpleg-delegated-" + std::to_string(getpid());
-  std::vector<kernel::ScratchCgroup> dirs;
+  std::vector<ScratchCgroup> dirs;
   dirs.reserve(5);
   for (const std::string& part : std::vector<std::string>{"", "/kubepods", "/kubepods/burstable",
                                  "/kubepods/burstable/pod" + real->uid,
                                  "/kubepods/burstable/pod" + real->uid + "/" + id}) {
-    auto c = kernel::ScratchCgroup::create(base + part);
+    auto c = ScratchCgroup::create(base + part);
     ASSERT_TRUE(c.ok()) << c.error().message;
     dirs.push_back(std::move(*c));
   }
   // Starts and dies in the look-alike: an exec, then an init exit with code 3.
-  auto pid = kernel::spawn_in_cgroup(dirs.back().path(), {"/bin/sh", "-c", "exit 3"});
+  auto pid = spawn_in_cgroup(dirs.back().path(), {"/bin/sh", "-c", "exit 3"});
   ASSERT_TRUE(pid.ok()) << pid.error().message;
-  auto status = kernel::wait_child(*pid);
+  auto status = wait_child(*pid);
   ASSERT_TRUE(status.ok()) << status.error().message;
   EXPECT_TRUE(kplegd.wait_for_log("claims container " + id.substr(0, 12), 20s))
       << "the look-alike was not recognised";
