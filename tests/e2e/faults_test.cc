@@ -57,14 +57,13 @@ TEST_F(FaultsTest, ContainerdKilledAndRestartedNothingMissed) {
   // has no process left.
   const std::string procs = "/sys/fs/cgroup/unified/kubepods/besteffort/pod" + dies_while_down->uid +
                             "/" + dies_while_down->container_ids[0] + "/cgroup.procs";
-  bool exited = false;
-  for (auto deadline = std::chrono::steady_clock::now() + 15s;
-       !exited && std::chrono::steady_clock::now() < deadline;) {
-    std::ifstream in(procs);
-    std::string pid;
-    exited = in.good() && !(in >> pid);
-    if (!exited) kplegd.wait_for_log("\x01never", 50ms);  // poll interval
-  }
+  const bool exited = eventually(
+      [&] {
+        std::ifstream in(procs);
+        std::string pid;
+        return in.good() && !(in >> pid);
+      },
+      15s, 50ms);
   EXPECT_TRUE(exited) << "the container did not exit while containerd was down (" << procs << ")";
   auto up = TestBed::instance().up();
   ASSERT_TRUE(up.ok()) << up.error().message;
@@ -383,17 +382,9 @@ TEST_F(FaultsTest, SigtermUnderChurnWithWatchersAndAStalledStderrExitsCleanly) {
   EXPECT_EQ(value("kpleg_lost_events_total"), 0) << "kernel records lost while stderr stalled";
   EXPECT_GT(value("kpleg_subscribers"), 60) << "the watchers are not all connected";
 
-  const auto t0 = std::chrono::steady_clock::now();
   kill(kplegd, SIGTERM);
   int status = 0;
-  bool exited = false;
-  while (std::chrono::steady_clock::now() - t0 < 5s) {
-    if (waitpid(kplegd, &status, WNOHANG) == kplegd) {
-      exited = true;
-      break;
-    }
-    std::this_thread::sleep_for(20ms);
-  }
+  const bool exited = eventually([&] { return waitpid(kplegd, &status, WNOHANG) == kplegd; }, 5s, 20ms);
   reap.pid = exited ? -1 : kplegd;
   EXPECT_TRUE(exited) << "kplegd did not exit within 5 s of SIGTERM with its stderr stalled";
   if (exited) {

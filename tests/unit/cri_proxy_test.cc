@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "cri/api.grpc.pb.h"
+#include "support/eventually.h"
 #include "support/fake_cri_client.h"
 
 namespace kpleg::cri {
@@ -205,16 +206,8 @@ class CriProxyTest : public ::testing::Test {
     return st;
   }
 
-  bool wait_until(const std::function<bool()>& pred, std::chrono::milliseconds timeout = 5s) {
-    auto deadline = Clock::now() + timeout;
-    while (!pred()) {
-      if (Clock::now() > deadline) return false;
-      std::this_thread::sleep_for(5ms);
-    }
-    return true;
-  }
   bool wait_held(uint64_t n) {
-    return wait_until([&] { return proxy_->stats().stalled_in_flight == n; });
+    return testing::eventually([&] { return proxy_->stats().stalled_in_flight == n; });
   }
 
   std::string dir_;
@@ -456,7 +449,7 @@ TEST_F(CriProxyTest, ACancelledCallIsReleased) {
   c.TryCancel();
   EXPECT_EQ(f.get().error_code(), grpc::StatusCode::CANCELLED);
   EXPECT_TRUE(wait_held(0));
-  EXPECT_TRUE(wait_until([&] { return proxy_->stats().gave_up == 1; }));
+  EXPECT_TRUE(testing::eventually([&] { return proxy_->stats().gave_up == 1; }));
 }
 
 TEST_F(CriProxyTest, MovingTheStallReleasesTheOldPodAndHoldsTheNew) {
