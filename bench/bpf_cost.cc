@@ -48,8 +48,8 @@
 #include "cgroup/cgroup2_mount.h"
 #include "common/logging.h"
 #include "kernel/kernel_source.h"
-#include "kernel/self_test.h"
 #include "kpleg_bpf.skel.h"
+#include "support/scratch_cgroup.h"
 
 namespace {
 
@@ -349,16 +349,16 @@ json stats_delta(const StatsMap& before, const StatsMap& after) {
 // process that execs twice (the second exec is the in-kernel "repeated exec" filter) and exits,
 // rmdir. Every program except the OOM hook takes its emitting path.
 Status container_lifecycles(const std::string& root_dir, int n) {
-  auto root = kk::ScratchCgroup::create(root_dir);
+  auto root = kpleg::testing::ScratchCgroup::create(root_dir);
   if (!root) return root.error();
-  auto pod = kk::ScratchCgroup::create(root->path() + "/pod0b1d3c1e-0000-4000-8000-00000000be0c");
+  auto pod = kpleg::testing::ScratchCgroup::create(root->path() + "/pod0b1d3c1e-0000-4000-8000-00000000be0c");
   if (!pod) return pod.error();
   for (int i = 0; i < n; ++i) {
     char id[65];
     snprintf(id, sizeof id, "%064x", i + 1);
-    auto ctr = kk::ScratchCgroup::create(pod->path() + "/" + id);
+    auto ctr = kpleg::testing::ScratchCgroup::create(pod->path() + "/" + id);
     if (!ctr) return ctr.error();
-    auto st = kk::run_in_cgroup(ctr->path(), {"/bin/sh", "-c", "exec /bin/true"});
+    auto st = kpleg::testing::run_in_cgroup(ctr->path(), {"/bin/sh", "-c", "exec /bin/true"});
     if (!st) return st.error();
     if (auto s = ctr->remove(); !s) return s;
   }

@@ -25,8 +25,8 @@
 
 #include "cgroup/cgroup_index.h"
 #include "common/logging.h"
-#include "cri/fake_cri_client.h"
 #include "pleg/tracker.h"
+#include "support/fake_cri_client.h"
 
 namespace {
 

@@ -270,7 +270,7 @@ TEST_F(ApiServerTest, OneThreadPollsBesideTheWatchHandlers) {
   }
   int threads = 0;
   // The handler of the last unary call ends after its reply: polled with a deadline.
-  EXPECT_TRUE(kpleg::testing::eventually([&] {
+  EXPECT_TRUE(eventually([&] {
     threads = kpleg::testing::threads_named(kpleg::testing::scheduled_in(), "grpcpp_sync_ser").threads;
     return threads == 2;
   })) << threads << " server threads";
@@ -297,7 +297,7 @@ TEST_F(ApiServerTest, AGoneClientsSubscriptionEndsAtTheNextEventOrTheOneAfter) {
   for (uint64_t seq = 1; seq <= 2 && h_.bus.stats().subscribers != 0; ++seq) {
     h_.bus.publish(sample_event(seq));
     ++events;
-    wait_until([&] { return h_.bus.stats().subscribers == 0; }, seq == 1 ? 1s : 5s);
+    eventually([&] { return h_.bus.stats().subscribers == 0; }, seq == 1 ? 1s : 5s);
   }
   EXPECT_EQ(h_.bus.stats().subscribers, 0u) << "still subscribed after " << events << " events";
   auto took = std::chrono::steady_clock::now() - t0;
@@ -353,25 +353,25 @@ TEST_F(ApiServerTest, ACutOffWatcherGivesItsPlaceBackAtOnceAndItsCallAfterTheGra
   ASSERT_TRUE(limited.start().ok());
   WatchClient stuck(limited.channel(), watch_from(0), {.read = false, .keep_events = false});
   WatchClient reader(limited.channel(), watch_from(0), {.read = true, .keep_events = false});
-  ASSERT_TRUE(wait_until([&] { return limited.bus.stats().subscribers == 2; }, 5s));
+  ASSERT_TRUE(eventually([&] { return limited.bus.stats().subscribers == 2; }, 5s));
 
   uint64_t published = 0;
   while (limited.bus.stats().subscribers_cut_off == 0 && published < 200'000) {
     for (int i = 0; i < 500; ++i) limited.bus.publish(sample_event(static_cast<int>(published++)));
-    ASSERT_TRUE(wait_until([&] { return reader.last_seq() >= published; }, 10s));
+    ASSERT_TRUE(eventually([&] { return reader.last_seq() >= published; }, 10s));
   }
   ASSERT_EQ(limited.bus.stats().subscribers_cut_off, 1u) << "never cut off";
 
   // At once, while the stuck handler still waits in its write: a third consumer gets in.
   WatchClient late(limited.channel(), watch_from(0), {.read = true, .keep_events = false});
   limited.bus.publish(sample_event(static_cast<int>(published++)));
-  EXPECT_TRUE(wait_until([&] { return late.last_seq() >= published; }, 10s))
+  EXPECT_TRUE(eventually([&] { return late.last_seq() >= published; }, 10s))
       << "a cut-off consumer that reads nothing kept its place";
   EXPECT_FALSE(late.finished());
 
   // Its call ends though it never reads: cancelled after the grace while its handler waits in
   // a write (the usual case), or by itself if the cut-off found the handler between writes.
-  EXPECT_TRUE(wait_until([&] { return limited.server->open_watches() == 2; }, 10s))
+  EXPECT_TRUE(eventually([&] { return limited.server->open_watches() == 2; }, 10s))
       << limited.server->open_watches() << " Watch handlers still running";
   const bool reaped = limited.server->cut_off_watches_cancelled() == 1;
   grpc::Status st = stuck.finish(15s);
@@ -451,7 +451,7 @@ TEST_F(ApiServerTest, NeverReadingWatcherIsCutOffWhileOthersKeepUpAndMemoryStays
     for (uint64_t i = 0; i < kBatch; ++i)
       h_.bus.publish(sample_event(static_cast<int>(published++)));
     bool ok =
-        wait_until([&] { return r1.last_seq() >= published && r2.last_seq() >= published; }, 10s);
+        eventually([&] { return r1.last_seq() >= published && r2.last_seq() >= published; }, 10s);
     double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     worst_catch_up_ms = std::max(worst_catch_up_ms, ms);
@@ -670,11 +670,11 @@ TEST(ApiServerHealth, FollowsTheHealthProvider) {
   EXPECT_EQ(check(ch, api::kHealthServiceName), HealthCheckResponse::SERVING);
 
   h.health.set(false, {"kernel path detached"});
-  EXPECT_TRUE(wait_until([&] { return check(ch, "") == HealthCheckResponse::NOT_SERVING; }, 5s));
+  EXPECT_TRUE(eventually([&] { return check(ch, "") == HealthCheckResponse::NOT_SERVING; }, 5s));
   EXPECT_EQ(check(ch, api::kHealthServiceName), HealthCheckResponse::NOT_SERVING);
 
   h.health.set(true);
-  EXPECT_TRUE(wait_until([&] { return check(ch, "") == HealthCheckResponse::SERVING; }, 5s));
+  EXPECT_TRUE(eventually([&] { return check(ch, "") == HealthCheckResponse::SERVING; }, 5s));
 }
 
 TEST(ApiServerHealth, IsNotReReadWhileNothingChanges) {
@@ -685,7 +685,7 @@ TEST(ApiServerHealth, IsNotReReadWhileNothingChanges) {
   // Checks are answered from the last status; nothing wakes the health thread meanwhile.
   for (int i = 0; i < 20; ++i) EXPECT_EQ(check(h.channel(), ""), HealthCheckResponse::SERVING);
   h.health.set_quietly(api::HealthReport{false, {"unannounced"}});
-  EXPECT_FALSE(wait_until([&] { return check(h.channel(), "") != HealthCheckResponse::SERVING; },
+  EXPECT_FALSE(eventually([&] { return check(h.channel(), "") != HealthCheckResponse::SERVING; },
                           300ms));
   EXPECT_EQ(h.health.reads(), reads);
 }
@@ -696,7 +696,7 @@ TEST(ApiServerHealth, AReportWithADeadlineIsReReadWhenItPasses) {
   ASSERT_TRUE(h.start().ok());
   // The deadline passes with no announcement: the health thread re-reads on its own.
   h.health.set_quietly(api::HealthReport{false, {"reconcile too old"}});
-  EXPECT_TRUE(wait_until([&] { return check(h.channel(), "") == HealthCheckResponse::NOT_SERVING; },
+  EXPECT_TRUE(eventually([&] { return check(h.channel(), "") == HealthCheckResponse::NOT_SERVING; },
                          5s));
 }
 
@@ -786,7 +786,7 @@ TEST(ApiServerHealth, HealthWatchesCountAgainstTheStreamLimit) {
   while (a.reader->Read(&a.resp)) {
   }
   a.reader->Finish();
-  EXPECT_TRUE(kpleg::testing::eventually([&] {
+  EXPECT_TRUE(eventually([&] {
     HealthWatch d;
     const bool opened = open(d);
     d.ctx.TryCancel();
@@ -954,7 +954,7 @@ TEST(ApiServerTls, RotatedCertificatesAreServedWithoutARestart) {
                              std::filesystem::copy_options::overwrite_existing);
   std::filesystem::copy_file(certs.file("server2.crt"), cert,
                              std::filesystem::copy_options::overwrite_existing);
-  EXPECT_TRUE(kpleg::testing::eventually([&] { return stats_over(trusts_new) == grpc::StatusCode::OK; }, 20s, 200ms))
+  EXPECT_TRUE(eventually([&] { return stats_over(trusts_new) == grpc::StatusCode::OK; }, 20s, 200ms))
       << "the renewed certificate was never served";
   EXPECT_EQ(stats_over(trusts_old), grpc::StatusCode::UNAVAILABLE);
 }

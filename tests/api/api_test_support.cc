@@ -11,15 +11,6 @@
 
 namespace kpleg::apitest {
 
-bool wait_until(const std::function<bool()>& pred, std::chrono::milliseconds timeout) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(2ms);
-  }
-  return true;
-}
-
 long rss_kb() {
   std::ifstream in("/proc/self/status");
   std::string line;

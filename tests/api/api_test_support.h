@@ -22,13 +22,13 @@
 #include "bus/event_bus.h"
 #include "common/result.h"
 #include "kpleg/v1/pleg.grpc.pb.h"
+#include "support/eventually.h"
 
 namespace kpleg::apitest {
 
 using namespace std::chrono_literals;
 
-// Polls `pred` until it holds or `timeout` passes; returns whether it held.
-bool wait_until(const std::function<bool()>& pred, std::chrono::milliseconds timeout);
+using kpleg::testing::eventually;
 
 // Resident set size of this process, from /proc/self/status (kB).
 long rss_kb();

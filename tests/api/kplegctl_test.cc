@@ -87,7 +87,7 @@ TEST_F(KplegctlTest, WatchFollowsLiveEvents) {
   auto run = std::async(std::launch::async, [&] {
     return ctl({"watch", "-o", "json", "--namespace", "prod", "--count", "2"});
   });
-  ASSERT_TRUE(wait_until([&] { return h_.bus.stats().subscribers == 1; }, 10s));
+  ASSERT_TRUE(eventually([&] { return h_.bus.stats().subscribers == 1; }, 10s));
   h_.bus.publish(sample_event(1, "dev"));
   h_.bus.publish(sample_event(2, "prod"));
   h_.bus.publish(sample_event(3, "dev"));
@@ -180,7 +180,7 @@ TEST_F(KplegctlTest, WatchShowsResync) {
 
 TEST_F(KplegctlTest, WatchEndsWithExitTwoWhenTheDaemonStops) {
   auto run = std::async(std::launch::async, [&] { return ctl({"watch"}); });
-  ASSERT_TRUE(wait_until([&] { return h_.bus.stats().subscribers == 1; }, 10s));
+  ASSERT_TRUE(eventually([&] { return h_.bus.stats().subscribers == 1; }, 10s));
   h_.server->stop();
   auto r = run.get();
   EXPECT_EQ(r.exit_code, 2) << r.err;

@@ -21,13 +21,23 @@
 
 #include "cgroup/cgroup2_mount.h"
 #include "kernel/kernel_source.h"
-#include "kernel/self_test.h"
+#include "support/event_collector.h"
+#include "support/eventually.h"
 #include "support/privileged.h"
+#include "support/scratch_cgroup.h"
 
 namespace kpleg::kernel {
 namespace {
 
 using namespace std::chrono_literals;
+using kpleg::testing::count_kind;
+using kpleg::testing::eventually;
+using kpleg::testing::EventCollector;
+using kpleg::testing::filter_cgroups;
+using kpleg::testing::run_in_cgroup;
+using kpleg::testing::ScratchCgroup;
+using kpleg::testing::spawn_in_cgroup;
+using kpleg::testing::wait_child;
 
 constexpr auto kDeadline = 5s;
 const std::string kPodUid = "0c1d2e3f-4a5b-4c6d-8e7f-000000000001";
@@ -334,15 +344,15 @@ TEST_F(KernelSourceTest, AContainerCreatedBeforeTheLoaderStartsOnItsEntrypointsE
   pid_t init = fork_init_in_cgroup(ctr->path(), nullptr, "runc:[2:INIT]", go[0], "exit 6");
   close(go[0]);
   ASSERT_GT(init, 0);
-  auto deadline = std::chrono::steady_clock::now() + kDeadline;
-  while (true) {  // named and in its cgroup before the walk
-    std::ifstream comm("/proc/" + std::to_string(init) + "/comm");
-    std::string name;
-    std::getline(comm, name);
-    if (name == "runc:[2:INIT]") break;
-    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the init never named itself";
-    std::this_thread::yield();
-  }
+  ASSERT_TRUE(eventually(  // named and in its cgroup before the walk
+      [&] {
+        std::ifstream comm("/proc/" + std::to_string(init) + "/comm");
+        std::string name;
+        std::getline(comm, name);
+        return name == "runc:[2:INIT]";
+      },
+      kDeadline, 1ms))
+      << "the init never named itself";
   start();
   ASSERT_EQ(write(go[1], "g", 1), 1);  // StartContainer
   close(go[1]);
@@ -539,14 +549,14 @@ TEST_F(KernelSourceTest, CgroupsThatExistedBeforeTheLoaderAreTracked) {
   auto pid = spawn_in_cgroup(busy->path(), {"/bin/sleep", "30"});
   ASSERT_TRUE(pid.ok());
   // The child must be in the cgroup before the walk; wait until cgroup.procs lists it.
-  auto deadline = std::chrono::steady_clock::now() + kDeadline;
-  while (true) {
-    std::ifstream procs(busy->path() + "/cgroup.procs");
-    std::string line;
-    if (std::getline(procs, line) && !line.empty()) break;
-    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "child never joined its cgroup";
-    std::this_thread::yield();
-  }
+  ASSERT_TRUE(eventually(
+      [&] {
+        std::ifstream procs(busy->path() + "/cgroup.procs");
+        std::string line;
+        return std::getline(procs, line) && !line.empty();
+      },
+      kDeadline, 1ms))
+      << "child never joined its cgroup";
   start();
   EXPECT_TRUE(source_->program()->is_tracked(idle->id()));
   EXPECT_TRUE(source_->program()->is_tracked(busy->id()));

@@ -14,6 +14,7 @@
 #include "cri/grpc_cri_client.h"
 #include "cri/testbed.h"
 #include "pleg/generic_relist.h"
+#include "support/eventually.h"
 
 namespace kpleg::testing {
 namespace {
@@ -85,23 +86,17 @@ std::vector<LoadedPod> parse_run(const std::string& out) {
 // would meet the runtime (only faster: a 1 s period would also do, but slow the test down).
 bool relist_until(pleg::GenericRelist& relist, const std::function<bool()>& done,
                   std::chrono::seconds within) {
-  const auto deadline = Clock::now() + within;
-  while (true) {
-    (void)relist.relist_once();  // a failed relist (the runtime restarted by another test) retries
-    if (done()) return true;
-    if (Clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(200ms);
-  }
+  return eventually(
+      [&] {
+        (void)relist.relist_once();  // a failed relist (the runtime restarted by another test) retries
+        return done();
+      },
+      within, 200ms);
 }
 
 // One successful relist (a relist can fail while another test restarts the runtime).
 bool relist_succeeds(pleg::GenericRelist& relist) {
-  const auto deadline = Clock::now() + 30s;
-  while (!relist.relist_once().ok()) {
-    if (Clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(200ms);
-  }
-  return true;
+  return eventually([&] { return relist.relist_once().ok(); }, 30s, 200ms);
 }
 
 int64_t now_ns() { return static_cast<int64_t>(pleg::realtime_now_ns()); }
@@ -303,9 +298,7 @@ TEST_F(GenericRelistCri, RelistLoopSeesAPodAndStopsPromptly) {
   ASSERT_EQ(pods.size(), 1u);
   const std::string container = pods[0].containers.at(0).second;
 
-  const auto deadline = Clock::now() + 20s;
-  while (sink.types_of(container).empty() && Clock::now() < deadline)
-    std::this_thread::sleep_for(20ms);
+  (void)eventually([&] { return !sink.types_of(container).empty(); }, 20s, 20ms);  // checked next
   EXPECT_EQ(sink.types_of(container), std::vector<EventType>{EventType::kContainerStarted});
   EXPECT_EQ(sink.types_of(pods[0].sandbox_id),
             std::vector<EventType>{EventType::kContainerStarted});

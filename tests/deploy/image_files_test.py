@@ -32,7 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 DOCKERFILE = os.path.join(REPO, "deploy", "Dockerfile")
 IMAGE_SH = os.path.join(REPO, "scripts", "image.sh")
-# kplegd's self-test (userspace/kernel/self_test.cc) runs these in its scratch cgroup.
+# kplegd's self-test (userspace/selftest/self_test.cc) runs these in its scratch cgroup.
 SELF_TEST_PROGRAMS = ["/bin/sh", "/bin/true"]
 # Debian 12's merged /usr: these top-level directories are symlinks into /usr.
 MERGED = ["/bin", "/sbin", "/lib", "/lib64", "/libx32", "/lib32"]

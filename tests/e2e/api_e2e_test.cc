@@ -80,24 +80,21 @@ class ApiE2eTest : public CriTestBedTest {
   // the threads of the last wakeups.
   bool quiet_span(const KplegdProcess& kplegd, std::chrono::seconds span,
                   std::chrono::seconds within, std::string& woke) {
-    const auto deadline = std::chrono::steady_clock::now() + within;
     auto last = scheduled_in(std::to_string(kplegd.pid()));
     auto quiet_since = std::chrono::steady_clock::now();
-    while (std::chrono::steady_clock::now() < deadline) {
-      // Sampling a process's counters: there is no event to wait on.
-      std::this_thread::sleep_for(500ms);
-      auto now = scheduled_in(std::to_string(kplegd.pid()));
-      if (now != last) {
-        woke.clear();
-        for (const auto& [thread, n] : now)
-          if (n != last[thread]) woke += " " + thread + " +" + std::to_string(n - last[thread]);
-        last = std::move(now);
-        quiet_since = std::chrono::steady_clock::now();
-      } else if (std::chrono::steady_clock::now() - quiet_since >= span) {
-        return true;
-      }
-    }
-    return false;
+    // Sampling a process's counters every 500 ms: there is no event to wait on.
+    return testing::eventually(
+        [&] {
+          auto now = scheduled_in(std::to_string(kplegd.pid()));
+          if (now == last) return std::chrono::steady_clock::now() - quiet_since >= span;
+          woke.clear();
+          for (const auto& [thread, n] : now)
+            if (n != last[thread]) woke += " " + thread + " +" + std::to_string(n - last[thread]);
+          last = std::move(now);
+          quiet_since = std::chrono::steady_clock::now();
+          return false;
+        },
+        within, 500ms);
   }
   template <typename F>
   bool eventually(F f, std::chrono::milliseconds timeout) {

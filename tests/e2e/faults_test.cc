@@ -22,8 +22,8 @@
 
 #include "cri/grpc_cri_client.h"
 #include "e2e/e2e_support.h"
-#include "kernel/self_test.h"
 #include "support/eventually.h"
+#include "support/scratch_cgroup.h"
 
 namespace kpleg::testing {
 namespace {
@@ -57,14 +57,13 @@ TEST_F(FaultsTest, ContainerdKilledAndRestartedNothingMissed) {
   // has no process left.
   const std::string procs = "/sys/fs/cgroup/unified/kubepods/besteffort/pod" + dies_while_down->uid +
                             "/" + dies_while_down->container_ids[0] + "/cgroup.procs";
-  bool exited = false;
-  for (auto deadline = std::chrono::steady_clock::now() + 15s;
-       !exited && std::chrono::steady_clock::now() < deadline;) {
-    std::ifstream in(procs);
-    std::string pid;
-    exited = in.good() && !(in >> pid);
-    if (!exited) kplegd.wait_for_log("\x01never", 50ms);  // poll interval
-  }
+  const bool exited = eventually(
+      [&] {
+        std::ifstream in(procs);
+        std::string pid;
+        return in.good() && !(in >> pid);
+      },
+      15s, 50ms);
   EXPECT_TRUE(exited) << "the container did not exit while containerd was down (" << procs << ")";
   auto up = TestBed::instance().up();
   ASSERT_TRUE(up.ok()) << up.error().message;
@@ -227,16 +226,16 @@ TEST_F(FaultsTest, AnotherRuntimesContainerIsIgnoredWithoutARelist) {
   char uid[40];
   snprintf(uid, sizeof(uid), "f0e1d2c3-0000-4000-8000-%012x", unsigned(getpid()));
   const std::string pod_dir = std::string("/sys/fs/cgroup/unified/kubepods/besteffort/pod") + uid;
-  auto pod = kernel::ScratchCgroup::create(pod_dir);
+  auto pod = ScratchCgroup::create(pod_dir);
   ASSERT_TRUE(pod.ok()) << pod.error().message;
   const std::string id(64, 'e');
-  auto ctr = kernel::ScratchCgroup::create(pod_dir + "/" + id);
+  auto ctr = ScratchCgroup::create(pod_dir + "/" + id);
   ASSERT_TRUE(ctr.ok()) << ctr.error().message;
-  auto pid = kernel::spawn_in_cgroup(ctr->path(), {"/bin/sleep", "60"});
+  auto pid = spawn_in_cgroup(ctr->path(), {"/bin/sleep", "60"});
   ASSERT_TRUE(pid.ok()) << pid.error().message;
   const bool given_up = kplegd.wait_for_log("the runtime does not know it", 20s);
   kill(*pid, SIGKILL);
-  auto status = kernel::wait_child(*pid);
+  auto status = wait_child(*pid);
   ASSERT_TRUE(status.ok()) << status.error().message;
   EXPECT_TRUE(given_up);
   EXPECT_EQ(kplegd.log().find("reconcile (tracker"), std::string::npos)
@@ -264,19 +263,19 @@ TEST_F(FaultsTest, ALookAlikeCgroupOfARunningContainerIsIgnored) {
   ASSERT_TRUE(wait_types(kplegd, id, kStarted));
 
   const std::string base = "/sys/fs/cgroup/unified/kpleg-delegated-" + std::to_string(getpid());
-  std::vector<kernel::ScratchCgroup> dirs;
+  std::vector<ScratchCgroup> dirs;
   dirs.reserve(5);
   for (const std::string& part : std::vector<std::string>{"", "/kubepods", "/kubepods/burstable",
                                  "/kubepods/burstable/pod" + real->uid,
                                  "/kubepods/burstable/pod" + real->uid + "/" + id}) {
-    auto c = kernel::ScratchCgroup::create(base + part);
+    auto c = ScratchCgroup::create(base + part);
     ASSERT_TRUE(c.ok()) << c.error().message;
     dirs.push_back(std::move(*c));
   }
   // Starts and dies in the look-alike: an exec, then an init exit with code 3.
-  auto pid = kernel::spawn_in_cgroup(dirs.back().path(), {"/bin/sh", "-c", "exit 3"});
+  auto pid = spawn_in_cgroup(dirs.back().path(), {"/bin/sh", "-c", "exit 3"});
   ASSERT_TRUE(pid.ok()) << pid.error().message;
-  auto status = kernel::wait_child(*pid);
+  auto status = wait_child(*pid);
   ASSERT_TRUE(status.ok()) << status.error().message;
   EXPECT_TRUE(kplegd.wait_for_log("claims container " + id.substr(0, 12), 20s))
       << "the look-alike was not recognised";
@@ -383,17 +382,9 @@ TEST_F(FaultsTest, SigtermUnderChurnWithWatchersAndAStalledStderrExitsCleanly) {
   EXPECT_EQ(value("kpleg_lost_events_total"), 0) << "kernel records lost while stderr stalled";
   EXPECT_GT(value("kpleg_subscribers"), 60) << "the watchers are not all connected";
 
-  const auto t0 = std::chrono::steady_clock::now();
   kill(kplegd, SIGTERM);
   int status = 0;
-  bool exited = false;
-  while (std::chrono::steady_clock::now() - t0 < 5s) {
-    if (waitpid(kplegd, &status, WNOHANG) == kplegd) {
-      exited = true;
-      break;
-    }
-    std::this_thread::sleep_for(20ms);
-  }
+  const bool exited = eventually([&] { return waitpid(kplegd, &status, WNOHANG) == kplegd; }, 5s, 20ms);
   reap.pid = exited ? -1 : kplegd;
   EXPECT_TRUE(exited) << "kplegd did not exit within 5 s of SIGTERM with its stderr stalled";
   if (exited) {

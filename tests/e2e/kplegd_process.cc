@@ -10,6 +10,8 @@
 #include <cstring>
 #include <iostream>
 
+#include "support/eventually.h"
+
 namespace kpleg::testing {
 
 std::string kplegd_binary() { return KPLEGD_BIN; }
@@ -114,21 +116,15 @@ std::string KplegdProcess::log() const {
 
 std::optional<int> KplegdProcess::wait_exit(std::chrono::milliseconds timeout) {
   if (exit_status_) return exit_status_;
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (true) {
-    int status = 0;
-    pid_t r = waitpid(pid_, &status, WNOHANG);
-    if (r == pid_) {
-      exit_status_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      if (out_reader_.joinable()) out_reader_.join();
-      if (err_reader_.joinable()) err_reader_.join();
-      return exit_status_;
-    }
-    if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
-    // Wake on output or every 10 ms to poll the child.
-    std::unique_lock lk(mu_);
-    cv_.wait_for(lk, std::chrono::milliseconds(10));
-  }
+  int status = 0;
+  // Polled (waitpid WNOHANG): nothing here announces the child's exit.
+  if (!eventually([&] { return waitpid(pid_, &status, WNOHANG) == pid_; }, timeout,
+                  std::chrono::milliseconds(10)))
+    return std::nullopt;
+  exit_status_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  if (out_reader_.joinable()) out_reader_.join();
+  if (err_reader_.joinable()) err_reader_.join();
+  return exit_status_;
 }
 
 int KplegdProcess::stop(std::chrono::milliseconds timeout) {

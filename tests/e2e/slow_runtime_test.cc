@@ -21,9 +21,9 @@
 #include <sstream>
 #include <thread>
 
-#include "cri/cri_proxy.h"
 #include "cri/grpc_cri_client.h"
 #include "e2e/e2e_support.h"
+#include "kpleg-cri-proxy/cri_proxy.h"
 #include "support/eventually.h"
 
 #ifndef KPLEGCTL_BIN
@@ -154,19 +154,18 @@ class SlowRuntimeTest : public ProxiedTestBedTest,
   }
   bool health_names(const std::string& uid, std::chrono::milliseconds timeout,
                     std::vector<std::string>* last = nullptr) {
-    auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (true) {
-      auto reasons = health_reasons();
-      if (reasons.ok()) {
-        if (last) *last = *reasons;
-        for (const auto& r : *reasons)
-          if (r.find(uid) != std::string::npos) return true;
-      } else if (last) {
-        *last = {reasons.error().message};
-      }
-      if (std::chrono::steady_clock::now() > deadline) return false;
-      std::this_thread::sleep_for(250ms);
-    }
+    return testing::eventually(
+        [&] {
+          auto reasons = health_reasons();
+          if (!reasons.ok()) {
+            if (last) *last = {reasons.error().message};
+            return false;
+          }
+          if (last) *last = *reasons;
+          return std::any_of(reasons->begin(), reasons->end(),
+                             [&](const std::string& r) { return r.find(uid) != std::string::npos; });
+        },
+        timeout, 250ms);
   }
 
   // Polls a condition over kplegd's log (KplegdProcess::wait_for holds the lock log() takes).
@@ -698,10 +697,8 @@ TEST_F(CriProxyContainerdTest, StalledPodWaitsOtherPodsDoNot) {
   std::cout << "other pod's ContainerStatus through the proxy while 16 calls were held: worst "
             << worst << " ms" << std::endl;
   // Held threads are released when their callers give up.
-  auto deadline = std::chrono::steady_clock::now() + 5s;
-  while (proxy_->stats().stalled_in_flight != 0 && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(10ms);
-  EXPECT_EQ(proxy_->stats().stalled_in_flight, 0u);
+  EXPECT_TRUE(eventually([&] { return proxy_->stats().stalled_in_flight == 0; }, 5s))
+      << proxy_->stats().stalled_in_flight << " still held";
 
   // Delay: the call is answered, late.
   proxy_->set_stalled_pod({a->uid, cri::StallMode::kDelay, 1500ms});

@@ -1,6 +1,7 @@
 // Polling with a deadline, for a state that no event announces (a counter, a log line, a
 // process's exit): `done` is asked every `every` until it holds or `within` has passed, and once
-// more at the end.
+// more at the end. The tests' one wait-until-true loop: a test that polls calls this (where an
+// event or a condition variable announces the state, wait on that instead).
 #pragma once
 
 #include <chrono>

@@ -3,7 +3,7 @@
 // never hold up other pods' calls, and every held call ends at the caller's deadline, on
 // cancellation, when the stall is cleared, or at shutdown. (The same proxy in front of the real
 // containerd is exercised by tests/e2e/slow_runtime_test.cc.)
-#include "cri/cri_proxy.h"
+#include "kpleg-cri-proxy/cri_proxy.h"
 
 #include <grpcpp/grpcpp.h>
 #include <google/protobuf/util/message_differencer.h>
@@ -20,7 +20,8 @@
 #include <thread>
 
 #include "cri/api.grpc.pb.h"
-#include "cri/fake_cri_client.h"
+#include "support/eventually.h"
+#include "support/fake_cri_client.h"
 
 namespace kpleg::cri {
 namespace {
@@ -205,16 +206,8 @@ class CriProxyTest : public ::testing::Test {
     return st;
   }
 
-  bool wait_until(const std::function<bool()>& pred, std::chrono::milliseconds timeout = 5s) {
-    auto deadline = Clock::now() + timeout;
-    while (!pred()) {
-      if (Clock::now() > deadline) return false;
-      std::this_thread::sleep_for(5ms);
-    }
-    return true;
-  }
   bool wait_held(uint64_t n) {
-    return wait_until([&] { return proxy_->stats().stalled_in_flight == n; });
+    return testing::eventually([&] { return proxy_->stats().stalled_in_flight == n; });
   }
 
   std::string dir_;
@@ -456,7 +449,7 @@ TEST_F(CriProxyTest, ACancelledCallIsReleased) {
   c.TryCancel();
   EXPECT_EQ(f.get().error_code(), grpc::StatusCode::CANCELLED);
   EXPECT_TRUE(wait_held(0));
-  EXPECT_TRUE(wait_until([&] { return proxy_->stats().gave_up == 1; }));
+  EXPECT_TRUE(testing::eventually([&] { return proxy_->stats().gave_up == 1; }));
 }
 
 TEST_F(CriProxyTest, MovingTheStallReleasesTheOldPodAndHoldsTheNew) {

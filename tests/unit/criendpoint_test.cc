@@ -5,9 +5,9 @@
 #include <gtest/gtest.h>
 
 #include "cri/api.pb.h"
-#include "cri/fake_cri_client.h"
 #include "criendpoint/container_event_feed.h"
 #include "criendpoint/request_subject.h"
+#include "support/fake_cri_client.h"
 
 namespace kpleg::criendpoint {
 namespace {

@@ -3,7 +3,7 @@
 #include <grpcpp/support/status.h>
 #include <gtest/gtest.h>
 
-#include "cri/fake_cri_client.h"
+#include "support/fake_cri_client.h"
 
 namespace kpleg::cri {
 namespace {

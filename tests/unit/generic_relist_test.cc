@@ -13,8 +13,8 @@
 #include <mutex>
 #include <thread>
 
-#include "cri/fake_cri_client.h"
 #include "support/eventually.h"
+#include "support/fake_cri_client.h"
 
 namespace kpleg::pleg {
 namespace {

@@ -56,7 +56,7 @@ class EventsService final : public v1::RuntimeService::Service {
       (*ev.add_containers_statuses()->mutable_labels())["big"] = std::string(s_.big_label_bytes, 'x');
       w->Write(ev);
     }
-    while (s_.wait_for_cancel && !ctx->IsCancelled()) std::this_thread::sleep_for(5ms);
+    if (s_.wait_for_cancel) (void)testing::eventually([&] { return ctx->IsCancelled(); }, 60s, 5ms);
     return s_.end;
   }
 

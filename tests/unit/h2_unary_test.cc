@@ -47,8 +47,7 @@ class StatusService final : public v1::RuntimeService::Service {
     if (req->container_id() == "missing")
       return {grpc::StatusCode::NOT_FOUND, "an error occurred when try to find container \"missing\": 100% not found"};
     if (req->container_id() == "slow") {
-      const auto until = Clock::now() + 5s;
-      while (!ctx->IsCancelled() && Clock::now() < until) std::this_thread::sleep_for(5ms);
+      (void)testing::eventually([&] { return ctx->IsCancelled(); }, 5s, 5ms);
       return grpc::Status::CANCELLED;
     }
     resp->mutable_status()->set_id(req->container_id());

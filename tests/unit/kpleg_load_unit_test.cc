@@ -4,7 +4,7 @@
 #include <regex>
 #include <set>
 
-#include "cmd/kpleg-load/kubelet_pod.h"
+#include "kpleg-load/kubelet_pod.h"
 
 namespace kpleg::load {
 namespace {

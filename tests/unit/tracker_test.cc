@@ -17,10 +17,10 @@
 #include <spdlog/sinks/ostream_sink.h>
 #include <spdlog/spdlog.h>
 
-#include "cri/fake_cri_client.h"
 #include "pleg/reconciler.h"
 #include "pleg/tracker.h"
 #include "support/eventually.h"
+#include "support/fake_cri_client.h"
 
 namespace kpleg::pleg {
 namespace {
@@ -145,14 +145,11 @@ class TrackerTest : public ::testing::Test {
     return id;
   }
 
+  // Waits until `id` has as many events as `want`; whether they are `want`.
   bool wait_types(const std::string& id, const std::vector<std::string>& want,
                   std::chrono::milliseconds within = 5s) {
-    auto deadline = std::chrono::steady_clock::now() + within;
-    while (std::chrono::steady_clock::now() < deadline) {
-      if (sink_.types_for(id).size() >= want.size()) return sink_.types_for(id) == want;
-      sink_.wait_count(sink_.events().size() + 1, 50ms);
-    }
-    return false;
+    return eventually([&] { return sink_.types_for(id).size() >= want.size(); }, within) &&
+           sink_.types_for(id) == want;
   }
 
   // Replaces the tracker with one built with `o`; counts its inconsistencies.
@@ -296,8 +293,7 @@ TEST_F(TrackerTest, InitialSyncThenCorrectionsAreCounted) {
 
   // A reconcile with nothing missed corrects nothing.
   rec.request("test");
-  auto deadline = std::chrono::steady_clock::now() + 5s;
-  while (rec.stats().runs < 2 && std::chrono::steady_clock::now() < deadline) sink_.wait_count(100, 10ms);
+  ASSERT_TRUE(eventually([&] { return rec.stats().runs >= 2; }));
   EXPECT_EQ(tracker_->stats().corrections_total(), 0u);
 
   // An exit the kernel path never reported: the next reconcile corrects it, marked as such.
@@ -327,10 +323,7 @@ TEST_F(TrackerTest, FailingCallsNameThePodUntilItAnswersAgain) {
   cri_.fail_always(cri::CriMethod::kContainerStatus,
                    Error{grpc::StatusCode::DEADLINE_EXCEEDED, "CRI ContainerStatus failed: DEADLINE_EXCEEDED"});
   kernel_exec(id);
-  auto deadline = std::chrono::steady_clock::now() + 5s;
-  while (tracker_->troubled_pods().empty() && std::chrono::steady_clock::now() < deadline) {
-    sink_.wait_count(1, 10ms);
-  }
+  ASSERT_TRUE(eventually([&] { return !tracker_->troubled_pods().empty(); }));
   auto troubles = tracker_->troubled_pods();
   ASSERT_EQ(troubles.size(), 1u);
   EXPECT_EQ(troubles[0].pod_uid, kUid);

@@ -20,8 +20,8 @@
 #include "daemon/daemon.h"
 #include "grpcidle/grpc_idle.h"
 #include "kernel/kernel_source.h"
-#include "kernel/self_test.h"
 #include "metrics/http_server.h"
+#include "selftest/self_test.h"
 
 namespace {
 
@@ -78,7 +78,7 @@ int trace_kernel(const kernel::KernelSourceOptions& opts, const sigset_t& sigs) 
 }
 
 int self_test(const kernel::BpfOptions& bpf, const std::string& cgroup_base) {
-  auto r = kernel::run_self_test(bpf, cgroup_base);
+  auto r = selftest::run(bpf, cgroup_base);
   for (const auto& f : r.failures) std::cout << "kpleg self-test: FAILED check: " << f << "\n";
   std::cout << "kpleg self-test: kernel " << r.kernel_release << ": "
             << (r.passed ? "PASS" : "FAIL") << std::endl;

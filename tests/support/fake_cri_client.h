@@ -2,7 +2,8 @@
 // that calls the CRI (tracker, reconciler): the workload calls change its state the way
 // containerd's CRI does, lists apply the CRI's filter semantics, and a test can make a
 // container die, inject failures per method, and count calls. Built as its own library
-// (kpleg_cri_fake) that only tests link.
+// (kpleg_cri_fake, tests/support/CMakeLists.txt) that the unit tests and the capacity benchmark
+// (bench/tracker_ceiling.cc) link.
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,5 @@
 // kpleg-cri-proxy: serves the CRI RuntimeService on --listen, forwards every call to the real
-// runtime at --upstream, and stalls the calls that concern one pod (see cri/cri_proxy.h): what a
+// runtime at --upstream, and stalls the calls that concern one pod (see cri_proxy.h): what a
 // node with one pod stuck behind a wedged shim or a hung CNI plugin looks like to a PLEG.
 //
 //   kpleg-cri-proxy --listen unix:///run/slow.sock --upstream unix:///run/containerd/containerd.sock
@@ -25,8 +25,8 @@
 
 #include "common/duration.h"
 #include "common/logging.h"
-#include "cri/cri_proxy.h"
 #include "cri/endpoint.h"
+#include "kpleg-cri-proxy/cri_proxy.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-#include "cri/fake_cri_client.h"
+#include "support/fake_cri_client.h"
 
 #include <grpcpp/support/status.h>
 

@@ -1,4 +1,4 @@
-#include "cri/cri_proxy.h"
+#include "kpleg-cri-proxy/cri_proxy.h"
 
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/resource_quota.h>

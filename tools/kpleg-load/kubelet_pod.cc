@@ -1,4 +1,4 @@
-#include "cmd/kpleg-load/kubelet_pod.h"
+#include "kpleg-load/kubelet_pod.h"
 
 #include <fmt/format.h>
 

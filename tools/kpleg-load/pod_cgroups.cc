@@ -1,4 +1,4 @@
-#include "cmd/kpleg-load/pod_cgroups.h"
+#include "kpleg-load/pod_cgroups.h"
 
 #include <unistd.h>
 
