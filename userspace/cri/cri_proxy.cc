@@ -244,18 +244,22 @@ class CriProxy::Impl final : public criforward::Hooks {
 
   // A call of the stalled pod whose answer is held (kLateAnswer).
   void hold_answer(const std::shared_ptr<ProxiedCall>& c, Gate gate) {
-    bool go = false;
+    Next next = Next::kHeld;
     {
       std::lock_guard lk(mu_);
       c->gate = std::move(gate);
       if (shut_down_) {
-        go = true;
+        next = Next::kRefuse;
       } else {
         hold_locked(c, ProxiedCall::Kind::kStall, false, c->held_pod);
-        go = reevaluate_locked(c);
+        if (reevaluate_locked(c)) next = Next::kForward;
       }
     }
-    if (go) c->gate.open();
+    if (next == Next::kForward) {
+      c->gate.open();  // its answer; it was counted when it went upstream
+    } else {
+      act(*c, next);
+    }
   }
 
   // The call ended (answered, or its caller gave up): a hold it still has is given up.
