@@ -1,6 +1,7 @@
 // kpleg-bench-cri-prefix: a CRI RuntimeService forwarder that moves the pods it creates under a
 // cgroup prefix: a cgroup parent "/kubepods/..." in RunPodSandbox and CreateContainer becomes
-// "<prefix>/kubepods/...". Every other call and field goes through unchanged.
+// "<prefix>/kubepods/...". Every other call and field goes through unchanged (criforward: by
+// method name and raw bytes, the caller's deadline capped at 5 minutes).
 //
 // Why: the benchmark's private containerd shares the host's cgroup tree with whatever else runs
 // on the machine (here, the shared test bed other tests churn). Under the default tracked root
@@ -13,94 +14,84 @@
 //
 //   kpleg-bench-cri-prefix --listen unix:///tmp/p.sock --upstream unix:///run/containerd.sock
 //       --prefix /kpleg-bench-1234
-#include <grpcpp/grpcpp.h>
 #include <signal.h>
 
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
 #include <string>
 
-#include "cri/api.grpc.pb.h"
+#include "cri/api.pb.h"
 #include "cri/endpoint.h"
+#include "criforward/forwarder.h"
 
 namespace {
 
 namespace v1 = runtime::v1;
+using kpleg::criforward::CallHooks;
+using kpleg::criforward::Gate;
 
 std::string prefixed(const std::string& prefix, const std::string& parent) {
   if (parent.rfind("/kubepods", 0) == 0) return prefix + parent;
   return parent;
 }
 
-class PrefixingRuntime final : public v1::RuntimeService::Service {
+// Re-serialises the request with its cgroup parent moved under the prefix; `linux_of` picks the
+// LinuxPodSandboxConfig the method carries (containerd derives a container's cgroup from the
+// sandbox config CreateContainer carries).
+template <typename Req, typename LinuxOf>
+class Prefixing final : public CallHooks {
  public:
-  PrefixingRuntime(std::shared_ptr<grpc::Channel> upstream, std::string prefix)
-      : stub_(v1::RuntimeService::NewStub(upstream)), prefix_(std::move(prefix)) {}
-
-  grpc::Status RunPodSandbox(grpc::ServerContext* ctx, const v1::RunPodSandboxRequest* req,
-                             v1::RunPodSandboxResponse* resp) override {
-    v1::RunPodSandboxRequest r = *req;
-    if (r.has_config() && r.config().has_linux()) {
-      auto* l = r.mutable_config()->mutable_linux();
-      l->set_cgroup_parent(prefixed(prefix_, l->cgroup_parent()));
+  Prefixing(const std::string& prefix, LinuxOf linux_of) : prefix_(prefix), linux_of_(linux_of) {}
+  void before_forward(grpc::ByteBuffer& request, Gate gate) override {
+    Req r;
+    if (r.ParseFromString(kpleg::criforward::flatten(request))) {
+      if (auto* l = linux_of_(r)) {
+        l->set_cgroup_parent(prefixed(prefix_, l->cgroup_parent()));
+        request = kpleg::criforward::to_buffer(r.SerializeAsString());
+      }
     }
-    return forward(ctx, &v1::RuntimeService::Stub::RunPodSandbox, r, resp);
+    gate.open();
   }
-
-  // containerd derives the container's cgroup from the sandbox config the request carries.
-  grpc::Status CreateContainer(grpc::ServerContext* ctx, const v1::CreateContainerRequest* req,
-                               v1::CreateContainerResponse* resp) override {
-    v1::CreateContainerRequest r = *req;
-    if (r.has_sandbox_config() && r.sandbox_config().has_linux()) {
-      auto* l = r.mutable_sandbox_config()->mutable_linux();
-      l->set_cgroup_parent(prefixed(prefix_, l->cgroup_parent()));
-    }
-    return forward(ctx, &v1::RuntimeService::Stub::CreateContainer, r, resp);
-  }
-
-#define KPLEG_FORWARD(Method)                                                                   \
-  grpc::Status Method(grpc::ServerContext* ctx, const v1::Method##Request* req,                 \
-                      v1::Method##Response* resp) override {                                    \
-    return forward(ctx, &v1::RuntimeService::Stub::Method, *req, resp);                         \
-  }
-  KPLEG_FORWARD(Version)
-  KPLEG_FORWARD(StopPodSandbox)
-  KPLEG_FORWARD(RemovePodSandbox)
-  KPLEG_FORWARD(PodSandboxStatus)
-  KPLEG_FORWARD(ListPodSandbox)
-  KPLEG_FORWARD(StartContainer)
-  KPLEG_FORWARD(StopContainer)
-  KPLEG_FORWARD(RemoveContainer)
-  KPLEG_FORWARD(ListContainers)
-  KPLEG_FORWARD(ContainerStatus)
-  KPLEG_FORWARD(Status)
-#undef KPLEG_FORWARD
 
  private:
-  template <typename Req, typename Resp>
-  grpc::Status forward(grpc::ServerContext* ctx,
-                       grpc::Status (v1::RuntimeService::Stub::*call)(grpc::ClientContext*, const Req&, Resp*),
-                       const Req& req, Resp* resp) {
-    grpc::ClientContext up;
-    // The caller's deadline, or a generous one: a forwarder must never hang forever.
-    auto deadline = ctx->deadline();
-    if (deadline > std::chrono::system_clock::now() + std::chrono::minutes(5)) {
-      deadline = std::chrono::system_clock::now() + std::chrono::minutes(5);
+  const std::string& prefix_;
+  LinuxOf linux_of_;
+};
+
+class PrefixHooks final : public kpleg::criforward::Hooks {
+ public:
+  explicit PrefixHooks(std::string prefix) : prefix_(std::move(prefix)) {}
+  std::unique_ptr<CallHooks> call_hooks(const grpc::GenericCallbackServerContext& ctx) override {
+    if (ctx.method() == "/runtime.v1.RuntimeService/RunPodSandbox") {
+      return make<v1::RunPodSandboxRequest>([](v1::RunPodSandboxRequest& r) {
+        return r.has_config() && r.config().has_linux() ? r.mutable_config()->mutable_linux()
+                                                        : nullptr;
+      });
     }
-    up.set_deadline(deadline);
-    return ((*stub_).*call)(&up, req, resp);
+    if (ctx.method() == "/runtime.v1.RuntimeService/CreateContainer") {
+      return make<v1::CreateContainerRequest>([](v1::CreateContainerRequest& r) {
+        return r.has_sandbox_config() && r.sandbox_config().has_linux()
+                   ? r.mutable_sandbox_config()->mutable_linux()
+                   : nullptr;
+      });
+    }
+    return nullptr;  // everything else goes through untouched
   }
 
-  std::unique_ptr<v1::RuntimeService::Stub> stub_;
+ private:
+  template <typename Req, typename F>
+  std::unique_ptr<CallHooks> make(F linux_of) {
+    return std::make_unique<Prefixing<Req, F>>(prefix_, linux_of);
+  }
   std::string prefix_;
 };
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"kpleg-bench-cri-prefix: CRI forwarder that moves created pods under a cgroup prefix"};
+  CLI::App app{
+      "kpleg-bench-cri-prefix: CRI forwarder that moves created pods under a cgroup prefix"};
   std::string listen, upstream, prefix;
   app.add_option("--listen", listen, "Socket to serve on (unix:///path)")->required();
   app.add_option("--upstream", upstream, "The runtime's CRI endpoint")->required();
@@ -113,7 +104,8 @@ int main(int argc, char** argv) {
   sigaddset(&sigs, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   if (prefix.size() < 2 || prefix[0] != '/' || prefix.back() == '/') {
-    std::fprintf(stderr, "kpleg-bench-cri-prefix: --prefix must look like /name, got '%s'\n", prefix.c_str());
+    std::fprintf(stderr, "kpleg-bench-cri-prefix: --prefix must look like /name, got '%s'\n",
+                 prefix.c_str());
     return 2;
   }
   auto up_target = kpleg::cri::grpc_target_for_endpoint(upstream);
@@ -123,25 +115,20 @@ int main(int argc, char** argv) {
                  (!up_target ? up_target.error() : listen_target.error()).message.c_str());
     return 2;
   }
-  std::error_code ec;
-  std::filesystem::remove(kpleg::cri::socket_path_of(*listen_target), ec);  // a stale one of ours
-
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(16 << 20);
-  PrefixingRuntime service(grpc::CreateCustomChannel(*up_target, grpc::InsecureChannelCredentials(), args),
-                           prefix);
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(*listen_target, grpc::InsecureServerCredentials());
-  builder.SetMaxReceiveMessageSize(16 << 20);
-  builder.RegisterService(&service);
-  auto server = builder.BuildAndStart();
-  if (!server) {
-    std::fprintf(stderr, "kpleg-bench-cri-prefix: cannot listen on %s\n", listen_target->c_str());
+  PrefixHooks hooks(prefix);
+  kpleg::criforward::ForwarderOptions fo;
+  fo.who = "kpleg-bench-cri-prefix";
+  fo.listen_target = *listen_target;
+  fo.upstream_target = *up_target;
+  fo.max_call_time = std::chrono::minutes(5);  // a forwarder must never hang forever
+  fo.shutdown_grace = std::chrono::seconds(2);
+  auto fwd = kpleg::criforward::Forwarder::start(fo, &hooks);
+  if (!fwd) {
+    std::fprintf(stderr, "kpleg-bench-cri-prefix: %s\n", fwd.error().message.c_str());
     return 1;
   }
   int sig = 0;
   sigwait(&sigs, &sig);
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  std::filesystem::remove(kpleg::cri::socket_path_of(*listen_target), ec);
+  (*fwd)->stop();
   return 0;
 }

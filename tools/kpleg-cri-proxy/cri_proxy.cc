@@ -1,107 +1,109 @@
 #include "kpleg-cri-proxy/cri_proxy.h"
 
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/resource_quota.h>
 #include <spdlog/spdlog.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <mutex>
+#include <set>
 #include <unordered_map>
 #include <vector>
 
 #include "cri/api.grpc.pb.h"
 #include "cri/endpoint.h"
+#include "criforward/forwarder.h"
+#include "criforward/timer.h"
 
 namespace kpleg::cri {
 namespace {
 
 namespace v1 = ::runtime::v1;
-using Stub = v1::RuntimeService::Stub;
 using SysClock = std::chrono::system_clock;
 using SteadyClock = std::chrono::steady_clock;
+using criforward::Gate;
 
 constexpr const char* kPodUidLabel = "io.kubernetes.pod.uid";
-// A held call looks up this often to see whether its caller is still waiting (the sync server
-// has no cancellation callback); clearing the stall or shutting down wakes it at once.
-constexpr auto kHoldPoll = std::chrono::milliseconds(20);
+constexpr std::string_view kRuntimeService = "/runtime.v1.RuntimeService/";
 // Ids of removed containers are never evicted one by one; the cache starts over past this.
 constexpr size_t kMaxCachedIds = 100000;
-// How long shutdown lets forwarded calls finish before gRPC cancels them.
-constexpr auto kShutdownGrace = std::chrono::seconds(1);
-
-// What a call names: ids to map to a pod, or the pod uid itself (a label selector).
-struct Concern {
-  std::vector<std::string> ids;
-  std::string pod_uid;
-  bool empty() const { return ids.empty() && pod_uid.empty(); }
-};
 
 std::string label_or_empty(const google::protobuf::Map<std::string, std::string>& labels) {
   auto it = labels.find(kPodUidLabel);
   return it == labels.end() ? std::string() : it->second;
 }
 
+template <typename Msg>
+bool parse(Msg& m, const grpc::ByteBuffer& b) {
+  return m.ParseFromString(criforward::flatten(b));
+}
+
+// One call of the RuntimeService as the proxy follows it: what it names, and its hold while it
+// has one. Shared by the call's hooks, its timer and its id lookups, any of which may outlive
+// the call; every field but the constant ones is under the proxy's lock.
+struct ProxiedCall {
+  enum class Kind { kNone, kStall, kFullList };
+  std::string method;  // short name
+  // What the call names: ids to map to a pod, or the pod uid itself (a label selector).
+  std::vector<std::string> ids;
+  std::string pod_uid;
+  std::string learn_uid;  // RunPodSandbox, CreateContainer: the pod the new id belongs to
+  SysClock::time_point deadline;
+  bool stallable = false;
+  bool full_list = false;
+  bool late_answer = false;  // matched a kLateAnswer stall: its answer is held
+  bool ended = false;
+  Gate gate{nullptr};
+  Kind held = Kind::kNone;
+  bool forward_gate = false;  // the hold is before the call goes upstream (else, its answer)
+  std::string held_pod;
+  SteadyClock::time_point held_since;
+  std::chrono::milliseconds list_delay{0};  // kFullList
+  criforward::Timer::Id timer = 0;
+};
+
 }  // namespace
 
-class CriProxy::Impl final : public v1::RuntimeService::Service {
+class CriProxy::Impl final : public criforward::Hooks {
  public:
   Impl(CriProxyOptions options, std::string listen_target, std::string upstream_target)
       : options_(std::move(options)),
         listen_target_(std::move(listen_target)),
-        upstream_target_(std::move(upstream_target)) {
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(options_.max_message_bytes);
-    args.SetMaxSendMessageSize(options_.max_message_bytes);
-    channel_ = grpc::CreateCustomChannel(upstream_target_, grpc::InsecureChannelCredentials(), args);
-    stub_ = v1::RuntimeService::NewStub(channel_);
-  }
+        upstream_target_(std::move(upstream_target)) {}
 
   kpleg::Status serve() {
-    const std::string path = socket_path_of(listen_target_);
-    if (auto st = prepare_listen_socket(path, "CRI proxy"); !st) return st;
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort(listen_target_, grpc::InsecureServerCredentials());
-    builder.RegisterService(this);
-    builder.SetMaxReceiveMessageSize(options_.max_message_bytes);
-    builder.SetMaxSendMessageSize(options_.max_message_bytes);
-    // Every held call keeps one server thread; the sync server adds threads on demand up to
-    // this quota, so a stalled pod never queues other pods' calls behind it.
-    grpc::ResourceQuota quota("kpleg-cri-proxy");
-    quota.SetMaxThreads(options_.max_threads);
-    builder.SetResourceQuota(quota);
-    builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 2);
-    server_ = builder.BuildAndStart();
-    if (!server_) {
-      return Error{EADDRNOTAVAIL, "CRI proxy: cannot listen on " + listen_target_ +
-                                      " (is the directory there and writable?)"};
-    }
-    // The proxy is as powerful as the runtime socket it fronts: owner only, like the runtime's.
-    if (chmod(path.c_str(), 0600) != 0) {
-      auto err = Error::from_errno(errno, "CRI proxy: chmod " + path);
-      shutdown();
-      return err;
-    }
+    criforward::ForwarderOptions fo;
+    fo.who = "CRI proxy";
+    fo.listen_target = listen_target_;
+    fo.upstream_target = upstream_target_;
+    fo.max_message_bytes = options_.max_message_bytes;
+    auto fwd = criforward::Forwarder::start(std::move(fo), this);
+    if (!fwd) return fwd.error();
+    forwarder_ = std::move(*fwd);
+    stub_ = v1::RuntimeService::NewStub(forwarder_->channel());
     spdlog::info("CRI proxy: listening on {}, forwarding to {}", listen_target_, upstream_target_);
     return {};
   }
 
   void shutdown() {
+    std::vector<std::shared_ptr<ProxiedCall>> held;
     {
       std::lock_guard lk(mu_);
       if (shut_down_) return;
       shut_down_ = true;
+      held.assign(held_.begin(), held_.end());
+      for (const auto& c : held) unhold_locked(*c, /*gave_up=*/true);
+      for (auto* ctx : lookups_) ctx->TryCancel();
     }
-    cv_.notify_all();
-    if (server_) {
-      server_->Shutdown(SysClock::now() + kShutdownGrace);
-      server_->Wait();
+    for (const auto& c : held) {
+      c->gate.answer(grpc::Status(grpc::StatusCode::UNAVAILABLE, "CRI proxy shutting down"));
     }
-    unlink(socket_path_of(listen_target_).c_str());
+    if (forwarder_) forwarder_->stop();
+    std::unique_lock lk(mu_);
+    lookups_done_.wait(lk, [&] { return lookups_.empty(); });
   }
 
   const std::string& endpoint() const { return listen_target_; }
@@ -123,16 +125,30 @@ class CriProxy::Impl final : public v1::RuntimeService::Service {
   }
 
   void set_stall(std::optional<PodStall> stall) {
+    std::vector<std::shared_ptr<ProxiedCall>> released;
     {
       std::lock_guard lk(mu_);
       stall_ = std::move(stall);
+      for (const auto& c : std::vector(held_.begin(), held_.end())) {
+        if (reevaluate_locked(c)) released.push_back(c);
+      }
     }
-    cv_.notify_all();
+    for (const auto& c : released) release(*c);
   }
 
   std::optional<PodStall> stall() const {
     std::lock_guard lk(mu_);
     return stall_;
+  }
+  std::optional<std::string> stalled_pod() const {
+    std::lock_guard lk(mu_);
+    if (!stall_) return std::nullopt;
+    return stall_->pod_uid;
+  }
+
+  void set_full_list_delay(std::chrono::milliseconds delay) {
+    std::lock_guard lk(mu_);
+    full_list_delay_ = delay;
   }
 
   CriProxyStats stats() const {
@@ -140,241 +156,117 @@ class CriProxy::Impl final : public v1::RuntimeService::Service {
     return stats_;
   }
 
-  // --- RuntimeService ----------------------------------------------------------------------
+  std::unique_ptr<criforward::CallHooks> call_hooks(
+      const grpc::GenericCallbackServerContext& ctx) override;
 
-  grpc::Status Version(grpc::ServerContext* ctx, const v1::VersionRequest* req,
-                       v1::VersionResponse* resp) override {
-    return forward(ctx, *req, resp, &Stub::Version);
-  }
-  grpc::Status Status(grpc::ServerContext* ctx, const v1::StatusRequest* req,
-                      v1::StatusResponse* resp) override {
-    return forward(ctx, *req, resp, &Stub::Status);
-  }
+  // --- a call's course ------------------------------------------------------------------
 
-  grpc::Status RunPodSandbox(grpc::ServerContext* ctx, const v1::RunPodSandboxRequest* req,
-                             v1::RunPodSandboxResponse* resp) override {
-    auto st = forward(ctx, *req, resp, &Stub::RunPodSandbox);
-    if (st.ok()) learn(resp->pod_sandbox_id(), req->config().metadata().uid());
-    return st;
-  }
-  grpc::Status StopPodSandbox(grpc::ServerContext* ctx, const v1::StopPodSandboxRequest* req,
-                              v1::StopPodSandboxResponse* resp) override {
-    return stall_or_forward(ctx, "StopPodSandbox", {{req->pod_sandbox_id()}, {}}, *req, resp,
-                            &Stub::StopPodSandbox);
-  }
-  grpc::Status RemovePodSandbox(grpc::ServerContext* ctx, const v1::RemovePodSandboxRequest* req,
-                                v1::RemovePodSandboxResponse* resp) override {
-    return stall_or_forward(ctx, "RemovePodSandbox", {{req->pod_sandbox_id()}, {}}, *req, resp,
-                            &Stub::RemovePodSandbox);
-  }
-  grpc::Status PodSandboxStatus(grpc::ServerContext* ctx, const v1::PodSandboxStatusRequest* req,
-                                v1::PodSandboxStatusResponse* resp) override {
-    auto st = stall_or_forward(ctx, "PodSandboxStatus", {{req->pod_sandbox_id()}, {}}, *req, resp,
-                               &Stub::PodSandboxStatus);
-    if (st.ok()) learn(resp->status().id(), resp->status().metadata().uid());
-    return st;
-  }
-  grpc::Status ListPodSandbox(grpc::ServerContext* ctx, const v1::ListPodSandboxRequest* req,
-                              v1::ListPodSandboxResponse* resp) override {
-    Concern c;
-    if (!req->filter().id().empty()) c.ids.push_back(req->filter().id());
-    c.pod_uid = label_or_empty(req->filter().label_selector());
-    if (c.empty()) {
-      if (auto answer = slow_full_list(ctx, "ListPodSandbox")) return *answer;
-    }
-    auto st = stall_or_forward(ctx, "ListPodSandbox", std::move(c), *req, resp,
-                               &Stub::ListPodSandbox);
-    if (st.ok()) {
-      for (const auto& s : resp->items()) learn(s.id(), s.metadata().uid());
-    }
-    return st;
-  }
-
-  grpc::Status CreateContainer(grpc::ServerContext* ctx, const v1::CreateContainerRequest* req,
-                               v1::CreateContainerResponse* resp) override {
-    auto st = forward(ctx, *req, resp, &Stub::CreateContainer);
-    if (st.ok()) {
-      std::string uid = label_or_empty(req->config().labels());
-      if (uid.empty()) uid = req->sandbox_config().metadata().uid();
-      learn(resp->container_id(), uid);
-    }
-    return st;
-  }
-  grpc::Status StartContainer(grpc::ServerContext* ctx, const v1::StartContainerRequest* req,
-                              v1::StartContainerResponse* resp) override {
-    return forward(ctx, *req, resp, &Stub::StartContainer);
-  }
-  grpc::Status StopContainer(grpc::ServerContext* ctx, const v1::StopContainerRequest* req,
-                             v1::StopContainerResponse* resp) override {
-    return stall_or_forward(ctx, "StopContainer", {{req->container_id()}, {}}, *req, resp,
-                            &Stub::StopContainer);
-  }
-  grpc::Status RemoveContainer(grpc::ServerContext* ctx, const v1::RemoveContainerRequest* req,
-                               v1::RemoveContainerResponse* resp) override {
-    return stall_or_forward(ctx, "RemoveContainer", {{req->container_id()}, {}}, *req, resp,
-                            &Stub::RemoveContainer);
-  }
-  grpc::Status ListContainers(grpc::ServerContext* ctx, const v1::ListContainersRequest* req,
-                              v1::ListContainersResponse* resp) override {
-    Concern c;
-    if (!req->filter().id().empty()) c.ids.push_back(req->filter().id());
-    if (!req->filter().pod_sandbox_id().empty()) c.ids.push_back(req->filter().pod_sandbox_id());
-    c.pod_uid = label_or_empty(req->filter().label_selector());
-    if (c.empty()) {
-      if (auto answer = slow_full_list(ctx, "ListContainers")) return *answer;
-    }
-    auto st = stall_or_forward(ctx, "ListContainers", std::move(c), *req, resp,
-                               &Stub::ListContainers);
-    if (st.ok()) {
-      for (const auto& ctr : resp->containers()) learn_container(ctr);
-    }
-    return st;
-  }
-  grpc::Status ContainerStatus(grpc::ServerContext* ctx, const v1::ContainerStatusRequest* req,
-                               v1::ContainerStatusResponse* resp) override {
-    auto st = stall_or_forward(ctx, "ContainerStatus", {{req->container_id()}, {}}, *req, resp,
-                               &Stub::ContainerStatus);
-    if (st.ok()) learn(resp->status().id(), label_or_empty(resp->status().labels()));
-    return st;
-  }
-
-  grpc::Status GetContainerEvents(grpc::ServerContext* ctx, const v1::GetEventsRequest* req,
-                                  grpc::ServerWriter<v1::ContainerEventResponse>* writer) override {
-    auto upstream_ctx = grpc::ClientContext::FromServerContext(*ctx);
-    auto reader = stub_->GetContainerEvents(upstream_ctx.get(), *req);
-    count_forwarded();
-    v1::ContainerEventResponse ev;
-    std::deque<v1::ContainerEventResponse> held;  // the stalled pod's, in order
-    while (reader->Read(&ev)) {
-      std::optional<std::string> stalled;
-      {
-        std::lock_guard lk(mu_);
-        if (stall_) stalled = stall_->pod_uid;
-      }
-      // A runtime stuck on a pod tells nothing about it: its events wait for the stall to clear.
-      if (stalled && ev.pod_sandbox_status().metadata().uid() == *stalled) {
-        held.push_back(std::move(ev));
-        continue;
-      }
-      bool gone = false;
-      while (!held.empty() && (!stalled || held.front().pod_sandbox_status().metadata().uid() != *stalled)) {
-        gone = gone || !writer->Write(held.front());
-        held.pop_front();
-      }
-      if (gone || !writer->Write(ev)) {  // our caller went away
-        upstream_ctx->TryCancel();
-        break;
-      }
-    }
-    return reader->Finish();
-  }
-
- private:
-  template <typename Req, typename Resp>
-  using Rpc = grpc::Status (Stub::*)(grpc::ClientContext*, const Req&, Resp*);
-
-  // The caller's deadline and cancellation carry over to the upstream call, so a caller that
-  // gives up frees the upstream call (and this thread) too.
-  template <typename Req, typename Resp>
-  grpc::Status forward(grpc::ServerContext* ctx, const Req& req, Resp* resp, Rpc<Req, Resp> rpc) {
-    auto upstream_ctx = grpc::ClientContext::FromServerContext(*ctx);
-    count_forwarded();
-    return (stub_.get()->*rpc)(upstream_ctx.get(), req, resp);
-  }
-
-  template <typename Req, typename Resp>
-  grpc::Status stall_or_forward(grpc::ServerContext* ctx, const char* method, Concern concern,
-                                const Req& req, Resp* resp, Rpc<Req, Resp> rpc) {
-    if (auto stall = stall_concerning(ctx, concern)) {
-      if (stall->mode == StallMode::kLateAnswer) {
-        auto st = forward(ctx, req, resp, rpc);
-        if (auto answer = hold(ctx, method, stall->pod_uid)) return *answer;
-        return st;
-      }
-      if (auto answer = hold(ctx, method, stall->pod_uid)) return *answer;
-    }
-    return forward(ctx, req, resp, rpc);
-  }
-
-  void count_forwarded() {
-    std::lock_guard lk(mu_);
-    ++stats_.forwarded;
-  }
-
-  // The stall (its pod and mode, as set when the call came) if the call concerns its pod.
-  std::optional<PodStall> stall_concerning(grpc::ServerContext* ctx, const Concern& c) {
-    if (c.empty()) return std::nullopt;
-    PodStall stall;
+  // The call's request has been read: hold it, look its ids up, or send it on.
+  void route(const std::shared_ptr<ProxiedCall>& c) {
+    std::optional<PodStall> stall;
     std::vector<std::string> unknown;
+    Next next = Next::kForward;
     {
       std::lock_guard lk(mu_);
-      if (!stall_) return std::nullopt;
-      stall = *stall_;
-      if (c.pod_uid == stall.pod_uid) return stall;
-      for (const auto& id : c.ids) {
-        auto it = pod_of_.find(id);
-        if (it == pod_of_.end()) {
-          unknown.push_back(id);
-        } else if (it->second == stall.pod_uid) {
-          return stall;
+      if (shut_down_) {
+        next = Next::kRefuse;
+      } else if (c->full_list && full_list_delay_.count() > 0) {
+        // An unfiltered list waits the full-list delay before it goes upstream.
+        ++stats_.full_lists_delayed;
+        ++stats_.full_lists_in_flight;
+        c->list_delay = full_list_delay_;
+        hold_locked(c, ProxiedCall::Kind::kFullList, true, "");
+        next = reevaluate_locked(c) ? Next::kForward : Next::kHeld;
+      } else if (c->stallable && stall_) {
+        stall = stall_;
+        bool match = !c->pod_uid.empty() && c->pod_uid == stall->pod_uid;
+        for (const auto& id : c->ids) {
+          if (match) break;
+          auto it = pod_of_.find(id);
+          if (it == pod_of_.end()) {
+            unknown.push_back(id);
+          } else if (it->second == stall->pod_uid) {
+            match = true;
+          }
+        }
+        if (match) {
+          unknown.clear();
+          next = matched_locked(c, *stall);
         }
       }
     }
-    for (const auto& id : unknown) {
-      if (lookup(ctx, id) == stall.pod_uid) return stall;
-    }
-    return std::nullopt;
+    if (!unknown.empty()) return look_up_each(c, std::move(*stall), std::move(unknown), 0);
+    act(*c, next);
   }
 
-  // Maps an id the proxy has not seen to its pod through the upstream; empty when the
-  // upstream does not know it (or does not answer in time: the call is then not stalled).
-  std::string lookup(grpc::ServerContext* ctx, const std::string& id) {
-    auto deadline = std::min(ctx->deadline(), SysClock::now() + options_.lookup_timeout);
+  // Maps the call's unknown ids to pods one after another until one is the stalled pod's.
+  void look_up_each(std::shared_ptr<ProxiedCall> c, PodStall stall, std::vector<std::string> ids,
+                    size_t i) {
+    if (i == ids.size()) return forward(*c);  // not the stalled pod's (or not known in time)
+    const auto deadline = std::min(c->deadline, SysClock::now() + options_.lookup_timeout);
+    const std::string id = ids[i];
+    look_up(id, deadline,
+            [this, c, stall, ids = std::move(ids), i](const std::string& uid) mutable {
+              if (uid != stall.pod_uid)
+                return look_up_each(std::move(c), std::move(stall), std::move(ids), i + 1);
+              Next next;
+              {
+                std::lock_guard lk(mu_);
+                next = matched_locked(c, stall);  // the stall as set when the call came
+              }
+              act(*c, next);
+            });
+  }
+
+  enum class Next { kForward, kHeld, kRefuse };
+
+  // A call of the stalled pod: held before it goes upstream, or (kLateAnswer) sent on now and
+  // held before its answer.
+  Next matched_locked(const std::shared_ptr<ProxiedCall>& c, const PodStall& stall) {
+    if (shut_down_) return Next::kRefuse;
+    if (c->ended) return Next::kHeld;  // nothing to do
+    if (stall.mode == StallMode::kLateAnswer) {
+      c->late_answer = true;
+      c->held_pod = stall.pod_uid;
+      return Next::kForward;
+    }
+    hold_locked(c, ProxiedCall::Kind::kStall, true, stall.pod_uid);
+    return reevaluate_locked(c) ? Next::kForward : Next::kHeld;
+  }
+
+  void act(ProxiedCall& c, Next next) {
+    if (next == Next::kForward) {
+      forward(c);
+    } else if (next == Next::kRefuse) {
+      c.gate.answer(grpc::Status(grpc::StatusCode::UNAVAILABLE, "CRI proxy shutting down"));
+    }
+  }
+
+  // A call of the stalled pod whose answer is held (kLateAnswer).
+  void hold_answer(const std::shared_ptr<ProxiedCall>& c, Gate gate) {
+    Next next = Next::kHeld;
     {
       std::lock_guard lk(mu_);
-      ++stats_.lookups;
-    }
-    {
-      grpc::ClientContext c;
-      c.set_deadline(deadline);
-      v1::ListContainersRequest req;
-      req.mutable_filter()->set_id(id);
-      v1::ListContainersResponse resp;
-      if (auto st = stub_->ListContainers(&c, req, &resp); !st.ok()) {
-        spdlog::debug("CRI proxy: looking up container {}: {}", id, st.error_message());
-      } else if (resp.containers_size() > 0) {
-        const auto& ctr = resp.containers(0);
-        std::string uid = label_or_empty(ctr.labels());
-        if (uid.empty() && !ctr.pod_sandbox_id().empty() && ctr.pod_sandbox_id() != id) {
-          uid = cached(ctr.pod_sandbox_id());
-          if (uid.empty()) uid = lookup(ctx, ctr.pod_sandbox_id());
-        }
-        learn(id, uid);
-        return uid;
+      c->gate = std::move(gate);
+      if (shut_down_) {
+        next = Next::kRefuse;
+      } else {
+        hold_locked(c, ProxiedCall::Kind::kStall, false, c->held_pod);
+        if (reevaluate_locked(c)) next = Next::kForward;
       }
     }
-    grpc::ClientContext c;
-    c.set_deadline(deadline);
-    v1::ListPodSandboxRequest req;
-    req.mutable_filter()->set_id(id);
-    v1::ListPodSandboxResponse resp;
-    if (auto st = stub_->ListPodSandbox(&c, req, &resp); !st.ok()) {
-      spdlog::debug("CRI proxy: looking up sandbox {}: {}", id, st.error_message());
-      return "";
+    if (next == Next::kForward) {
+      c->gate.open();  // its answer; it was counted when it went upstream
+    } else {
+      act(*c, next);
     }
-    for (const auto& s : resp.items()) {
-      if (s.id() == id) {
-        learn(id, s.metadata().uid());
-        return s.metadata().uid();
-      }
-    }
-    return "";
   }
 
-  std::string cached(const std::string& id) {
+  // The call ended (answered, or its caller gave up): a hold it still has is given up.
+  void ended(ProxiedCall& c) {
     std::lock_guard lk(mu_);
-    auto it = pod_of_.find(id);
-    return it == pod_of_.end() ? std::string() : it->second;
+    c.ended = true;
+    if (c.held != ProxiedCall::Kind::kNone) unhold_locked(c, c.held == ProxiedCall::Kind::kStall);
   }
 
   void learn(const std::string& id, const std::string& uid) {
@@ -383,103 +275,337 @@ class CriProxy::Impl final : public v1::RuntimeService::Service {
     if (pod_of_.size() >= kMaxCachedIds) pod_of_.clear();
     pod_of_[id] = uid;
   }
-
+  std::string cached(const std::string& id) {
+    std::lock_guard lk(mu_);
+    auto it = pod_of_.find(id);
+    return it == pod_of_.end() ? std::string() : it->second;
+  }
   void learn_container(const v1::Container& ctr) {
     std::string uid = label_or_empty(ctr.labels());
     if (uid.empty()) uid = cached(ctr.pod_sandbox_id());
     learn(ctr.id(), uid);
   }
 
-  // An unfiltered list waits the full-list delay (if any) before it goes upstream. Returns the
-  // answer to give instead when the caller's deadline passes or it cancels meanwhile.
-  std::optional<grpc::Status> slow_full_list(grpc::ServerContext* ctx, const char* method) {
-    std::unique_lock lk(mu_);
-    if (full_list_delay_.count() <= 0) return std::nullopt;
-    ++stats_.full_lists_delayed;
-    ++stats_.full_lists_in_flight;
-    const auto until = SteadyClock::now() + full_list_delay_;
-    std::optional<grpc::Status> answer;
-    while (!answer && SteadyClock::now() < until) {
-      if (shut_down_)
-        answer = grpc::Status(grpc::StatusCode::UNAVAILABLE, "CRI proxy shutting down");
-      else if (ctx->deadline() <= SysClock::now())
-        answer = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                              std::string(method) + " slowed by the CRI proxy past the deadline");
-      else if (ctx->IsCancelled())
-        answer = grpc::Status(grpc::StatusCode::CANCELLED, "caller cancelled a slow list");
-      else
-        cv_.wait_until(lk, std::min(until, SteadyClock::now() + kHoldPoll));
-    }
-    --stats_.full_lists_in_flight;
-    return answer;
-  }
-
- public:
-  void set_full_list_delay(std::chrono::milliseconds delay) {
+  void count_forwarded() {
     std::lock_guard lk(mu_);
-    full_list_delay_ = delay;
+    ++stats_.forwarded;
   }
 
  private:
-  // Holds a call of the stalled pod (or, kLateAnswer, its answer). Returns the answer to give
-  // instead, or nothing when the call goes on (delay over, stall cleared or moved).
-  std::optional<grpc::Status> hold(grpc::ServerContext* ctx, const char* method,
-                                   const std::string& uid) {
-    const auto start = SteadyClock::now();
-    std::optional<grpc::Status> answer;
-    std::unique_lock lk(mu_);
-    ++stats_.stalled;
-    ++stats_.stalled_in_flight;
-    spdlog::debug("CRI proxy: holding {} of pod {}", method, uid);
-    while (true) {
-      if (shut_down_) {
-        answer = grpc::Status(grpc::StatusCode::UNAVAILABLE, "CRI proxy shutting down");
-        break;
-      }
-      if (!stall_ || stall_->pod_uid != uid) break;
-      // A passed deadline also shows as a cancelled call: look at the deadline first.
-      if (ctx->deadline() <= SysClock::now()) {
-        answer = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                              std::string(method) + " of pod " + uid + " stalled by the CRI proxy");
-        break;
-      }
-      if (ctx->IsCancelled()) {
-        answer = grpc::Status(grpc::StatusCode::CANCELLED, "caller cancelled a stalled call");
-        break;
-      }
-      const auto now = SteadyClock::now();
-      auto wake = now + kHoldPoll;
-      if (stall_->mode != StallMode::kHang) {
-        const auto until = start + stall_->delay;
-        if (now >= until) break;
-        wake = std::min(wake, until);
-      }
-      cv_.wait_until(lk, wake);
+  void forward(ProxiedCall& c) {
+    count_forwarded();
+    c.gate.open();
+  }
+
+  void hold_locked(const std::shared_ptr<ProxiedCall>& c, ProxiedCall::Kind kind, bool forward_gate,
+                   const std::string& pod) {
+    if (kind == ProxiedCall::Kind::kStall) {
+      ++stats_.stalled;
+      ++stats_.stalled_in_flight;
+      spdlog::debug("CRI proxy: holding {} of pod {}", c->method, pod);
     }
-    --stats_.stalled_in_flight;
-    if (answer) ++stats_.gave_up;
-    spdlog::debug("CRI proxy: released {} of pod {} after {} ms ({})", method, uid,
-                  std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() - start)
-                      .count(),
-                  answer ? answer->error_message() : "forwarded");
-    return answer;
+    c->held = kind;
+    c->forward_gate = forward_gate;
+    c->held_pod = pod;
+    c->held_since = SteadyClock::now();
+    held_.insert(c);
+  }
+
+  void unhold_locked(ProxiedCall& c, bool gave_up) {
+    if (c.held == ProxiedCall::Kind::kStall) {
+      --stats_.stalled_in_flight;
+      if (gave_up) ++stats_.gave_up;
+      spdlog::debug(
+          "CRI proxy: released {} of pod {} after {} ms ({})", c.method, c.held_pod,
+          std::chrono::duration_cast<std::chrono::milliseconds>(SteadyClock::now() - c.held_since)
+              .count(),
+          gave_up ? "given up" : "forwarded");
+    } else if (c.held == ProxiedCall::Kind::kFullList) {
+      --stats_.full_lists_in_flight;
+    }
+    c.held = ProxiedCall::Kind::kNone;
+    if (c.timer != 0) timer_.cancel(c.timer);
+    c.timer = 0;
+    for (auto it = held_.begin(); it != held_.end(); ++it) {
+      if (it->get() == &c) {
+        held_.erase(it);
+        break;
+      }
+    }
+  }
+
+  // A held call under the stall as it is now: true when it goes on (and is no longer held);
+  // else its timer is set for when its delay is over (none: it hangs).
+  bool reevaluate_locked(const std::shared_ptr<ProxiedCall>& c) {
+    if (c->held == ProxiedCall::Kind::kNone || shut_down_ || c->ended) return false;
+    if (c->timer != 0) timer_.cancel(c->timer);
+    c->timer = 0;
+    std::optional<SteadyClock::time_point> until;
+    bool go = false;
+    if (c->held == ProxiedCall::Kind::kFullList) {
+      until = c->held_since + c->list_delay;
+    } else if (!stall_ || stall_->pod_uid != c->held_pod) {
+      go = true;
+    } else if (stall_->mode != StallMode::kHang) {
+      until = c->held_since + stall_->delay;
+    }
+    if (until && SteadyClock::now() >= *until) go = true;
+    if (go) {
+      unhold_locked(*c, false);
+    } else if (until) {
+      c->timer = timer_.at(*until, [this, c] {
+        bool go = false;
+        {
+          std::lock_guard lk(mu_);
+          go = reevaluate_locked(c);
+        }
+        if (go) release(*c);
+      });
+    }
+    return go;
+  }
+
+  void release(ProxiedCall& c) {
+    if (c.forward_gate) {
+      forward(c);
+    } else {
+      c.gate.open();
+    }
+  }
+
+  // The pod of a container or sandbox id, from the upstream; empty when it does not know it (or
+  // does not answer in time: the call is then not stalled). Asynchronous: `done` runs on a gRPC
+  // thread.
+  void look_up(const std::string& id, SysClock::time_point deadline,
+               std::function<void(const std::string&)> done) {
+    struct Op {
+      grpc::ClientContext ctx;
+      v1::ListContainersRequest containers_req;
+      v1::ListContainersResponse containers;
+      v1::ListPodSandboxRequest sandboxes_req;
+      v1::ListPodSandboxResponse sandboxes;
+    };
+    auto op = std::make_shared<Op>();
+    op->ctx.set_deadline(deadline);
+    op->containers_req.mutable_filter()->set_id(id);
+    begin_lookup(&op->ctx);
+    stub_->async()->ListContainers(
+        &op->ctx, &op->containers_req, &op->containers,
+        [this, op, id, deadline, done = std::move(done)](grpc::Status st) mutable {
+          if (!st.ok()) {
+            spdlog::debug("CRI proxy: looking up container {}: {}", id, st.error_message());
+          } else if (op->containers.containers_size() > 0) {
+            const auto& ctr = op->containers.containers(0);
+            std::string uid = label_or_empty(ctr.labels());
+            const std::string sandbox = ctr.pod_sandbox_id();
+            if (uid.empty() && !sandbox.empty() && sandbox != id) uid = cached(sandbox);
+            if (uid.empty() && !sandbox.empty() && sandbox != id) {
+              look_up(sandbox, deadline, [this, id, done = std::move(done)](const std::string& u) {
+                learn(id, u);
+                done(u);
+              });
+            } else {
+              learn(id, uid);
+              done(uid);
+            }
+            end_lookup(&op->ctx);
+            return;
+          }
+          auto sb = std::make_shared<Op>();
+          sb->ctx.set_deadline(deadline);
+          sb->sandboxes_req.mutable_filter()->set_id(id);
+          begin_lookup(&sb->ctx);
+          end_lookup(&op->ctx);
+          stub_->async()->ListPodSandbox(&sb->ctx, &sb->sandboxes_req, &sb->sandboxes,
+                                         [this, sb, id, done = std::move(done)](grpc::Status st) {
+                                           std::string uid;
+                                           if (!st.ok()) {
+                                             spdlog::debug("CRI proxy: looking up sandbox {}: {}",
+                                                           id, st.error_message());
+                                           }
+                                           for (const auto& s : sb->sandboxes.items()) {
+                                             if (st.ok() && s.id() == id) uid = s.metadata().uid();
+                                           }
+                                           learn(id, uid);
+                                           done(uid);
+                                           end_lookup(&sb->ctx);
+                                         });
+        });
+  }
+  void begin_lookup(grpc::ClientContext* ctx) {
+    std::lock_guard lk(mu_);
+    ++stats_.lookups;
+    lookups_.insert(ctx);
+    if (shut_down_) ctx->TryCancel();
+  }
+  void end_lookup(grpc::ClientContext* ctx) {
+    std::lock_guard lk(mu_);
+    lookups_.erase(ctx);
+    if (lookups_.empty()) lookups_done_.notify_all();
   }
 
   const CriProxyOptions options_;
   const std::string listen_target_;
   const std::string upstream_target_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<Stub> stub_;
-  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<v1::RuntimeService::Stub> stub_;
 
   mutable std::mutex mu_;
-  std::condition_variable cv_;
   std::optional<PodStall> stall_;
   std::chrono::milliseconds full_list_delay_{0};
   bool shut_down_ = false;
   std::unordered_map<std::string, std::string> pod_of_;  // sandbox/container id -> pod uid
+  std::set<std::shared_ptr<ProxiedCall>> held_;
+  std::set<grpc::ClientContext*> lookups_;  // id lookups in flight
+  std::condition_variable lookups_done_;
   CriProxyStats stats_;
+  criforward::Timer
+      timer_;  // after what its callbacks use; before the forwarder, which stops first
+  std::unique_ptr<criforward::Forwarder> forwarder_;
 };
+
+namespace {
+
+// A RuntimeService call: what it names, read from its request, routed through the stall; the
+// ids its answer tells, learned.
+class RuntimeCallHooks final : public criforward::CallHooks {
+ public:
+  RuntimeCallHooks(CriProxy::Impl* proxy, std::shared_ptr<ProxiedCall> call)
+      : proxy_(proxy), call_(std::move(call)) {}
+
+  void before_forward(grpc::ByteBuffer& request, Gate gate) override {
+    read_request(request);
+    call_->gate = std::move(gate);
+    proxy_->route(call_);
+  }
+  void before_answer(Gate gate) override {
+    if (call_->late_answer) {
+      proxy_->hold_answer(call_, std::move(gate));
+    } else {
+      gate.open();
+    }
+  }
+  void on_response(grpc::ByteBuffer& message, std::vector<grpc::ByteBuffer>& out) override {
+    learn_from(message);
+    out.push_back(std::move(message));
+  }
+  void on_done(const grpc::Status&) override { proxy_->ended(*call_); }
+
+ private:
+  void read_request(const grpc::ByteBuffer& b) {
+    ProxiedCall& c = *call_;
+    const auto& m = c.method;
+    if (m == "StopPodSandbox" || m == "RemovePodSandbox" || m == "PodSandboxStatus") {
+      v1::PodSandboxStatusRequest r;  // field 1, the sandbox id, in all three
+      if (parse(r, b)) c.ids.push_back(r.pod_sandbox_id());
+      c.stallable = true;
+    } else if (m == "StopContainer" || m == "RemoveContainer" || m == "ContainerStatus") {
+      v1::ContainerStatusRequest r;  // field 1, the container id, in all three
+      if (parse(r, b)) c.ids.push_back(r.container_id());
+      c.stallable = true;
+    } else if (m == "ListPodSandbox") {
+      v1::ListPodSandboxRequest r;
+      if (!parse(r, b)) return;
+      if (!r.filter().id().empty()) c.ids.push_back(r.filter().id());
+      c.pod_uid = label_or_empty(r.filter().label_selector());
+      c.stallable = true;
+      c.full_list = c.ids.empty() && c.pod_uid.empty();
+    } else if (m == "ListContainers") {
+      v1::ListContainersRequest r;
+      if (!parse(r, b)) return;
+      if (!r.filter().id().empty()) c.ids.push_back(r.filter().id());
+      if (!r.filter().pod_sandbox_id().empty()) c.ids.push_back(r.filter().pod_sandbox_id());
+      c.pod_uid = label_or_empty(r.filter().label_selector());
+      c.stallable = true;
+      c.full_list = c.ids.empty() && c.pod_uid.empty();
+    } else if (m == "RunPodSandbox") {
+      v1::RunPodSandboxRequest r;
+      if (parse(r, b)) c.learn_uid = r.config().metadata().uid();
+    } else if (m == "CreateContainer") {
+      v1::CreateContainerRequest r;
+      if (!parse(r, b)) return;
+      c.learn_uid = label_or_empty(r.config().labels());
+      if (c.learn_uid.empty()) c.learn_uid = r.sandbox_config().metadata().uid();
+    }
+  }
+
+  void learn_from(const grpc::ByteBuffer& b) {
+    const auto& m = call_->method;
+    if (m == "RunPodSandbox") {
+      v1::RunPodSandboxResponse r;
+      if (parse(r, b)) proxy_->learn(r.pod_sandbox_id(), call_->learn_uid);
+    } else if (m == "CreateContainer") {
+      v1::CreateContainerResponse r;
+      if (parse(r, b)) proxy_->learn(r.container_id(), call_->learn_uid);
+    } else if (m == "PodSandboxStatus") {
+      v1::PodSandboxStatusResponse r;
+      if (parse(r, b)) proxy_->learn(r.status().id(), r.status().metadata().uid());
+    } else if (m == "ContainerStatus") {
+      v1::ContainerStatusResponse r;
+      if (parse(r, b)) proxy_->learn(r.status().id(), label_or_empty(r.status().labels()));
+    } else if (m == "ListPodSandbox") {
+      v1::ListPodSandboxResponse r;
+      if (!parse(r, b)) return;
+      for (const auto& s : r.items()) proxy_->learn(s.id(), s.metadata().uid());
+    } else if (m == "ListContainers") {
+      v1::ListContainersResponse r;
+      if (!parse(r, b)) return;
+      for (const auto& ctr : r.containers()) proxy_->learn_container(ctr);
+    }
+  }
+
+  CriProxy::Impl* proxy_;
+  std::shared_ptr<ProxiedCall> call_;
+};
+
+// GetContainerEvents: a runtime stuck on a pod tells nothing about it, so the stalled pod's
+// events wait, in order, and go out with the stream's first event after the stall is cleared
+// (or moved to another pod).
+class EventHooks final : public criforward::CallHooks {
+ public:
+  explicit EventHooks(CriProxy::Impl* proxy) : proxy_(proxy) {}
+  void before_forward(grpc::ByteBuffer&, Gate gate) override {
+    proxy_->count_forwarded();
+    gate.open();
+  }
+  void on_response(grpc::ByteBuffer& message, std::vector<grpc::ByteBuffer>& out) override {
+    const auto stalled = proxy_->stalled_pod();
+    if (!stalled && held_.empty()) {
+      out.push_back(std::move(message));
+      return;
+    }
+    v1::ContainerEventResponse ev;
+    parse(ev, message);
+    std::string uid = ev.pod_sandbox_status().metadata().uid();
+    if (stalled && uid == *stalled) {
+      held_.emplace_back(std::move(uid), std::move(message));
+      return;
+    }
+    while (!held_.empty() && (!stalled || held_.front().first != *stalled)) {
+      out.push_back(std::move(held_.front().second));
+      held_.pop_front();
+    }
+    out.push_back(std::move(message));
+  }
+
+ private:
+  CriProxy::Impl* proxy_;
+  std::deque<std::pair<std::string, grpc::ByteBuffer>> held_;  // the stalled pod's, in order
+};
+
+}  // namespace
+
+std::unique_ptr<criforward::CallHooks> CriProxy::Impl::call_hooks(
+    const grpc::GenericCallbackServerContext& ctx) {
+  std::string_view method = ctx.method();
+  if (method == "/runtime.v1.RuntimeService/GetContainerEvents") {
+    return std::make_unique<EventHooks>(this);
+  }
+  auto call = std::make_shared<ProxiedCall>();
+  if (method.starts_with(kRuntimeService)) method.remove_prefix(kRuntimeService.size());
+  call->method = std::string(method);
+  call->deadline = ctx.deadline();
+  return std::make_unique<RuntimeCallHooks>(this, std::move(call));
+}
 
 Result<std::unique_ptr<CriProxy>> CriProxy::start(CriProxyOptions options) {
   auto listen = grpc_target_for_endpoint(options.listen_endpoint);
@@ -510,8 +636,7 @@ Result<std::string> CriProxy::upstream_version(std::chrono::milliseconds timeout
 
 void CriProxy::set_stalled_pod(PodStall stall) {
   spdlog::info("CRI proxy: stalling pod {} ({})", stall.pod_uid,
-               stall.mode == StallMode::kHang
-                   ? std::string("hang until the caller's deadline")
+               stall.mode == StallMode::kHang ? std::string("hang until the caller's deadline")
                : stall.mode == StallMode::kDelay
                    ? std::to_string(stall.delay.count()) + " ms delay"
                    : "answers held " + std::to_string(stall.delay.count()) + " ms");

@@ -28,9 +28,10 @@
 // answer held for a fixed delay (a runtime whose answers are late: the state it reports is
 // already old when the caller reads it), or hangs until the caller's deadline passes or it
 // cancels (answered DEADLINE_EXCEEDED / CANCELLED, as a hung runtime
-// would be seen by the caller). Either way the server thread is released when the caller gives
-// up, and clearing the stall releases held calls at once (they are forwarded: the call was
-// slow, not failed). The server runs enough threads that held calls never delay other pods.
+// would be seen by the caller). Either way the call ends as soon as the caller gives up, and
+// clearing the stall releases held calls at once (they are forwarded: the call was slow, not
+// failed). A held call holds no thread (criforward's gates, one timer thread for the delays, id
+// lookups made asynchronously), so held calls never delay other pods.
 #pragma once
 
 #include <chrono>
@@ -62,8 +63,8 @@ struct CriProxyOptions {
   std::string listen_endpoint;
   // The real runtime's CRI endpoint, same spellings.
   std::string upstream_endpoint;
-  // Upper bound on server threads (each held call occupies one). Calls beyond it are answered
-  // RESOURCE_EXHAUSTED by gRPC, so it must exceed the calls that can be held at once.
+  // At least 4. No longer a bound on held calls: they hold no thread (kept for the CLI's
+  // --max-threads).
   int max_threads = 256;
   // Deadline of the proxy's own id -> pod lookups upstream (shortened to the caller's deadline).
   std::chrono::milliseconds lookup_timeout{2000};

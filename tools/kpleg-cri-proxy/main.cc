@@ -114,7 +114,7 @@ int main(int argc, char** argv) {
   app.add_option("--upstream-timeout", upstream_timeout,
                  "How long to wait for the upstream to answer at start")
       ->capture_default_str();
-  app.add_option("--max-threads", opts.max_threads, "Server threads (each held call takes one)")
+  app.add_option("--max-threads", opts.max_threads, "Accepted for compatibility: held calls take no thread")
       ->check(CLI::Range(4, 100000))
       ->capture_default_str();
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error|off")->capture_default_str();

@@ -1,99 +1,54 @@
 #include "criendpoint/cri_endpoint.h"
 
-#include <grpcpp/generic/async_generic_service.h>
-#include <grpcpp/generic/generic_stub.h>
-#include <grpcpp/grpcpp.h>
 #include <spdlog/spdlog.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
-#include <climits>
 #include <deque>
 #include <mutex>
 #include <set>
 
 #include "cri/endpoint.h"
 #include "criendpoint/container_event_feed.h"
+#include "criforward/forwarder.h"
 #include "criendpoint/request_subject.h"
 
 namespace kpleg::criendpoint {
-namespace {
 
-// How long stop() lets forwarded calls finish before gRPC cancels them.
-constexpr auto kShutdownGrace = std::chrono::seconds(1);
-
-std::string flatten(const grpc::ByteBuffer& buffer) {
-  std::vector<grpc::Slice> slices;
-  std::string out;
-  if (!buffer.Dump(&slices).ok()) return out;
-  out.reserve(buffer.Length());
-  for (const auto& s : slices) out.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  return out;
-}
-
-// Request metadata that belongs to the hop, not to the call: never copied upstream.
-bool hop_header(std::string_view key) {
-  return key.empty() || key.front() == ':' || key.starts_with("grpc-") || key == "user-agent" ||
-         key == "content-type" || key == "te" || key == "authority";
-}
-
-}  // namespace
-
-class CriEndpoint::Impl final : public grpc::CallbackGenericService {
+class CriEndpoint::Impl final : public criforward::Hooks {
  public:
   Impl(CriEndpointOptions options, std::string listen_target, std::string upstream_target,
        ContainerEventFeed* feed)
       : options_(std::move(options)),
         listen_target_(std::move(listen_target)),
         upstream_target_(std::move(upstream_target)),
-        feed_(feed) {
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(options_.max_message_bytes);
-    args.SetMaxSendMessageSize(options_.max_message_bytes);
-    args.SetInt(GRPC_ARG_CLIENT_IDLE_TIMEOUT_MS, INT_MAX);
-    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, INT_MAX);
-    args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-    // A connection of its own: the kubelet's calls never queue behind kplegd's.
-    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    channel_ = grpc::CreateCustomChannel(upstream_target_, grpc::InsecureChannelCredentials(), args);
-    stub_ = std::make_unique<grpc::GenericStub>(channel_);
-  }
+        feed_(feed) {}
 
   Status serve() {
-    const std::string path = cri::socket_path_of(listen_target_);
-    if (auto st = cri::prepare_listen_socket(path, "CRI endpoint"); !st) return st;
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort(listen_target_, grpc::InsecureServerCredentials());
-    builder.RegisterCallbackGenericService(this);
-    builder.SetMaxReceiveMessageSize(options_.max_message_bytes);
-    builder.SetMaxSendMessageSize(options_.max_message_bytes);
-    server_ = builder.BuildAndStart();
-    if (!server_) {
-      return Error{EADDRNOTAVAIL, "CRI endpoint: cannot listen on " + listen_target_ +
-                                      " (is the directory there and writable?)"};
-    }
-    // As powerful as the runtime socket it fronts: owner only.
-    if (chmod(path.c_str(), 0600) != 0) {
-      auto err = Error::from_errno(errno, "CRI endpoint: chmod " + path);
-      stop();
-      return err;
-    }
+    criforward::ForwarderOptions fo;
+    fo.who = "CRI endpoint";
+    fo.listen_target = listen_target_;
+    fo.upstream_target = upstream_target_;
+    fo.max_message_bytes = options_.max_message_bytes;
+    fo.dedicated_connection = true;  // the kubelet's calls never queue behind kplegd's
+    auto fwd = criforward::Forwarder::start(std::move(fo), this);
+    if (!fwd) return fwd.error();
+    forwarder_ = std::move(*fwd);
     spdlog::info("CRI endpoint: listening on {}, forwarding to {}; GetContainerEvents {}",
                  listen_target_, upstream_target_,
                  options_.serve_container_events ? "answered by kplegd" : "forwarded");
     return {};
   }
 
-  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext* ctx) override;
+  grpc::ServerGenericBidiReactor* serve_locally(grpc::GenericCallbackServerContext& ctx) override;
+  std::unique_ptr<criforward::CallHooks> call_hooks(
+      const grpc::GenericCallbackServerContext& ctx) override;
 
   void stop();
 
-  void record(const std::string& method, int code) {
+  void record(std::string_view method, int code) {
     std::lock_guard lk(mu_);
-    ++calls_[{method, code}];
+    ++calls_[{std::string(method), code}];
   }
 
-  grpc::GenericStub& stub() { return *stub_; }
   const CriEndpointOptions& options() const { return options_; }
   ContainerEventFeed* feed() { return feed_; }
   const std::string& endpoint() const { return listen_target_; }
@@ -125,9 +80,7 @@ class CriEndpoint::Impl final : public grpc::CallbackGenericService {
   std::string listen_target_;
   std::string upstream_target_;
   ContainerEventFeed* feed_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<grpc::GenericStub> stub_;
-  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<criforward::Forwarder> forwarder_;
   mutable std::mutex mu_;
   bool stopped_ = false;
   std::map<std::pair<std::string, int>, uint64_t> calls_;
@@ -138,95 +91,32 @@ class CriEndpoint::Impl final : public grpc::CallbackGenericService {
 
 namespace {
 
-// One forwarded call: the caller's stream and the upstream one, joined. Messages flow in two
-// chains, each one operation at a time: caller read -> upstream write -> caller read ..., and
-// upstream read -> caller write -> upstream read .... The upstream call holds two holds, one
-// per chain, released when its chain ends, so the upstream's OnDone comes only once neither
-// chain can start anything more; it finishes the caller's call with the upstream's status, and
-// the caller's OnDone (always after that) deletes the pair.
-class ForwardedCall final : public grpc::ServerGenericBidiReactor {
+// A forwarded call in the stuck-call watchdog from its request on, and counted by its status.
+class WatchedCall final : public criforward::CallHooks {
  public:
-  ForwardedCall(CriEndpoint::Impl* ep, grpc::GenericCallbackServerContext* ctx)
-      : ep_(ep), method_(ctx->method()), upstream_(this) {
-    upstream_ctx_.set_deadline(ctx->deadline());
-    for (const auto& [k, v] : ctx->client_metadata()) {
-      std::string_view key(k.data(), k.size());
-      if (hop_header(key)) continue;
-      upstream_ctx_.AddMetadata(std::string(key), std::string(v.data(), v.size()));
-    }
-    ep_->stub().PrepareBidiStreamingCall(&upstream_ctx_, method_, grpc::StubOptions(), &upstream_);
-    upstream_.AddMultipleHolds(2);  // the write chain and the read chain
-    upstream_.StartRead(&response_);
-    upstream_.StartCall();
-    StartRead(&request_);
+  WatchedCall(CriEndpoint::Impl* ep, std::string method) : ep_(ep), method_(std::move(method)) {}
+  void before_forward(grpc::ByteBuffer& request, criforward::Gate gate) override {
+    ticket_ = ep_->options().inflight->begin(short_method(method_), cri::CallOrigin::kEndpoint,
+                                             request_subject(method_, criforward::flatten(request)));
+    gate.open();
   }
-
-  // Caller's message (or its half-close).
-  void OnReadDone(bool ok) override {
-    if (!ok) {
-      upstream_.StartWritesDone();
-      upstream_.RemoveHold();  // write chain ends
-      return;
-    }
-    if (!ticket_started_) {
-      ticket_started_ = true;
-      ticket_ = ep_->options().inflight->begin(short_method(method_), cri::CallOrigin::kEndpoint,
-                                               request_subject(method_, flatten(request_)));
-    }
-    upstream_.StartWrite(&request_);
+  void on_done(const grpc::Status& status) override {
+    ticket_.end();
+    ep_->record(short_method(method_), status.error_code());
   }
-  void OnWriteDone(bool ok) override {
-    if (ok) {
-      upstream_.StartRead(&response_);
-      return;
-    }
-    upstream_ctx_.TryCancel();  // the caller is gone
-    upstream_.RemoveHold();     // read chain ends
-  }
-  void OnCancel() override { upstream_ctx_.TryCancel(); }
-  void OnDone() override { delete this; }
 
  private:
-  class Upstream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
-   public:
-    explicit Upstream(ForwardedCall* call) : call_(call) {}
-    void OnReadDone(bool ok) override {
-      if (ok) {
-        call_->StartWrite(&call_->response_);
-      } else {
-        RemoveHold();  // read chain ends: the upstream sent all it will
-      }
-    }
-    void OnWriteDone(bool ok) override {
-      if (ok) {
-        call_->StartRead(&call_->request_);
-      } else {
-        RemoveHold();  // write chain ends: the upstream takes no more
-      }
-    }
-    void OnDone(const grpc::Status& status) override { call_->upstream_done(status); }
-
-   private:
-    ForwardedCall* call_;
-  };
-
-  void upstream_done(const grpc::Status& status) {
-    ticket_.end();
-    ep_->record(std::string(short_method(method_)), status.error_code());
-    Finish(status);  // last: the caller's OnDone may delete this at once
-  }
-
   CriEndpoint::Impl* ep_;
   std::string method_;
-  grpc::ClientContext upstream_ctx_;
-  Upstream upstream_;
-  grpc::ByteBuffer request_;
-  grpc::ByteBuffer response_;
-  bool ticket_started_ = false;
   cri::InflightCalls::Ticket ticket_;
 };
 
 }  // namespace
+
+std::unique_ptr<criforward::CallHooks> CriEndpoint::Impl::call_hooks(
+    const grpc::GenericCallbackServerContext& ctx) {
+  return std::make_unique<WatchedCall>(this, ctx.method());
+}
 
 // The state of one GetContainerEvents stream, shared by its reactor and the feed: it outlives
 // the reactor, so a delivery racing the stream's end finds it closed instead of a dangling
@@ -350,23 +240,23 @@ class EventStream final : public grpc::ServerGenericBidiReactor {
 
 }  // namespace
 
-grpc::ServerGenericBidiReactor* CriEndpoint::Impl::CreateReactor(
-    grpc::GenericCallbackServerContext* ctx) {
-  if (options_.serve_container_events && feed_ != nullptr && ctx->method() == kGetContainerEventsPath) {
-    {
-      std::lock_guard lk(mu_);
-      if (stopped_) {
-        class Refuse : public grpc::ServerGenericBidiReactor {
-         public:
-          Refuse() { Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "kplegd is stopping")); }
-          void OnDone() override { delete this; }
-        };
-        return new Refuse;
-      }
-    }
-    return new EventStream(this);
+grpc::ServerGenericBidiReactor* CriEndpoint::Impl::serve_locally(
+    grpc::GenericCallbackServerContext& ctx) {
+  if (!options_.serve_container_events || feed_ == nullptr || ctx.method() != kGetContainerEventsPath) {
+    return nullptr;
   }
-  return new ForwardedCall(this, ctx);
+  {
+    std::lock_guard lk(mu_);
+    if (stopped_) {
+      class Refuse : public grpc::ServerGenericBidiReactor {
+       public:
+        Refuse() { Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, "kplegd is stopping")); }
+        void OnDone() override { delete this; }
+      };
+      return new Refuse;
+    }
+  }
+  return new EventStream(this);
 }
 
 void CriEndpoint::Impl::stop() {
@@ -378,11 +268,7 @@ void CriEndpoint::Impl::stop() {
     streams = streams_;
   }
   for (const auto& m : streams) m->end(grpc::Status::OK);
-  if (server_) {
-    server_->Shutdown(std::chrono::system_clock::now() + kShutdownGrace);
-    server_->Wait();
-  }
-  unlink(cri::socket_path_of(listen_target_).c_str());
+  if (forwarder_) forwarder_->stop();
 }
 
 Result<std::unique_ptr<CriEndpoint>> CriEndpoint::start(CriEndpointOptions options,
