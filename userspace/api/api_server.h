@@ -62,14 +62,11 @@ class ApiServer {
   const ApiServerOptions& options() const { return options_; }
 
  private:
-  Status prepare_socket_path();
-  Status secure_socket();
   void health_loop();
   // What the health listener calls: the health thread re-reads the provider.
   void request_health_refresh();
 
   ApiServerOptions options_;
-  bus::EventBus& bus_;
   HealthProvider& health_;
   std::unique_ptr<StreamSlots> streams_;
   std::unique_ptr<PodLifecycleService> service_;

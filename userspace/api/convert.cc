@@ -1,94 +1,87 @@
 #include "api/convert.h"
 
+#include <cstddef>
+#include <utility>
+
 namespace kpleg::api {
 
-v1::EventType to_proto(pleg::EventType t) {
-  switch (t) {
-    case pleg::EventType::kContainerStarted:
-      return v1::EVENT_TYPE_CONTAINER_STARTED;
-    case pleg::EventType::kContainerDied:
-      return v1::EVENT_TYPE_CONTAINER_DIED;
-    case pleg::EventType::kContainerRemoved:
-      return v1::EVENT_TYPE_CONTAINER_REMOVED;
-    case pleg::EventType::kPodSync:
-      return v1::EVENT_TYPE_POD_SYNC;
-    case pleg::EventType::kContainerChanged:
-      return v1::EVENT_TYPE_CONTAINER_CHANGED;
-    case pleg::EventType::kResync:
-      return v1::EVENT_TYPE_RESYNC;
-  }
-  return v1::EVENT_TYPE_UNSPECIFIED;
+namespace {
+
+// Each enum's pairs, written once and read both ways. A wire value without a pair (UNSPECIFIED,
+// or a newer peer's) reads as the fallback its from_proto names.
+template <typename Pleg, typename Wire>
+using Pair = std::pair<Pleg, Wire>;
+
+constexpr Pair<pleg::EventType, v1::EventType> kEventTypes[] = {
+    {pleg::EventType::kContainerStarted, v1::EVENT_TYPE_CONTAINER_STARTED},
+    {pleg::EventType::kContainerDied, v1::EVENT_TYPE_CONTAINER_DIED},
+    {pleg::EventType::kContainerRemoved, v1::EVENT_TYPE_CONTAINER_REMOVED},
+    {pleg::EventType::kPodSync, v1::EVENT_TYPE_POD_SYNC},
+    {pleg::EventType::kContainerChanged, v1::EVENT_TYPE_CONTAINER_CHANGED},
+    {pleg::EventType::kResync, v1::EVENT_TYPE_RESYNC},
+};
+constexpr Pair<pleg::EventSource, v1::EventSource> kEventSources[] = {
+    {pleg::EventSource::kKernel, v1::EVENT_SOURCE_KERNEL},
+    {pleg::EventSource::kRelist, v1::EVENT_SOURCE_RELIST},
+    {pleg::EventSource::kReconcile, v1::EVENT_SOURCE_RECONCILE},
+};
+constexpr Pair<pleg::ContainerState, v1::ContainerState> kContainerStates[] = {
+    {pleg::ContainerState::kCreated, v1::CONTAINER_STATE_CREATED},
+    {pleg::ContainerState::kRunning, v1::CONTAINER_STATE_RUNNING},
+    {pleg::ContainerState::kExited, v1::CONTAINER_STATE_EXITED},
+    {pleg::ContainerState::kUnknown, v1::CONTAINER_STATE_UNKNOWN},
+    {pleg::ContainerState::kNonExistent, v1::CONTAINER_STATE_NON_EXISTENT},
+};
+
+template <typename Pleg, typename Wire, size_t N>
+constexpr Wire wire_of(const Pair<Pleg, Wire> (&pairs)[N], Pleg value, Wire otherwise) {
+  for (const auto& [p, w] : pairs)
+    if (p == value) return w;
+  return otherwise;
 }
 
+template <typename Pleg, typename Wire, size_t N>
+constexpr Pleg pleg_of(const Pair<Pleg, Wire> (&pairs)[N], Wire value, Pleg otherwise) {
+  for (const auto& [p, w] : pairs)
+    if (w == value) return p;
+  return otherwise;
+}
+
+// One pair per kpleg value, in kpleg's order (its enums count up from 0): a value added to
+// pleg/event.h without its pair stops the build, as the switch's -Wswitch did.
+template <typename Pleg, typename Wire, size_t N>
+constexpr bool pairs_all(const Pair<Pleg, Wire> (&pairs)[N], Pleg last) {
+  if (N != static_cast<size_t>(last) + 1) return false;
+  for (size_t i = 0; i < N; ++i)
+    if (pairs[i].first != static_cast<Pleg>(i)) return false;
+  return true;
+}
+static_assert(pairs_all(kEventTypes, pleg::EventType::kResync));
+static_assert(pairs_all(kEventSources, pleg::EventSource::kReconcile));
+static_assert(pairs_all(kContainerStates, pleg::ContainerState::kNonExistent));
+
+}  // namespace
+
+v1::EventType to_proto(pleg::EventType t) {
+  return wire_of(kEventTypes, t, v1::EVENT_TYPE_UNSPECIFIED);
+}
 pleg::EventType from_proto(v1::EventType t) {
-  switch (t) {
-    case v1::EVENT_TYPE_CONTAINER_STARTED:
-      return pleg::EventType::kContainerStarted;
-    case v1::EVENT_TYPE_CONTAINER_DIED:
-      return pleg::EventType::kContainerDied;
-    case v1::EVENT_TYPE_CONTAINER_REMOVED:
-      return pleg::EventType::kContainerRemoved;
-    case v1::EVENT_TYPE_CONTAINER_CHANGED:
-      return pleg::EventType::kContainerChanged;
-    case v1::EVENT_TYPE_RESYNC:
-      return pleg::EventType::kResync;
-    default:
-      return pleg::EventType::kPodSync;  // "re-inspect the pod" is the safe reading
-  }
+  // "re-inspect the pod" is the safe reading of a type kpleg does not know.
+  return pleg_of(kEventTypes, t, pleg::EventType::kPodSync);
 }
 
 v1::EventSource to_proto(pleg::EventSource s) {
-  switch (s) {
-    case pleg::EventSource::kKernel:
-      return v1::EVENT_SOURCE_KERNEL;
-    case pleg::EventSource::kRelist:
-      return v1::EVENT_SOURCE_RELIST;
-    case pleg::EventSource::kReconcile:
-      return v1::EVENT_SOURCE_RECONCILE;
-  }
-  return v1::EVENT_SOURCE_UNSPECIFIED;
+  return wire_of(kEventSources, s, v1::EVENT_SOURCE_UNSPECIFIED);
 }
-
 pleg::EventSource from_proto(v1::EventSource s) {
-  switch (s) {
-    case v1::EVENT_SOURCE_RELIST:
-      return pleg::EventSource::kRelist;
-    case v1::EVENT_SOURCE_RECONCILE:
-      return pleg::EventSource::kReconcile;
-    default:
-      return pleg::EventSource::kKernel;
-  }
+  return pleg_of(kEventSources, s, pleg::EventSource::kKernel);
 }
 
 v1::ContainerState to_proto(pleg::ContainerState s) {
-  switch (s) {
-    case pleg::ContainerState::kCreated:
-      return v1::CONTAINER_STATE_CREATED;
-    case pleg::ContainerState::kRunning:
-      return v1::CONTAINER_STATE_RUNNING;
-    case pleg::ContainerState::kExited:
-      return v1::CONTAINER_STATE_EXITED;
-    case pleg::ContainerState::kUnknown:
-      return v1::CONTAINER_STATE_UNKNOWN;
-    case pleg::ContainerState::kNonExistent:
-      return v1::CONTAINER_STATE_NON_EXISTENT;
-  }
-  return v1::CONTAINER_STATE_UNSPECIFIED;
+  return wire_of(kContainerStates, s, v1::CONTAINER_STATE_UNSPECIFIED);
 }
-
 pleg::ContainerState from_proto(v1::ContainerState s) {
-  switch (s) {
-    case v1::CONTAINER_STATE_CREATED:
-      return pleg::ContainerState::kCreated;
-    case v1::CONTAINER_STATE_RUNNING:
-      return pleg::ContainerState::kRunning;
-    case v1::CONTAINER_STATE_EXITED:
-      return pleg::ContainerState::kExited;
-    case v1::CONTAINER_STATE_NON_EXISTENT:
-      return pleg::ContainerState::kNonExistent;
-    default:
-      return pleg::ContainerState::kUnknown;
-  }
+  return pleg_of(kContainerStates, s, pleg::ContainerState::kUnknown);
 }
 
 void to_proto(const pleg::ContainerSnapshot& in, v1::ContainerStatus* out) {

@@ -16,6 +16,7 @@ namespace kpleg::cri {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using Stub = runtime::v1::RuntimeService::Stub;
 
 ConnectionState from_grpc(grpc_connectivity_state s) {
   switch (s) {
@@ -37,6 +38,13 @@ template <typename T>
 std::vector<T> take_all(google::protobuf::RepeatedPtrField<T>* items) {
   return std::vector<T>(std::make_move_iterator(items->begin()),
                         std::make_move_iterator(items->end()));
+}
+
+// A call whose answer carries nothing the caller needs: only whether it succeeded.
+template <typename Response>
+Status status_of(const Result<Response>& r) {
+  if (!r) return r.error();
+  return {};
 }
 
 CallSubject id_subject(const std::string& id) {
@@ -229,9 +237,10 @@ Result<Response> GrpcCriClient::guarded(CriMethod method, std::chrono::milliseco
   return body(deadline);
 }
 
-template <typename Response, typename Invoke>
-Result<Response> GrpcCriClient::invoke(CriMethod method, std::chrono::milliseconds timeout,
-                                       CallSubject subject, Invoke&& rpc) {
+template <typename Request, typename Response>
+Result<Response> GrpcCriClient::invoke(CriMethod method, StubCall<Request, Response> rpc,
+                                       const Request& request, std::chrono::milliseconds timeout,
+                                       CallSubject subject) {
   return guarded<Response>(
       method, timeout, std::move(subject), [&](Clock::time_point deadline) -> Result<Response> {
         grpc::ClientContext ctx;
@@ -246,7 +255,7 @@ Result<Response> GrpcCriClient::invoke(CriMethod method, std::chrono::millisecon
           calls_.insert(&ctx);
         }
         Response response;
-        grpc::Status st = rpc(&ctx, &response);
+        grpc::Status st = (stub_.get()->*rpc)(&ctx, request, &response);
         {
           std::lock_guard lk(calls_mu_);
           calls_.erase(&ctx);
@@ -277,12 +286,12 @@ Result<Response> GrpcCriClient::invoke_h2(CriMethod method,
       });
 }
 
-template <typename Response, typename Request, typename Rpc>
-Result<Response> GrpcCriClient::read(CriMethod method, const Request& request,
-                                     std::chrono::milliseconds timeout, CallSubject subject,
-                                     Rpc&& rpc) {
+template <typename Request, typename Response>
+Result<Response> GrpcCriClient::read(CriMethod method, StubCall<Request, Response> rpc,
+                                     const Request& request, std::chrono::milliseconds timeout,
+                                     CallSubject subject) {
   if (h2_) return invoke_h2<Response>(method, request, timeout, std::move(subject));
-  return invoke<Response>(method, timeout, std::move(subject), std::forward<Rpc>(rpc));
+  return invoke(method, rpc, request, timeout, std::move(subject));
 }
 
 void GrpcCriClient::cancel_calls() {
@@ -295,17 +304,12 @@ void GrpcCriClient::cancel_calls() {
 Result<v1::VersionResponse> GrpcCriClient::version() {
   v1::VersionRequest req;
   req.set_version("v1");
-  return read<v1::VersionResponse>(
-      CriMethod::kVersion, req, options_.call_timeout, {},
-      [&](grpc::ClientContext* c, v1::VersionResponse* r) { return stub_->Version(c, req, r); });
+  return read(CriMethod::kVersion, &Stub::Version, req, options_.call_timeout, {});
 }
 
 Result<v1::RuntimeStatus> GrpcCriClient::status() {
   v1::StatusRequest req;
-  auto r = read<v1::StatusResponse>(CriMethod::kStatus, req, options_.call_timeout, {},
-                                    [&](grpc::ClientContext* c, v1::StatusResponse* resp) {
-                                      return stub_->Status(c, req, resp);
-                                    });
+  auto r = read(CriMethod::kStatus, &Stub::Status, req, options_.call_timeout, {});
   if (!r) return r.error();
   return std::move(*r->mutable_status());
 }
@@ -313,10 +317,7 @@ Result<v1::RuntimeStatus> GrpcCriClient::status() {
 Result<std::map<std::string, std::string>> GrpcCriClient::status_info() {
   v1::StatusRequest req;
   req.set_verbose(true);
-  auto r = read<v1::StatusResponse>(CriMethod::kStatus, req, options_.call_timeout, {},
-                                    [&](grpc::ClientContext* c, v1::StatusResponse* resp) {
-                                      return stub_->Status(c, req, resp);
-                                    });
+  auto r = read(CriMethod::kStatus, &Stub::Status, req, options_.call_timeout, {});
   if (!r) return r.error();
   return std::map<std::string, std::string>(r->info().begin(), r->info().end());
 }
@@ -326,12 +327,9 @@ Result<std::vector<v1::PodSandbox>> GrpcCriClient::list_pod_sandboxes(
   v1::ListPodSandboxRequest req;
   *req.mutable_filter() = filter;
   const bool full = filter.id().empty() && filter.label_selector().empty();
-  auto r = read<v1::ListPodSandboxResponse>(
-      CriMethod::kListPodSandbox, req, full ? list_timeout() : options_.call_timeout,
-      filter_subject(filter.id(), filter.label_selector()),
-      [&](grpc::ClientContext* c, v1::ListPodSandboxResponse* resp) {
-        return stub_->ListPodSandbox(c, req, resp);
-      });
+  auto r = read(CriMethod::kListPodSandbox, &Stub::ListPodSandbox, req,
+                full ? list_timeout() : options_.call_timeout,
+                filter_subject(filter.id(), filter.label_selector()));
   if (!r) return r.error();
   return take_all(r->mutable_items());
 }
@@ -339,11 +337,8 @@ Result<std::vector<v1::PodSandbox>> GrpcCriClient::list_pod_sandboxes(
 Result<v1::PodSandboxStatus> GrpcCriClient::pod_sandbox_status(const std::string& pod_sandbox_id) {
   v1::PodSandboxStatusRequest req;
   req.set_pod_sandbox_id(pod_sandbox_id);
-  auto r = read<v1::PodSandboxStatusResponse>(
-      CriMethod::kPodSandboxStatus, req, options_.call_timeout, id_subject(pod_sandbox_id),
-      [&](grpc::ClientContext* c, v1::PodSandboxStatusResponse* resp) {
-        return stub_->PodSandboxStatus(c, req, resp);
-      });
+  auto r = read(CriMethod::kPodSandboxStatus, &Stub::PodSandboxStatus, req,
+                options_.call_timeout, id_subject(pod_sandbox_id));
   if (!r) return r.error();
   return std::move(*r->mutable_status());
 }
@@ -354,13 +349,10 @@ Result<std::vector<v1::Container>> GrpcCriClient::list_containers(
   *req.mutable_filter() = filter;
   const bool full = filter.id().empty() && filter.pod_sandbox_id().empty() &&
                     filter.label_selector().empty();
-  auto r = read<v1::ListContainersResponse>(
-      CriMethod::kListContainers, req, full ? list_timeout() : options_.call_timeout,
-      filter_subject(filter.pod_sandbox_id().empty() ? filter.id() : filter.pod_sandbox_id(),
-                     filter.label_selector()),
-      [&](grpc::ClientContext* c, v1::ListContainersResponse* resp) {
-        return stub_->ListContainers(c, req, resp);
-      });
+  const std::string& id = filter.pod_sandbox_id().empty() ? filter.id() : filter.pod_sandbox_id();
+  auto r = read(CriMethod::kListContainers, &Stub::ListContainers, req,
+                full ? list_timeout() : options_.call_timeout,
+                filter_subject(id, filter.label_selector()));
   if (!r) return r.error();
   return take_all(r->mutable_containers());
 }
@@ -368,11 +360,8 @@ Result<std::vector<v1::Container>> GrpcCriClient::list_containers(
 Result<v1::ContainerStatus> GrpcCriClient::container_status(const std::string& container_id) {
   v1::ContainerStatusRequest req;
   req.set_container_id(container_id);
-  auto r = read<v1::ContainerStatusResponse>(
-      CriMethod::kContainerStatus, req, options_.call_timeout, id_subject(container_id),
-      [&](grpc::ClientContext* c, v1::ContainerStatusResponse* resp) {
-        return stub_->ContainerStatus(c, req, resp);
-      });
+  auto r = read(CriMethod::kContainerStatus, &Stub::ContainerStatus, req, options_.call_timeout,
+                id_subject(container_id));
   if (!r) return r.error();
   return std::move(*r->mutable_status());
 }
@@ -382,12 +371,9 @@ Result<std::string> GrpcCriClient::run_pod_sandbox(const v1::PodSandboxConfig& c
   v1::RunPodSandboxRequest req;
   *req.mutable_config() = config;
   req.set_runtime_handler(runtime_handler);
-  auto r = invoke<v1::RunPodSandboxResponse>(
-      CriMethod::kRunPodSandbox, options_.call_timeout,
-      CallSubject{{}, config.metadata().uid(), config.metadata().name(), config.metadata().namespace_(), {}},
-      [&](grpc::ClientContext* c, v1::RunPodSandboxResponse* resp) {
-        return stub_->RunPodSandbox(c, req, resp);
-      });
+  auto r = invoke(CriMethod::kRunPodSandbox, &Stub::RunPodSandbox, req, options_.call_timeout,
+                  CallSubject{{}, config.metadata().uid(), config.metadata().name(),
+                              config.metadata().namespace_(), {}});
   if (!r) return r.error();
   return std::move(*r->mutable_pod_sandbox_id());
 }
@@ -395,25 +381,15 @@ Result<std::string> GrpcCriClient::run_pod_sandbox(const v1::PodSandboxConfig& c
 Status GrpcCriClient::stop_pod_sandbox(const std::string& pod_sandbox_id) {
   v1::StopPodSandboxRequest req;
   req.set_pod_sandbox_id(pod_sandbox_id);
-  auto r = invoke<v1::StopPodSandboxResponse>(
-      CriMethod::kStopPodSandbox, options_.call_timeout, id_subject(pod_sandbox_id),
-      [&](grpc::ClientContext* c, v1::StopPodSandboxResponse* resp) {
-        return stub_->StopPodSandbox(c, req, resp);
-      });
-  if (!r) return r.error();
-  return {};
+  return status_of(invoke(CriMethod::kStopPodSandbox, &Stub::StopPodSandbox, req,
+                          options_.call_timeout, id_subject(pod_sandbox_id)));
 }
 
 Status GrpcCriClient::remove_pod_sandbox(const std::string& pod_sandbox_id) {
   v1::RemovePodSandboxRequest req;
   req.set_pod_sandbox_id(pod_sandbox_id);
-  auto r = invoke<v1::RemovePodSandboxResponse>(
-      CriMethod::kRemovePodSandbox, options_.call_timeout, id_subject(pod_sandbox_id),
-      [&](grpc::ClientContext* c, v1::RemovePodSandboxResponse* resp) {
-        return stub_->RemovePodSandbox(c, req, resp);
-      });
-  if (!r) return r.error();
-  return {};
+  return status_of(invoke(CriMethod::kRemovePodSandbox, &Stub::RemovePodSandbox, req,
+                          options_.call_timeout, id_subject(pod_sandbox_id)));
 }
 
 Result<std::string> GrpcCriClient::create_container(const std::string& pod_sandbox_id,
@@ -423,11 +399,8 @@ Result<std::string> GrpcCriClient::create_container(const std::string& pod_sandb
   req.set_pod_sandbox_id(pod_sandbox_id);
   *req.mutable_config() = config;
   *req.mutable_sandbox_config() = sandbox_config;
-  auto r = invoke<v1::CreateContainerResponse>(
-      CriMethod::kCreateContainer, options_.call_timeout, id_subject(pod_sandbox_id),
-      [&](grpc::ClientContext* c, v1::CreateContainerResponse* resp) {
-        return stub_->CreateContainer(c, req, resp);
-      });
+  auto r = invoke(CriMethod::kCreateContainer, &Stub::CreateContainer, req, options_.call_timeout,
+                  id_subject(pod_sandbox_id));
   if (!r) return r.error();
   return std::move(*r->mutable_container_id());
 }
@@ -435,13 +408,8 @@ Result<std::string> GrpcCriClient::create_container(const std::string& pod_sandb
 Status GrpcCriClient::start_container(const std::string& container_id) {
   v1::StartContainerRequest req;
   req.set_container_id(container_id);
-  auto r = invoke<v1::StartContainerResponse>(
-      CriMethod::kStartContainer, options_.call_timeout, id_subject(container_id),
-      [&](grpc::ClientContext* c, v1::StartContainerResponse* resp) {
-        return stub_->StartContainer(c, req, resp);
-      });
-  if (!r) return r.error();
-  return {};
+  return status_of(invoke(CriMethod::kStartContainer, &Stub::StartContainer, req,
+                          options_.call_timeout, id_subject(container_id)));
 }
 
 Status GrpcCriClient::stop_container(const std::string& container_id, int64_t grace_period_s) {
@@ -451,25 +419,15 @@ Status GrpcCriClient::stop_container(const std::string& container_id, int64_t gr
   // The runtime may legitimately take the whole grace period before it kills.
   auto timeout =
       options_.call_timeout + std::chrono::seconds(grace_period_s > 0 ? grace_period_s : 0);
-  auto r = invoke<v1::StopContainerResponse>(
-      CriMethod::kStopContainer, timeout, id_subject(container_id),
-      [&](grpc::ClientContext* c, v1::StopContainerResponse* resp) {
-        return stub_->StopContainer(c, req, resp);
-      });
-  if (!r) return r.error();
-  return {};
+  return status_of(invoke(CriMethod::kStopContainer, &Stub::StopContainer, req, timeout,
+                          id_subject(container_id)));
 }
 
 Status GrpcCriClient::remove_container(const std::string& container_id) {
   v1::RemoveContainerRequest req;
   req.set_container_id(container_id);
-  auto r = invoke<v1::RemoveContainerResponse>(
-      CriMethod::kRemoveContainer, options_.call_timeout, id_subject(container_id),
-      [&](grpc::ClientContext* c, v1::RemoveContainerResponse* resp) {
-        return stub_->RemoveContainer(c, req, resp);
-      });
-  if (!r) return r.error();
-  return {};
+  return status_of(invoke(CriMethod::kRemoveContainer, &Stub::RemoveContainer, req,
+                          options_.call_timeout, id_subject(container_id)));
 }
 
 Status GrpcCriClient::container_events(

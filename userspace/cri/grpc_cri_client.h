@@ -148,17 +148,22 @@ class GrpcCriClient final : public CriClient {
   template <typename Response, typename Body>
   Result<Response> guarded(CriMethod method, std::chrono::milliseconds timeout,
                            CallSubject subject, Body&& body);
-  template <typename Response, typename Invoke>
-  Result<Response> invoke(CriMethod method, std::chrono::milliseconds timeout,
-                          CallSubject subject, Invoke&& rpc);
+  // One of the stub's unary calls, e.g. &Stub::ListContainers.
+  template <typename Request, typename Response>
+  using StubCall = grpc::Status (runtime::v1::RuntimeService::Stub::*)(grpc::ClientContext*,
+                                                                        const Request&, Response*);
+  // A call through the stub.
+  template <typename Request, typename Response>
+  Result<Response> invoke(CriMethod method, StubCall<Request, Response> rpc, const Request& request,
+                          std::chrono::milliseconds timeout, CallSubject subject);
   // A call over h2_ (h2_unary.h).
   template <typename Response>
   Result<Response> invoke_h2(CriMethod method, const google::protobuf::MessageLite& request,
                              std::chrono::milliseconds timeout, CallSubject subject);
-  // A read-only call: over h2_ with h2_read_calls, else `rpc` through the stub.
-  template <typename Response, typename Request, typename Rpc>
-  Result<Response> read(CriMethod method, const Request& request,
-                        std::chrono::milliseconds timeout, CallSubject subject, Rpc&& rpc);
+  // A read-only call: over h2_ with h2_read_calls, else through the stub.
+  template <typename Request, typename Response>
+  Result<Response> read(CriMethod method, StubCall<Request, Response> rpc, const Request& request,
+                        std::chrono::milliseconds timeout, CallSubject subject);
 
   const std::string target_;
   const GrpcCriClientOptions options_;

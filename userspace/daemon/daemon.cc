@@ -9,26 +9,6 @@
 
 namespace kpleg::daemon {
 
-namespace {
-// The tracker's removal hints over their source's arm and disarm: the BPF program's map
-// (--removal-hints kernel) or the inotify watch of the runtime's directories (auto).
-class RemovalHintsOver : public pleg::RemovalHints {
- public:
-  RemovalHintsOver(std::function<Arm(const std::string&)> arm,
-                   std::function<void(const std::string&)> disarm)
-      : arm_(std::move(arm)), disarm_(std::move(disarm)) {}
-  Arm watch(const std::string& id) override { return arm_(id); }
-  void unwatch(const std::string& id) override { disarm_(id); }
-
- private:
-  std::function<Arm(const std::string&)> arm_;
-  std::function<void(const std::string&)> disarm_;
-};
-}  // namespace
-
-// How long health() names a loss of kernel records (the ring buffer was full).
-constexpr std::chrono::minutes kLossReasonFor{5};
-
 const char* to_string(Mode m) {
   switch (m) {
     case Mode::kAuto: return "auto";
@@ -38,7 +18,10 @@ const char* to_string(Mode m) {
   return "?";
 }
 
-Daemon::Daemon(const DaemonOptions& opts) : opts_(opts) {}
+Daemon::Daemon(const DaemonOptions& opts)
+    : opts_(opts),
+      health_policy_({opts.runtime_endpoint, opts.reconcile_period, opts.relist_period,
+                      opts.stuck_call_threshold}) {}
 
 Daemon::~Daemon() { stop(); }
 
@@ -47,14 +30,9 @@ Result<std::unique_ptr<Daemon>> Daemon::start(const DaemonOptions& opts) {
   d->start_time_ns_ = pleg::realtime_now_ns();
   Daemon* self = d.get();
   bus::EventBusOptions bo = opts.bus;
-  bo.on_publish = [self](const pleg::PodLifecycleEvent& ev) {
-    self->metrics_.observe_published(ev);
-    if (ev.correction) self->metrics_.corrections.with({pleg::to_string(ev.type)}).inc();
-  };
+  bo.on_publish = [self](const pleg::PodLifecycleEvent& ev) { self->metrics_.on_published(ev); };
   d->bus_ = std::make_unique<bus::EventBus>(bo);
   d->metrics_.mirror_bus(*d->bus_);
-  for (size_t k = 0; k < kernel::kKernelEventKinds; ++k)
-    d->kernel_events_by_kind_[k] = &d->metrics_.kernel_events.with({kernel::kKernelEventKindNames[k]});
 
   cri::GrpcCriClientOptions co;
   co.call_timeout = opts.cri_timeout;
@@ -80,26 +58,11 @@ Result<std::unique_ptr<Daemon>> Daemon::start(const DaemonOptions& opts) {
     d->runtime_name_ = v->runtime_name();
   }
 
-  d->metrics_.on_scrape([self] {
-    for (const auto& m : self->inflight_->by_method()) {
-      const std::vector<std::string> labels{m.method, cri::to_string(m.origin)};
-      self->metrics_.cri_calls_in_flight.with(labels).set(double(m.count));
-      self->metrics_.cri_call_oldest_seconds.with(labels).set(
-          std::chrono::duration<double>(m.oldest).count());
-    }
-    if (self->cri_endpoint_) {
-      auto es = self->cri_endpoint_->stats();
-      for (const auto& [key, n] : es.calls)
-        self->metrics_.cri_endpoint_calls
-            .with({key.first, std::string(cri::grpc_code_name(key.second))})
-            .set(double(n));
-      self->metrics_.cri_endpoint_event_streams.set(double(es.event_streams));
-    }
-    if (self->event_feed_) {
-      auto fs = self->event_feed_->stats();
-      self->metrics_.cri_endpoint_events.set(double(fs.sent));
-      self->metrics_.cri_endpoint_events_dropped.set(double(fs.dropped));
-    }
+  d->metrics_.mirror_at_scrape([self] {
+    return MetricsMirror::Sources{self->inflight_.get(), self->cri_endpoint_.get(),
+                                  self->event_feed_.get(), self->active_ == Mode::kEbpf,
+                                  self->tracker_.get(), self->runtime_events_.get(),
+                                  self->kernel_.get()};
   });
 
   if (opts.mode == Mode::kRelist) {
@@ -177,87 +140,28 @@ std::vector<api::InflightCallRecord> Daemon::inflight_calls(std::chrono::millise
   return out;
 }
 
-void Daemon::report_stuck_calls(api::HealthReport& r) {
-  const auto threshold = opts_.stuck_call_threshold;
-  // Degraded, not failing: kpleg's events still flow; the call is the runtime's problem (or a
-  // CNI plugin's), and naming it, before the kubelet's PLEG gives up, is the point.
-  for (const auto& c : inflight_->older_than(threshold)) r.reasons.push_back(cri::describe(c));
-  if (auto left = inflight_->until_one_reaches(threshold)) {
-    *left += std::chrono::milliseconds(1);
-    if (!r.recheck_in || *left < *r.recheck_in) r.recheck_in = *left;
-  }
-}
-
 void Daemon::start_removal_hints() {
-  std::string source;
-  bool after_removal = false;  // the hint comes once the directory is gone
-  // Hints trusted from the start: on a runtime known to remove a directory named by the id on
-  // every removal, seen where it keeps it (the kernel sees them all; containerd names its own).
-  // Directories given by --removal-hint-dir are trusted once a hinted removal is confirmed.
-  bool layout_known = true;
-  if (auto* p = kernel_->program(); p != nullptr && p->removal_hints_attached()) {
-    // Attached when the kernel options ask for it (--removal-hints kernel).
-    removal_hints_ = std::make_unique<RemovalHintsOver>(
-        [p](const std::string& id) {
-          if (!p->watch_removal(id)) return pleg::RemovalHints::Arm::kFailed;
-          // Armed, then asked: a removal in between is hinted by the program.
-          return p->take_early_removal(id) ? pleg::RemovalHints::Arm::kGone
-                                           : pleg::RemovalHints::Arm::kArmed;
-        },
-        [p](const std::string& id) { p->unwatch_removal(id); });
-    source = "the kernel's rmdir of a directory named by the id";
-  } else if (opts_.removal_hints == RemovalHintSource::kAuto) {
-    std::vector<std::string> dirs = opts_.removal_hint_dirs;
-    layout_known = dirs.empty();
-    if (dirs.empty()) {
-      auto info = cri_->status_info();
-      if (info) dirs = kernel::removal_dirs_from_status_info(*info);
-      if (dirs.empty()) {
-        spdlog::info("removal hint: {} names no per-container directory{}: exited containers "
-                     "are swept for (--removal-hint-dir names them)",
-                     runtime_name_, info ? "" : " (Status: " + info.error().message + ")");
-        return;
-      }
-    }
-    auto watch = kernel::DirRemovalWatch::start(dirs, [this](const std::string& id) {
-      kernel::KernelEvent ev;
-      ev.body = kernel::RemovalHint{id};
-      on_kernel_event(ev);
-    });
-    if (!watch) {
-      spdlog::warn("removal hint: {}: exited containers are swept for", watch.error().message);
-      return;
-    }
-    removal_dirs_ = std::move(*watch);
-    auto* w = removal_dirs_.get();
-    removal_hints_ = std::make_unique<RemovalHintsOver>(
-        [w](const std::string& id) {
-          switch (w->watch(id)) {
-            case kernel::DirRemovalWatch::Arm::kArmed: return pleg::RemovalHints::Arm::kArmed;
-            case kernel::DirRemovalWatch::Arm::kGone: return pleg::RemovalHints::Arm::kGone;
-            case kernel::DirRemovalWatch::Arm::kNotAnId: break;
-          }
-          return pleg::RemovalHints::Arm::kFailed;
-        },
-        [w](const std::string& id) { w->unwatch(id); });
-    after_removal = true;
-    source = "the removal of their directory in ";
-    for (size_t i = 0; i < dirs.size(); ++i) source += (i ? ", " : "") + dirs[i];
-  } else {
-    return;
-  }
-  // containerd and CRI-O remove a directory named by the id on every RemoveContainer and
-  // RemovePodSandbox (measured).
-  const bool known = layout_known && (runtime_name_ == "containerd" || runtime_name_ == "cri-o");
-  spdlog::info("removal hint attached: exited containers' removals are announced by {} ({})",
-               source,
-               known ? "trusted for " + runtime_name_
-                     : "trusted once a hinted removal is confirmed");
-  tracker_->set_removal_hints(removal_hints_.get(), known, after_removal);
+  auto attached = attach_removal_hints({
+      .source = opts_.removal_hints,
+      .program = kernel_->program(),
+      .dirs = opts_.removal_hint_dirs,
+      .cri = cri_.get(),
+      .runtime_name = runtime_name_,
+      .on_removed =
+          [this](const std::string& id) {
+            kernel::KernelEvent ev;
+            ev.body = kernel::RemovalHint{id};
+            on_kernel_event(ev);
+          },
+  });
+  removal_dirs_ = std::move(attached.dir_watch);
+  removal_hints_ = std::move(attached.hints);
+  if (removal_hints_)
+    tracker_->set_removal_hints(removal_hints_.get(), attached.trusted, attached.after_removal);
 }
 
 void Daemon::on_kernel_event(const kernel::KernelEvent& ev) {
-  kernel_events_by_kind_[ev.body.index()]->inc();
+  metrics_.on_kernel_event(ev);
   tracker_->on_kernel_event(ev);
 }
 
@@ -267,8 +171,7 @@ Status Daemon::start_ebpf() {
   reconciler_ = std::make_unique<pleg::Reconciler>(*cri_, *tracker_, opts_.reconcile_period);
   // In ebpf mode the reconcile is kpleg's relist: the kubelet's relist metrics describe it.
   reconciler_->set_on_run([this](const pleg::ReconcilerStats& rs, bool ok) {
-    metrics_.relist_duration.observe(std::chrono::duration<double>(rs.last_duration).count());
-    if (ok) metrics_.last_seen.set_to_current_time();
+    metrics_.on_reconcile(rs, ok);
     health_changed();
   });
   reconciler_->set_on_view([this](const std::vector<pleg::RuntimeContainer>& view) {
@@ -277,27 +180,6 @@ Status Daemon::start_ebpf() {
   });
   tracker_->set_inconsistency_handler(
       [this](const std::string& why) { reconciler_->request("tracker: " + why); });
-  metrics_.on_scrape([this] {
-    if (active_ != Mode::kEbpf) return;  // auto fell back to relist mode: none of this exists
-    pleg::TrackerStats ts = tracker_->stats();
-    metrics_.foreign_containers.set(static_cast<double>(ts.foreign_containers));
-    metrics_.lookalike_signals.set(static_cast<double>(ts.lookalike_signals));
-    metrics_.tracked_records.set(static_cast<double>(ts.records));
-    metrics_.runtime_events_live.set(ts.runtime_events_live ? 1 : 0);
-    metrics_.runtime_events_missed_removals.set(
-        static_cast<double>(ts.runtime_events_missed_removals));
-    metrics_.removal_hints.set(static_cast<double>(ts.removal_hints));
-    metrics_.removal_hints_missed.set(static_cast<double>(ts.removal_hints_missed));
-    metrics_.removal_hints_trusted.set(ts.removal_hints_trusted ? 1 : 0);
-    if (runtime_events_) {
-      metrics_.runtime_events.set(static_cast<double>(runtime_events_->stats().events));
-    }
-    // The kernel path is the pipeline in ebpf mode: while it is attached and consumed, the
-    // pipeline is live now, not only at the last reconcile (every 300 s), which would trip the
-    // kubelet's 3-minute staleness alerts.
-    if (kernel_->live()) metrics_.last_seen.set_to_current_time();
-    mirror_kernel_metrics();
-  });
 
   kernel::KernelSourceOptions ko = opts_.kernel;
   ko.bpf.removal_hint = opts_.removal_hints == RemovalHintSource::kKernel;
@@ -305,20 +187,16 @@ Status Daemon::start_ebpf() {
   kernel::KernelSink sink;
   sink.on_event = [this](const kernel::KernelEvent& ev) { on_kernel_event(ev); };
   sink.on_loss = [this](uint64_t n) {
-    metrics_.lost_events.inc(double(n));
-    lost_records_ += n;
-    const int64_t now = std::chrono::steady_clock::now().time_since_epoch().count();
-    const int64_t before = last_loss_ns_.exchange(now);
+    metrics_.on_records_lost(n);
+    const bool reason_appears = health_policy_.note_records_lost(n);
     reconciler_->request("kernel events lost: " + std::to_string(n));
-    // The health reason appears (it stays kLossReasonFor after the last loss).
-    if (before == 0 || now - before >= std::chrono::nanoseconds(kLossReasonFor).count())
-      health_changed();
+    if (reason_appears) health_changed();
   };
   sink.on_untracked = [this](const std::string& path) {
     // Whatever happens in that cgroup is unseen: the reconcile finds its containers now, and
     // the resync that follows tracks it as soon as there is room.
     reconciler_->request("cgroup " + path + " not tracked: the tracked-cgroup map is full");
-    if (!untracked_reported_.exchange(true)) health_changed();
+    if (health_policy_.note_untracked(true)) health_changed();
   };
   sink.on_stopped = [this] { health_changed(); };
   if (auto st = kernel_->start(sink); !st) return st;
@@ -350,11 +228,7 @@ Status Daemon::start_relist() {
   pleg::GenericRelistOptions ro;
   ro.period = opts_.relist_period;
   ro.health_threshold = opts_.relist_health_threshold;
-  ro.on_relist = [this](const pleg::RelistStats& rs) {
-    metrics_.relist_duration.observe(double(rs.last_duration_ns) / 1e9);
-    if (rs.last_interval_ns > 0) metrics_.relist_interval.observe(double(rs.last_interval_ns) / 1e9);
-    if (rs.consecutive_failures == 0) metrics_.last_seen.set_to_current_time();
-  };
+  ro.on_relist = [this](const pleg::RelistStats& rs) { metrics_.on_relist(rs); };
   relist_ = std::make_unique<pleg::GenericRelist>(*cri_, *bus_, ro);
   relist_->start();
   active_ = Mode::kRelist;
@@ -428,91 +302,14 @@ api::StateSnapshot Daemon::snapshot() {
 }
 
 api::HealthReport Daemon::health() {
-  api::HealthReport r;
-  r.healthy = true;
-  auto fail = [&r](std::string why) {
-    r.healthy = false;
-    r.reasons.push_back(std::move(why));
-  };
-  if (!cri_->connected()) {
-    fail("container runtime unreachable at " + opts_.runtime_endpoint + " (" +
-         std::string(cri::connection_state_name(cri_->state())) + ")");
-  }
-  if (active_ == Mode::kEbpf) {
-    auto ks = kernel_->stats();
-    if (!ks.attached) fail("kernel event source not attached");
-    if (!ks.consuming) fail("kernel event source stopped consuming the ring buffer");
-    auto rs = reconciler_->stats();
-    auto threshold = 2 * opts_.reconcile_period + std::chrono::seconds(60);
-    if (!rs.last_success_mono) {
-      fail("no successful reconcile yet" + (rs.last_error.empty() ? "" : ": " + rs.last_error));
-    } else if (auto age = std::chrono::steady_clock::now() - *rs.last_success_mono;
-               age <= threshold) {
-      // Healthy until the last success grows too old (each reconcile announces itself).
-      r.recheck_in = std::chrono::duration_cast<std::chrono::milliseconds>(threshold - age) +
-                     std::chrono::milliseconds(1);
-    } else {
-      fail("last successful reconcile " +
-           std::to_string(std::chrono::duration_cast<std::chrono::seconds>(age).count()) +
-           " s ago" + (rs.last_error.empty() ? "" : ": " + rs.last_error));
-    }
-    if (const uint64_t untracked = ks.untracked_cgroups; untracked > 0) {
-      // Degraded, not failing: a restart would meet the same tree; the reconcile covers them.
-      r.reasons.push_back("the kernel's tracked-cgroup map is full (--max-tracked-cgroups=" +
-                          std::to_string(ks.map_capacity) + "): " + std::to_string(untracked) +
-                          " cgroups are not tracked and their containers' events come only from "
-                          "the reconcile; raise --max-tracked-cgroups");
-    }
-    if (const uint64_t lost = lost_records_.load(); lost > 0) {
-      const auto since = std::chrono::steady_clock::now() -
-                         std::chrono::steady_clock::time_point(
-                             std::chrono::steady_clock::duration(last_loss_ns_.load()));
-      if (since < kLossReasonFor) {
-        r.reasons.push_back(
-            std::to_string(lost) + " kernel records lost since start, the last " +
-            std::to_string(std::chrono::duration_cast<std::chrono::seconds>(since).count()) +
-            " s ago (ring buffer full); a reconcile recovered their events each time; raise "
-            "--ringbuf-kib if this recurs");
-        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(kLossReasonFor - since) +
-                    std::chrono::milliseconds(1);
-        if (!r.recheck_in || left < *r.recheck_in) r.recheck_in = left;
-      }
-    }
-    {
-      // Degraded, not failing: those containers' events still come, at reconcile speed.
-      std::lock_guard lk(coverage_mu_);
-      if (uncovered_ > 0) {
-        r.reasons.push_back(
-            std::to_string(uncovered_) +
-            " running containers and sandboxes are not seen by the kernel path, e.g. " +
-            uncovered_example_ + "; their events come only from the reconcile (every " +
-            std::to_string(
-                std::chrono::duration_cast<std::chrono::seconds>(opts_.reconcile_period).count()) +
-            " s)");
-      }
-    }
-    // A pod whose runtime calls fail is named, but does not make the node's events unhealthy:
-    // every other pod is confirmed by other workers.
-    for (const auto& t : tracker_->troubled_pods()) {
-      r.reasons.push_back(
-          "pod " + t.pod_uid + ": " + std::to_string(t.failures) +
-          " container runtime calls failed in the last " +
-          std::to_string(std::chrono::duration_cast<std::chrono::seconds>(t.failing_for).count()) +
-          " s: " + t.last_error);
-    }
-  } else if (relist_) {
-    auto h = relist_->health();
-    if (!h.healthy) fail(h.reason);
-    for (const auto& p : h.pending_inspections) {
-      r.reasons.push_back("pod " + p.pod_namespace + "/" + p.pod_name + " (" + p.pod_uid +
-                          ") failed inspection " + std::to_string(p.attempts) + " times: " + p.error);
-    }
-    if (!fallback_reason_.empty()) r.reasons.push_back("relist mode because: " + fallback_reason_);
-    // Relist mode polls the runtime anyway: its health follows the relist period.
-    r.recheck_in = opts_.relist_period;
-  }
-  report_stuck_calls(r);
-  return r;
+  return health_policy_.health({.cri = *cri_,
+                                .inflight = *inflight_,
+                                .ebpf = active_ == Mode::kEbpf,
+                                .kernel = kernel_.get(),
+                                .reconciler = reconciler_.get(),
+                                .tracker = tracker_.get(),
+                                .relist = relist_.get(),
+                                .fallback_reason = fallback_reason_});
 }
 
 void Daemon::check_coverage(const std::vector<pleg::RuntimeContainer>& view) {
@@ -532,13 +329,8 @@ void Daemon::check_coverage(const std::vector<pleg::RuntimeContainer>& view) {
               (cgroup ? "its cgroup is not below a tracked root (--cgroup-root)"
                       : "no cgroup of it on this host matches the kubelet's layout");
   }
-  metrics_.uncovered_containers.set(double(uncovered));
-  size_t before;
-  {
-    std::lock_guard lk(coverage_mu_);
-    before = std::exchange(uncovered_, uncovered);
-    uncovered_example_ = example;
-  }
+  metrics_.on_coverage(uncovered);
+  const size_t before = health_policy_.note_uncovered(uncovered, example);
   if (uncovered > 0 && before == 0) {
     spdlog::warn("{} running containers and sandboxes are not seen by the kernel path, e.g. {}; "
                  "their events come only from the reconcile",
@@ -570,38 +362,11 @@ void Daemon::resync_kernel() {
   }
   if (!r->walk_complete)
     spdlog::warn("resync: part of the cgroup tree could not be read; stale entries kept");
-  metrics_.stale_tracked_removed.inc(double(r->stale));
-  if (r->still_full == 0 && untracked_reported_.exchange(false)) {
-    spdlog::info("every cgroup under a tracked root is tracked again");
-    health_changed();
-  } else if (r->still_full > 0 && !untracked_reported_.exchange(true)) {
+  metrics_.on_stale_tracked_removed(r->stale);
+  if (health_policy_.note_untracked(r->still_full > 0)) {
+    if (r->still_full == 0) spdlog::info("every cgroup under a tracked root is tracked again");
     health_changed();
   }
-}
-
-void Daemon::mirror_kernel_metrics() {
-  auto ks = kernel_->stats();
-  const auto& b = ks.bpf;
-  metrics_.bpf_emitted.set(double(b.emitted));
-  metrics_.bpf_filtered.set(double(b.filtered));
-  for (size_t t = 0; t < kernel::kKernelEventKinds; ++t)
-    metrics_.bpf_ringbuf_drops.with({kernel::kKernelEventKindNames[t]}).set(double(b.drops_by_type[t]));
-  if (b.helper_failures > 0) {  // one map read per scrape only once something failed
-    if (auto* p = kernel_->program()) {
-      if (auto failures = p->helper_failures()) {
-        for (const auto& f : *failures)
-          metrics_.bpf_helper_failures.with({f.program, std::to_string(f.error)}).set(double(f.count));
-      }
-    }
-  }
-  metrics_.bpf_not_claimed.with({"exec_repeated"}).set(double(b.exec_repeated));
-  metrics_.bpf_not_claimed.with({"exec_runtime_reexec"}).set(double(b.exec_reexec));
-  metrics_.bpf_not_claimed.with({"exec_hook"}).set(double(b.exec_hook));
-  metrics_.bpf_not_claimed.with({"exit_not_init"}).set(double(b.exit_ignored));
-  metrics_.bpf_track_full.set(double(b.track_full));
-  if (auto* p = kernel_->program()) metrics_.bpf_tracked_cgroups.set(double(p->tracked_count()));
-  metrics_.bpf_tracked_cgroups_capacity.set(double(ks.map_capacity));
-  metrics_.untracked_cgroups.set(double(ks.untracked_cgroups));
 }
 
 void Daemon::set_health_listener(std::function<void()> fn) {

@@ -20,10 +20,11 @@
 #include "cri/inflight_calls.h"
 #include "criendpoint/container_event_feed.h"
 #include "criendpoint/cri_endpoint.h"
+#include "daemon/health_policy.h"
+#include "daemon/metrics_mirror.h"
+#include "daemon/removal_hints.h"
 #include "kernel/dir_removal_watch.h"
 #include "kernel/kernel_source.h"
-#include "metrics/kpleg_metrics.h"
-#include "metrics/registry.h"
 #include "pleg/generic_relist.h"
 #include "pleg/reconciler.h"
 #include "pleg/runtime_events.h"
@@ -33,13 +34,6 @@ namespace kpleg::daemon {
 
 enum class Mode { kAuto, kEbpf, kRelist };
 const char* to_string(Mode m);
-
-// ebpf mode: where exited containers' removals are hinted from (--removal-hints).
-enum class RemovalHintSource {
-  kAuto,    // the runtime's per-container directories, by inotify (kernel/dir_removal_watch.h)
-  kKernel,  // the BPF syscall tracepoints (costs every syscall on the node; docs/design.md)
-  kOff,     // none: the periodic removal sweep
-};
 
 struct DaemonOptions {
   std::string runtime_endpoint = "unix:///run/containerd/containerd.sock";
@@ -52,7 +46,8 @@ struct DaemonOptions {
   std::chrono::milliseconds cri_list_timeout{std::chrono::seconds(60)};
   // ebpf mode: confirm by the runtime's GetContainerEvents stream where it is served.
   bool runtime_events = true;
-  // (kKernel: the daemon asks the kernel source for the hint's programs.)
+  // ebpf mode: where exited containers' removals are hinted from (--removal-hints; kKernel:
+  // the daemon asks the kernel source for the hint's programs).
   RemovalHintSource removal_hints = RemovalHintSource::kAuto;
   // kAuto: these directories (--removal-hint-dir); none: the runtime's, from its Status.
   std::vector<std::string> removal_hint_dirs;
@@ -79,7 +74,7 @@ class Daemon : public api::StateProvider, public api::HealthProvider, public api
   void stop();
 
   bus::EventBus& bus() { return *bus_; }
-  metrics::Registry& registry() { return registry_; }
+  metrics::Registry& registry() { return metrics_.registry(); }
   Mode active_mode() const { return active_; }
   const std::string& fallback_reason() const { return fallback_reason_; }
 
@@ -112,19 +107,13 @@ class Daemon : public api::StateProvider, public api::HealthProvider, public api
   // At each reconcile: the kernel's tracked-cgroup map catches up with the tree (cgroups it
   // had no room for, entries of vanished cgroups), the index first when cgroups went untracked.
   void resync_kernel();
-  // The BPF programs' counters and the tracked map, into the metrics (at scrape time).
-  void mirror_kernel_metrics();
   Status start_cri_endpoint();
   // The pod a sandbox or container id (or a bare pod uid) belongs to, from kpleg's state.
   std::optional<cri::PodIdentity> identify(const cri::CallSubject& subject);
-  // Health reasons for calls in flight longer than the threshold; sets recheck_in for the
-  // youngest call that will cross it.
-  void report_stuck_calls(api::HealthReport& r);
 
   DaemonOptions opts_;
-  metrics::Registry registry_;
-  metrics::KplegMetrics metrics_{registry_};
-  metrics::Counter* kernel_events_by_kind_[kernel::kKernelEventKinds] = {};
+  MetricsMirror metrics_;
+  HealthPolicy health_policy_;
   Mode active_ = Mode::kRelist;
   std::string fallback_reason_;
   std::string runtime_name_;  // from the runtime's Version answer at start
@@ -143,13 +132,6 @@ class Daemon : public api::StateProvider, public api::HealthProvider, public api
   std::unique_ptr<criendpoint::ContainerEventFeed> event_feed_;
   std::unique_ptr<criendpoint::CriEndpoint> cri_endpoint_;
   std::atomic<bool> stopped_{false};
-  std::mutex coverage_mu_;
-  size_t uncovered_ = 0;            // guarded by coverage_mu_
-  std::string uncovered_example_;   // one of them, described; guarded by coverage_mu_
-  std::atomic<bool> untracked_reported_{false};  // the map-full reason is in health()
-  // Kernel records lost (ring buffer full): how many, and when last (steady clock, ns).
-  std::atomic<uint64_t> lost_records_{0};
-  std::atomic<int64_t> last_loss_ns_{0};
   std::mutex health_listener_mu_;  // held while the listener runs: unset means never called
   std::function<void()> health_listener_;
 };

@@ -29,9 +29,9 @@ void RemovalWatcher::join(Record& rec) {
     gone = arm == RemovalHints::Arm::kGone;
   }
   const auto now = Clock::now();
-  if (const auto cover = covered_for(rec); cover.count() > 0) {
-    if (!due_) interval_ = cover;
-    schedule(now + cover);
+  if (const auto wait = sweep_wait_allowed(rec); wait.count() > 0) {
+    if (!due_) interval_ = wait;
+    schedule(now + wait);
   } else if (!due_) {
     interval_ = core_.opts.removal_sweep_period;
     schedule(now + core_.opts.removal_sweep_first);
@@ -47,19 +47,19 @@ void RemovalWatcher::join(Record& rec) {
   }
 }
 
-std::chrono::milliseconds RemovalWatcher::covered_for(const Record& rec) const {
-  std::chrono::milliseconds cover{0};
-  if (events_cover_removals(rec.identity.sandbox)) cover = core_.opts.removal_sweep_with_events;
+std::chrono::milliseconds RemovalWatcher::sweep_wait_allowed(const Record& rec) const {
+  std::chrono::milliseconds wait{0};
+  if (events_cover_removals(rec.identity.sandbox)) wait = core_.opts.removal_sweep_with_events;
   if (hints_trusted_ && armed_.count(rec.identity.id))
-    cover = std::max(cover, core_.opts.removal_sweep_with_hints);
-  return cover;
+    wait = std::max(wait, core_.opts.removal_sweep_with_hints);
+  return wait;
 }
 
 void RemovalWatcher::forget(const std::string& id) {
   // A removal the sweep found before its hint stays armed at the source until the hint comes
-  // or its grace is over (judge_hint_suspects): the watch may be holding the hint back, and
+  // or its grace is over (find_missed_hints): the watch may be holding the hint back, and
   // disarmed, it would drop it.
-  if (armed_.erase(id) && hints_ != nullptr && !hint_suspects_.count(id)) hints_->unwatch(id);
+  if (armed_.erase(id) && hints_ != nullptr && !awaiting_hint_.count(id)) hints_->unwatch(id);
   hinted_.erase(id);
   rechecks_.erase(id);
 }
@@ -67,7 +67,7 @@ void RemovalWatcher::forget(const std::string& id) {
 void RemovalWatcher::on_hint(const std::string& id) {
   ++core_.stats.removal_hints;
   // A sweep that found the removal first: it was hinted after all.
-  if (hint_suspects_.erase(id) > 0) {
+  if (awaiting_hint_.erase(id) > 0) {
     // Kept armed at the source for this hint alone (forget): disarmed now.
     if (!armed_.count(id) && hints_ != nullptr) hints_->unwatch(id);
     trust_hints(id);
@@ -94,8 +94,8 @@ void RemovalWatcher::trust_hints(const std::string& hinted_id) {
                hinted_id.substr(0, 12), core_.opts.removal_sweep_with_hints.count() / 1000);
 }
 
-void RemovalWatcher::judge_hint_suspects(Clock::time_point now) {
-  const std::vector<std::string> missed = take_overdue(hint_suspects_, now);
+void RemovalWatcher::find_missed_hints(Clock::time_point now) {
+  const std::vector<std::string> missed = take_overdue(awaiting_hint_, now);
   if (missed.empty()) return;
   // Kept armed at the source for their hints alone (forget): disarmed now, unless armed again.
   for (const auto& id : missed)
@@ -111,7 +111,7 @@ void RemovalWatcher::judge_hint_suspects(Clock::time_point now) {
 void RemovalWatcher::on_runtime_events_live(bool live) {
   if (live) return;
   // A new stream (the runtime reconnected, perhaps upgraded) is trusted anew.
-  suspects_.clear();
+  awaiting_deleted_.clear();
   events_miss_removals_ = false;
   sandbox_deleted_seen_ = false;
   if (watched_.empty()) return;
@@ -120,7 +120,8 @@ void RemovalWatcher::on_runtime_events_live(bool live) {
 }
 
 void RemovalWatcher::on_deleted_event(const std::string& id) {
-  if (!suspects_.empty()) suspects_.erase(id);  // a sweep was first: a race, not a miss
+  // A sweep was first: a race, not a miss.
+  if (!awaiting_deleted_.empty()) awaiting_deleted_.erase(id);
   if (hinted_.count(id)) trust_hints(id);  // it had been hinted
   if (!sandbox_deleted_seen_) {
     const Record* rec = core_.table.find(id);
@@ -129,21 +130,21 @@ void RemovalWatcher::on_deleted_event(const std::string& id) {
 }
 
 std::vector<std::string> RemovalWatcher::take_overdue(
-    std::map<std::string, Clock::time_point>& suspects, Clock::time_point now) const {
+    std::map<std::string, Clock::time_point>& awaiting, Clock::time_point now) const {
   std::vector<std::string> overdue;
-  for (auto it = suspects.begin(); it != suspects.end();) {
+  for (auto it = awaiting.begin(); it != awaiting.end();) {
     if (now - it->second < core_.opts.removal_event_grace) {
       ++it;
       continue;
     }
     overdue.push_back(it->first);
-    it = suspects.erase(it);
+    it = awaiting.erase(it);
   }
   return overdue;
 }
 
-void RemovalWatcher::judge_suspects(Clock::time_point now) {
-  const std::vector<std::string> missed = take_overdue(suspects_, now);
+void RemovalWatcher::find_missed_deleted_events(Clock::time_point now) {
+  const std::vector<std::string> missed = take_overdue(awaiting_deleted_, now);
   if (missed.empty()) return;
   core_.stats.runtime_events_missed_removals += missed.size();
   if (events_miss_removals_ || !core_.runtime_events_live) return;
@@ -187,8 +188,8 @@ void RemovalWatcher::sweep(Clock::time_point due) {
     if (due_ != due) return;  // superseded by an earlier sweep
     due_.reset();
     last_sweep_ = Clock::now();
-    judge_suspects(Clock::now());
-    judge_hint_suspects(Clock::now());
+    find_missed_deleted_events(Clock::now());
+    find_missed_hints(Clock::now());
     joined = std::exchange(joined_, false);
     for (auto it = watched_.begin(); it != watched_.end();) {
       const Record* rec = core_.table.find(*it);
@@ -230,7 +231,7 @@ void RemovalWatcher::sweep(Clock::time_point due) {
   bool remaining = false;
   bool early_hint = false;  // a hinted record is still there: its removal is under way
   // How long every record still watched may wait because something announces its removal.
-  auto cover = std::chrono::milliseconds::max();
+  auto wait = std::chrono::milliseconds::max();
   const auto now = Clock::now();
   Events out;
   for (auto wit = watched_.begin(); wit != watched_.end();) {
@@ -252,12 +253,12 @@ void RemovalWatcher::sweep(Clock::time_point due) {
       core_.advance(rec, ContainerState::kNonExistent, gone, EventSource::kKernel, false, out);
       ++removed;
       // Its DELETED should have come: it may still be on its way, or never come.
-      if (covered) suspects_.emplace(id, now);
+      if (covered) awaiting_deleted_.emplace(id, now);
       if (armed_.count(id)) {
         if (hinted_.count(id)) {
           trust_hints(id);
         } else {
-          hint_suspects_.emplace(id, now);  // its hint may still be on its way
+          awaiting_hint_.emplace(id, now);  // its hint may still be on its way
         }
       }
     } else if (auto rc = rechecks_.find(id); listed && kind_listed && rc != rechecks_.end()) {
@@ -277,7 +278,7 @@ void RemovalWatcher::sweep(Clock::time_point due) {
       wit = watched_.erase(wit);
     } else {
       remaining = true;
-      cover = std::min(cover, covered_for(rec));
+      wait = std::min(wait, sweep_wait_allowed(rec));
       ++wit;
     }
   }
@@ -288,14 +289,14 @@ void RemovalWatcher::sweep(Clock::time_point due) {
     // the kubelet keeps for its logs), less and less often.
     interval_ = removed > 0 || joined ? core_.opts.removal_sweep_period
                                       : std::min(interval_ * 2, core_.opts.removal_sweep_idle_max);
-    interval_ = std::max(interval_, cover);  // zero unless every record is covered
+    interval_ = std::max(interval_, wait);  // zero unless every record's removal is announced
     next = now + interval_;
     if (early_hint) next = std::min(next, now + core_.opts.removal_hint_delay);
   }
   // The verdict on the removals whose DELETED or hint is awaited (no list is made for it alone).
-  for (const auto& [_, at] : suspects_)
+  for (const auto& [_, at] : awaiting_deleted_)
     next = std::min(next, at + core_.opts.removal_event_grace);
-  for (const auto& [_, at] : hint_suspects_)
+  for (const auto& [_, at] : awaiting_hint_)
     next = std::min(next, at + core_.opts.removal_event_grace);
   if (next != Clock::time_point::max()) schedule(next);
   core_.publish(lk, out);

@@ -97,21 +97,21 @@ class RemovalWatcher {
            (!sandbox || sandbox_deleted_seen_);
   }
   // Removals a sweep found while the events covered them, whose DELETED has not come for
-  // removal_event_grace, are ones the stream left out: from then on the sweep runs as without
-  // it. Caller holds core.mu.
-  void judge_suspects(Clock::time_point now);
-  // Takes the suspects whose grace (removal_event_grace) is over out of `suspects`, and
+  // removal_event_grace, are ones the stream left out: counted, and from then on the sweep runs
+  // as without it. Caller holds core.mu.
+  void find_missed_deleted_events(Clock::time_point now);
+  // Takes the removals whose grace (removal_event_grace) is over out of `awaiting`, and
   // returns their ids. Caller holds core.mu.
-  std::vector<std::string> take_overdue(std::map<std::string, Clock::time_point>& suspects,
+  std::vector<std::string> take_overdue(std::map<std::string, Clock::time_point>& awaiting,
                                         Clock::time_point now) const;
   // A hinted removal was confirmed: the hints stand for the periodic sweep (logged once).
   void trust_hints(const std::string& hinted_id);
-  // Same as judge_suspects for removals of armed ids a sweep found before their hint came; their
-  // ids are disarmed at the source. Caller holds core.mu.
-  void judge_hint_suspects(Clock::time_point now);
+  // Same as find_missed_deleted_events for removals of armed ids a sweep found before their
+  // hint came; their ids are disarmed at the source. Caller holds core.mu.
+  void find_missed_hints(Clock::time_point now);
   // How long the sweep may wait for `rec` because something else announces its removal (the
-  // runtime's events, the kernel's hint); zero when nothing does. Caller holds core.mu.
-  std::chrono::milliseconds covered_for(const Record& rec) const;
+  // runtime's events, a trusted hint); zero when nothing does. Caller holds core.mu.
+  std::chrono::milliseconds sweep_wait_allowed(const Record& rec) const;
   // The record left the sweep: its id is disarmed in the kernel. Caller holds core.mu.
   void forget(const std::string& id);
 
@@ -123,7 +123,7 @@ class RemovalWatcher {
   std::chrono::milliseconds interval_{0};  // after that one
   bool joined_ = false;                    // a record joined since the last sweep
   // Removals a sweep found while the stream covered them, by when: each waits for its DELETED.
-  std::map<std::string, Clock::time_point> suspects_;
+  std::map<std::string, Clock::time_point> awaiting_deleted_;
   bool events_miss_removals_ = false;  // the live stream left a removal out (until it stops)
   bool sandbox_deleted_seen_ = false;  // the live stream reported a sandbox's removal
   // The kernel's removal hint:
@@ -131,7 +131,7 @@ class RemovalWatcher {
   std::set<std::string> armed_;   // watched ids armed in the kernel
   std::set<std::string> hinted_;  // of those, the ones whose hint came
   std::map<std::string, int> rechecks_;  // hinted ids the sweep looks for soon, and how often more
-  std::map<std::string, Clock::time_point> hint_suspects_;  // removals found before their hint
+  std::map<std::string, Clock::time_point> awaiting_hint_;  // removals found before their hint
   bool hints_trusted_ = false;
   bool hints_after_removal_ = false;
   std::chrono::milliseconds hint_delay() const {

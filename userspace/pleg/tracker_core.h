@@ -27,62 +27,38 @@
 
 namespace kpleg::pleg {
 
+// The kernel-driven path's timings. A kernel signal says that a container's process started or
+// ended, not what the runtime says now, so each is confirmed by a CRI look; removals, which no
+// kernel event marks, are found by one sweep for all exited containers (removal_watcher.h).
+// Each default trades event latency against CRI calls on a busy node.
 struct TrackerOptions {
-  size_t workers = 4;  // pods confirmed in parallel
-  // Confirmation retries while the runtime has not caught up with the kernel yet.
-  // The first look goes when the runtime has usually caught up (learned, see lag_learner.h);
-  // then retries double from this step up to 20 ms. A confirmation still unsettled after the
-  // budget (a stalled shim, a PID 1 whose namespace dies slowly, a slow StartContainer) is
-  // logged and counted, and keeps looking, backing off up to confirm_backoff_max: it is never
-  // dropped. A cgroup rmdir (the init is gone for sure) makes it look at once.
+  size_t workers = 4;  // pods confirmed in parallel: a hung pod holds one worker, not all
+  // Retries double from this up to 20 ms; the first look waits the learned lag (lag_learner.h).
   std::chrono::milliseconds confirm_retry_first{5};
+  // Unsettled after this (a stalled shim, a slow StartContainer): logged, counted, never dropped,
   std::chrono::milliseconds confirm_budget{5000};
-  std::chrono::milliseconds confirm_backoff_max{10'000};
-  // Removal, which no kernel event marks, is watched by one sweep for all exited containers:
-  // a full ListContainers (ListPodSandbox when sandboxes are watched), whatever their number,
-  // instead of a call per container. Only a full list is evidence of a removal (a
-  // state-filtered one drops a container that the runtime reloaded as UNKNOWN after a
-  // restart). The first sweep goes removal_sweep_first after a death when none is planned; then
-  // every removal_sweep_period while something changes (a removal, a new death), and, while
-  // nothing does, twice as long each time up to removal_sweep_idle_max. A death pulls a sweep
-  // planned further off back to removal_sweep_period.
-  std::chrono::milliseconds removal_sweep_first{1000};
-  std::chrono::milliseconds removal_sweep_period{1000};
-  std::chrono::milliseconds removal_sweep_idle_max{10'000};
-  // With the runtime's event stream live (GetContainerEvents, runtime_events.h), its events
-  // confirm the signals and removals: a signal's first look goes runtime_event_grace after the
-  // runtime usually reports the transition, only in case its event is late or lost, and the
-  // removal sweep runs every removal_sweep_with_events at most, in case a DELETED event was.
+  std::chrono::milliseconds confirm_backoff_max{10'000};  // and looked at again up to this apart
+  // The sweep lists everything: a state-filtered list drops what the runtime reloaded as UNKNOWN.
+  std::chrono::milliseconds removal_sweep_first{1000};      // after a death, if none is planned
+  std::chrono::milliseconds removal_sweep_period{1000};     // while deaths and removals come
+  std::chrono::milliseconds removal_sweep_idle_max{10'000};  // doubling up to this while idle
+  // The runtime's event stream live (runtime_events.h): a look waits this for a late event.
   std::chrono::milliseconds runtime_event_grace{100};
   std::chrono::milliseconds runtime_event_check{250};  // at most one check of overdue events per
-  std::chrono::milliseconds removal_sweep_with_events{30'000};
-  // A removal such a sweep finds is one the stream left out unless its DELETED comes within
-  // this long (it may be on its way); then the sweep runs as without the stream.
+  std::chrono::milliseconds removal_sweep_with_events{30'000};  // only for a lost DELETED
+  // A swept removal's DELETED later than this: the stream misses removals; sweep as without it.
   std::chrono::milliseconds removal_event_grace{1000};
-  // The kernel's removal hint (removal_watcher.h): a hinted id is swept for removal_hint_delay
-  // after its hint, and one removal_sweep_period after the last sweep at the soonest (hints of
-  // many removals share one sweep); once hints are trusted, ids the
-  // kernel watches are swept for every removal_sweep_with_hints at most (as the reconcile
-  // looks for removals too, the same period by default).
+  // After the kernel's hint (the rmdir's entry), one removal_sweep_period after the last sweep.
   std::chrono::milliseconds removal_hint_delay{1000};
-  // inotify's hint comes once the directory is gone (the kernel's at the rmdir's entry), and
-  // its watch already gathers the hints of removals that come together (DirRemovalWatch's
-  // hold-off): its sweep goes this soon. The runtime forgets the id just after it removes the
-  // directory; a sweep that still finds it looks again, removal_hint_delay apart.
+  // inotify's hint comes after the rmdir, already gathered by DirRemovalWatch's hold-off.
   std::chrono::milliseconds removal_dir_hint_delay{100};
+  // Once hints are trusted; the reconcile looks for removals as often by default.
   std::chrono::milliseconds removal_sweep_with_hints{300'000};
-  // A difference found by a reconcile is re-checked after this grace period (a kernel event in
-  // flight is not a missed one) before it becomes a correction.
+  // A reconcile's difference is re-checked after this: a kernel event in flight is not missed.
   std::chrono::milliseconds correction_grace{300};
-  // A started container that the runtime still does not know after this long belongs to
-  // someone else (another runtime under the same kubepods root): its kernel signals are
-  // ignored from then on, without a reconcile. A reconcile that lists it after all reports it
-  // as a correction.
-  // (3 s: on a busy node containerd can take over a second between a sandbox's pause exec and
-  // listing the sandbox. While the runtime answers NOT_FOUND, looks back off to 200 ms.)
+  // Unknown to the runtime this long: another runtime's; containerd can take >1 s to list one.
   std::chrono::milliseconds foreign_after{3000};
-  // How long a removed container's record stays, so that a runtime list taken just before the
-  // removal cannot bring it back. Swept on every reconcile.
+  // A removed record stays this long, so that a list taken before the removal cannot revive it.
   std::chrono::milliseconds removed_retention{60'000};
 };
 

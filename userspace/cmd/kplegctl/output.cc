@@ -7,6 +7,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "api/convert.h"
+
 namespace kpleg::kplegctl {
 namespace {
 
@@ -60,53 +62,22 @@ std::string container_ref(const std::string& name, const std::string& id, bool s
 
 }  // namespace
 
+// kpleg's own names (pleg::to_string's, as kplegd logs them). A value that does not come back
+// the same through kpleg's model is one kpleg does not know (UNSPECIFIED, or a newer server's).
 std::string type_name(v1::EventType t) {
-  switch (t) {
-    case v1::EVENT_TYPE_CONTAINER_STARTED:
-      return "ContainerStarted";
-    case v1::EVENT_TYPE_CONTAINER_DIED:
-      return "ContainerDied";
-    case v1::EVENT_TYPE_CONTAINER_REMOVED:
-      return "ContainerRemoved";
-    case v1::EVENT_TYPE_POD_SYNC:
-      return "PodSync";
-    case v1::EVENT_TYPE_CONTAINER_CHANGED:
-      return "ContainerChanged";
-    case v1::EVENT_TYPE_RESYNC:
-      return "Resync";
-    default:
-      return fmt::format("Unknown({})", static_cast<int>(t));
-  }
+  const pleg::EventType known = api::from_proto(t);
+  if (api::to_proto(known) != t) return fmt::format("Unknown({})", static_cast<int>(t));
+  return pleg::to_string(known);
 }
 
 std::string source_name(v1::EventSource s) {
-  switch (s) {
-    case v1::EVENT_SOURCE_KERNEL:
-      return "kernel";
-    case v1::EVENT_SOURCE_RELIST:
-      return "relist";
-    case v1::EVENT_SOURCE_RECONCILE:
-      return "reconcile";
-    default:
-      return "";
-  }
+  const pleg::EventSource known = api::from_proto(s);
+  return api::to_proto(known) == s ? pleg::to_string(known) : "";
 }
 
 std::string state_name(v1::ContainerState s) {
-  switch (s) {
-    case v1::CONTAINER_STATE_CREATED:
-      return "created";
-    case v1::CONTAINER_STATE_RUNNING:
-      return "running";
-    case v1::CONTAINER_STATE_EXITED:
-      return "exited";
-    case v1::CONTAINER_STATE_UNKNOWN:
-      return "unknown";
-    case v1::CONTAINER_STATE_NON_EXISTENT:
-      return "non-existent";
-    default:
-      return "";
-  }
+  const pleg::ContainerState known = api::from_proto(s);
+  return api::to_proto(known) == s ? pleg::to_string(known) : "";
 }
 
 std::string clock_time(uint64_t unix_ns) {

@@ -1,0 +1,106 @@
+// PodLifecycle.Watch: one EventBus subscription per stream, written out as it comes.
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "api/convert.h"
+#include "api/limits.h"
+#include "api/pod_lifecycle_service.h"
+
+namespace kpleg::api {
+
+// Registers a Watch's subscription for stop() while the handler runs; on the way out, no
+// cut-off callback or reaper may touch the call any more.
+struct PodLifecycleService::OpenWatch {
+  PodLifecycleService& svc;
+  bus::Subscription& sub;
+  grpc::ServerContext* ctx;
+  OpenWatch(PodLifecycleService& s, bus::Subscription& b, grpc::ServerContext* c)
+      : svc(s), sub(b), ctx(c) {
+    std::lock_guard lk(svc.open_mu_);
+    if (svc.stopping_.load()) sub.cancel();
+    svc.open_.insert(&sub);
+  }
+  ~OpenWatch() {
+    sub.set_on_cut_off(nullptr);
+    svc.reaper_.disarm(ctx);
+    std::lock_guard lk(svc.open_mu_);
+    svc.open_.erase(&sub);
+  }
+};
+
+size_t PodLifecycleService::open_watches() {
+  std::lock_guard lk(open_mu_);
+  return open_.size();
+}
+
+void PodLifecycleService::wake_watches() {
+  std::lock_guard lk(open_mu_);
+  for (bus::Subscription* sub : open_) sub->wake();
+}
+
+void PodLifecycleService::stop() {
+  std::lock_guard lk(open_mu_);
+  stopping_.store(true);
+  for (bus::Subscription* sub : open_) sub->cancel();
+}
+
+grpc::Status PodLifecycleService::Watch(grpc::ServerContext* ctx, const v1::WatchRequest* req,
+                                        grpc::ServerWriter<v1::Event>* writer) {
+  if (auto st = check_filters(req->pod_uid(), req->pod_namespace(), &req->instance_id());
+      !st.ok())
+    return st;
+  StreamSlot slot(&streams_);
+  if (!slot.taken()) {
+    return {grpc::StatusCode::RESOURCE_EXHAUSTED,
+            fmt::format("too many watchers (limit {}, kplegd --max-watchers; grpc.health Watch "
+                        "streams count too)",
+                        streams_.limit())};
+  }
+
+  uint64_t from = req->from_seq();
+  // A position is one in a given daemon instance's stream: without the instance it belongs
+  // to, it could be another instance's (the daemon restarted since): List again (RESYNC).
+  if (from != 0 && req->instance_id() != bus_.instance_id()) from = bus::kUnknownPosition;
+  // The bus reads UINT64_MAX - 1 as kOldestRetained (every retained event, no RESYNC), an
+  // in-process consumer's request. From a client it is a position beyond the stream's last
+  // seq like any other, which docs/api.md promises a RESYNC for; passed on as is, it replayed
+  // the history as if nothing had been lost.
+  if (from == bus::kOldestRetained) from = bus::kUnknownPosition;
+  bus::Subscription sub =
+      bus_.subscribe(from, bus::EventFilter{req->pod_uid(), req->pod_namespace()});
+  OpenWatch open{*this, sub, ctx};
+  // Cut off for being too slow: its place goes back at once; its call (and thread) after
+  // the grace unless the consumer reads again and the handler returns by itself.
+  sub.set_on_cut_off([this, &slot, ctx] {
+    slot.release();
+    reaper_.arm(ctx, std::chrono::steady_clock::now() + cut_off_grace_);
+  });
+
+  // Initial metadata tells the consumer that its subscription is in place: anything
+  // published from now on reaches it.
+  ctx->AddInitialMetadata("kpleg-instance-id", bus_.instance_id());
+  writer->SendInitialMetadata();
+
+  v1::Event msg;
+  for (;;) {
+    if (ctx->IsCancelled()) return grpc::Status::CANCELLED;
+    if (stopping_.load()) return {grpc::StatusCode::UNAVAILABLE, "kplegd is shutting down"};
+    bus::Subscription::Next n = sub.next(kWatchPoll);
+    if (n.status == bus::Subscription::Status::kTimeout) continue;
+    if (n.status == bus::Subscription::Status::kClosed) {
+      if (stopping_.load()) return {grpc::StatusCode::UNAVAILABLE, "kplegd is shutting down"};
+      if (sub.cut_off()) {
+        spdlog::warn("api: Watch from {} cut off: {}", ctx->peer(), sub.close_reason());
+        return {grpc::StatusCode::RESOURCE_EXHAUSTED, sub.close_reason()};
+      }
+      return {grpc::StatusCode::UNAVAILABLE, sub.close_reason()};
+    }
+    to_proto(*n.event, &msg);
+    grpc::WriteOptions wo;
+    // More is waiting: let gRPC coalesce; the last event of a burst is flushed at once.
+    if (sub.queued() + sub.backlog() > 0) wo.set_buffer_hint();
+    if (!writer->Write(msg, wo)) return grpc::Status::CANCELLED;  // the consumer went away
+  }
+}
+
+}  // namespace kpleg::api
