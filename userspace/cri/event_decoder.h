@@ -10,6 +10,10 @@
 //   containers_statuses: only the entry of container_id, with id, metadata, state, created_at,
 //     started_at, finished_at, exit_code, reason, message, labels;
 // and skips every other field (unknown ones included) without copying it.
+//
+// Measured alone (kpleg-bench-event-decode, kubelet-like pods; CPU per event): STOPPED 2.9 us and
+// 54 allocations against the generated parser's 5.0 us and 105 (5 containers: 3.7 us, 57 against
+// 15.9 us, 289); CREATED 0.1-0.2 against 4-14 us; with cold caches 13-42 against 58-95 us.
 #pragma once
 
 #include <string_view>

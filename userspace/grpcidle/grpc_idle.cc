@@ -5,6 +5,7 @@
 #include <grpc/event_engine/event_engine.h>
 #include <grpc/grpc.h>
 #include <grpc/support/time.h>
+#include <grpcpp/grpcpp.h>
 #include <grpcpp/version_info.h>
 
 #include <algorithm>
@@ -22,8 +23,9 @@
 
 // gRPC 1.51's internal timer interface (src/core/lib/iomgr/timer.h), declared here as the
 // library exports it: the layout and calling convention are those of 1.51 only, which is why
-// install() checks the version. grpc_core::Timestamp is a trivially copyable int64 (milliseconds
-// since gRPC's process epoch), passed and returned in a register like one.
+// this file is built only against 1.51 (KPLEG_GRPCIDLE in CMakeLists.txt) and install() checks
+// the version of the library loaded. grpc_core::Timestamp is a trivially copyable int64
+// (milliseconds since gRPC's process epoch), passed and returned in a register like one.
 namespace grpc_core {
 class Timestamp {
  public:
@@ -309,9 +311,16 @@ class TimersOnlyEngine final : public ee::EventEngine {
 }  // namespace
 
 std::string install() {
-  if (std::string(grpc_version_string()).rfind("29.", 0) != 0 ||
-      std::string(GRPC_CPP_VERSION_STRING).rfind("1.51.", 0) != 0)
-    return std::string("gRPC core ") + grpc_version_string() + " is not 1.51's (29.x): left as is";
+  // The build allows only gRPC 1.51's headers (CMakeLists.txt and the static_assert above); the
+  // library loaded at run time can still differ (another package installed since): the
+  // declarations above would then not match what they call.
+  const std::string core = grpc_version_string();
+  if (core != KPLEG_GRPCIDLE_GRPC_CORE_VERSION)
+    return "gRPC core " + core + " is loaded, grpcidle was built for gRPC " GRPC_CPP_VERSION_STRING
+           " (core " KPLEG_GRPCIDLE_GRPC_CORE_VERSION "): left as is";
+  if (const std::string cpp = grpc::Version(); cpp != GRPC_CPP_VERSION_STRING)
+    return "gRPC C++ " + cpp + " is loaded, grpcidle was built for gRPC " GRPC_CPP_VERSION_STRING
+           ": left as is";
   if (grpc_is_initialized())
     return "gRPC was initialised before: left as is";
   if (grpc_have_determined_iomgr_platform()) return "gRPC's iomgr platform was chosen before: left as is";

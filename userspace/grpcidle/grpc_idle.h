@@ -1,6 +1,14 @@
 // Makes gRPC 1.51's background threads sleep while nothing is due. Call it first thing in main,
-// before any gRPC object exists (it does nothing, and says so, once gRPC is initialised or with
-// another gRPC version).
+// before any gRPC object exists.
+//
+// It replaces gRPC's timer implementation through internal symbols that grpc_idle.cc declares
+// itself, as gRPC 1.51 exports them: with any other gRPC it would be undefined behaviour. So it
+// is built only against gRPC 1.51 (the CMake option KPLEG_GRPCIDLE, default AUTO: see
+// CMakeLists.txt here); otherwise, or with -DKPLEG_GRPCIDLE=OFF, a stub is built whose install()
+// only says why it did nothing, and kplegd runs as well, its gRPC timer threads waking about
+// once a second while idle. At run time install() also leaves gRPC as it is, and says so, when
+// the gRPC core library loaded is not the one it was compiled for (grpc_version_string()), or
+// when gRPC was initialised before.
 //
 // Why: both of gRPC 1.51's timer lists (iomgr's, run by the "grpc_global_timer" threads, and the
 // default EventEngine's, run by its "timer_manager" thread) are sharded (2 shards per core), and
@@ -26,7 +34,7 @@
 
 namespace kpleg::grpcidle {
 
-// Returns what was done, for the log ("" when both were installed).
+// "" when both were installed; otherwise one line saying why nothing was, for the log.
 std::string install();
 
 }  // namespace kpleg::grpcidle

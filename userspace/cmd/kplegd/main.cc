@@ -184,7 +184,7 @@ int main(int argc, char** argv) {
   if (!names_flag(argc, argv, "--cri-listen"))
     setenv("GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS", "0", /*overwrite=*/0);
   // Before any gRPC object exists: gRPC's timer threads then sleep until a timer is due instead
-  // of waking every second (see grpcidle/grpc_idle.h).
+  // of waking every second (see grpcidle/grpc_idle.h; a build without it says so in the log).
   g_grpc_idle_note = grpcidle::install();
   CLI::App app{"kplegd: kernel-driven Pod Lifecycle Event Generator"};
   app.set_version_flag("--version", "kplegd 0.1.0");
