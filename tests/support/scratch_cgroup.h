@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cgroup/cgroup_process.h"
 #include "common/result.h"
 
 namespace kpleg::testing {
@@ -32,11 +33,10 @@ class ScratchCgroup {
   uint64_t id_;
 };
 
-// Forks a child that moves itself into `cgroup_dir` and execs argv. Returns its pid.
-Result<pid_t> spawn_in_cgroup(const std::string& cgroup_dir, const std::vector<std::string>& argv);
-// Waits for a child and returns its wait status.
-Result<int> wait_child(pid_t pid);
-// spawn + wait.
-Result<int> run_in_cgroup(const std::string& cgroup_dir, const std::vector<std::string>& argv);
+// Running a program inside a cgroup (userspace/cgroup/cgroup_process.h), under the names the
+// tests know.
+using cgroup::run_in_cgroup;
+using cgroup::spawn_in_cgroup;
+using cgroup::wait_child;
 
 }  // namespace kpleg::testing

@@ -10,8 +10,8 @@
 // explicit hooks (Hooks, CallHooks): serve a method here instead of forwarding it, look at or
 // rewrite a call's request, hold a call before it goes upstream or before it is answered
 // (Gate), filter the upstream's response messages, and see each call's end. Users:
-// criendpoint (kplegd's --cri-listen), the slow-runtime CRI proxy (cri/cri_proxy.h) and the
-// benchmark's cgroup-prefix proxy.
+// criendpoint (kplegd's --cri-listen), the slow-runtime CRI proxy
+// (tools/kpleg-cri-proxy/cri_proxy.h) and the benchmark's cgroup-prefix proxy.
 #pragma once
 
 #include <grpcpp/generic/async_generic_service.h>

@@ -17,6 +17,7 @@
 #include <variant>
 
 #include "cgroup/cgroup2_mount.h"
+#include "cgroup/cgroup_process.h"
 #include "common/result.h"
 #include "kernel/kernel_source.h"
 
@@ -57,36 +58,6 @@ class CgroupDir {
   std::string path_;
   uint64_t id_;
 };
-
-// Runs argv in a child process that joins `cgroup_dir` before it execs, and waits for it.
-// Returns its wait status.
-Result<int> run_in_cgroup(const std::string& cgroup_dir, const std::vector<std::string>& argv) {
-  const std::string procs = cgroup_dir + "/cgroup.procs";
-  std::vector<char*> cargv;
-  for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
-  cargv.push_back(nullptr);
-  int fd = open(procs.c_str(), O_WRONLY | O_CLOEXEC);
-  if (fd < 0) return Error::from_errno(errno, "open " + procs);
-  pid_t pid = fork();
-  if (pid < 0) {
-    int err = errno;
-    close(fd);
-    return Error::from_errno(err, "fork");
-  }
-  if (pid == 0) {
-    // Only async-signal-safe calls until exec.
-    if (write(fd, "0", 1) != 1) _exit(126);  // "0" moves the writing process
-    close(fd);
-    execv(cargv[0], cargv.data());
-    _exit(127);
-  }
-  close(fd);
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0) {
-    if (errno != EINTR) return Error::from_errno(errno, "waitpid");
-  }
-  return status;
-}
 
 // The kernel events the check receives, kept to be waited for and read back.
 class EventLog {
@@ -179,13 +150,13 @@ Report run(const kernel::BpfOptions& base, const std::string& cgroup_base) {
     return r;
   }
   const uint64_t filtered_before = source.stats().bpf.filtered;
-  if (auto st = run_in_cgroup(other->path(), {"/bin/true"}); !st) {
+  if (auto st = cgroup::run_in_cgroup(other->path(), {"/bin/true"}); !st) {
     fail("run untracked process: " + st.error().message);
     return r;
   }
   // The container's init execs a shell that execs again (like an entrypoint wrapper), and
   // a child exec (like an exec probe); then exits 7.
-  auto status = run_in_cgroup(ctr->path(), {"/bin/sh", "-c", "/bin/true; exec /bin/sh -c 'exit 7'"});
+  auto status = cgroup::run_in_cgroup(ctr->path(), {"/bin/sh", "-c", "/bin/true; exec /bin/sh -c 'exit 7'"});
   if (!status) {
     fail("run process: " + status.error().message);
     return r;
