@@ -940,6 +940,7 @@ TEST(ApiServerTls, RotatedCertificatesAreServedWithoutARestart) {
   std::filesystem::copy_file(certs.file("server.crt"), cert);
   std::filesystem::copy_file(certs.file("server.key"), key);
   api::ApiServerOptions o{.listen_address = "127.0.0.1:0", .tls_cert_file = cert, .tls_key_file = key};
+  o.tls_no_client_auth = true;
   o.tls_reload_interval = 1s;
   ServerHarness h(o);
   ASSERT_TRUE(h.start().ok());
@@ -967,14 +968,37 @@ TEST(ApiServerTls, AllowListWithoutClientCaIsRefused) {
   EXPECT_NE(st.error().message.find("--tls-client-allow needs --tls-client-ca"), std::string::npos);
 }
 
-TEST(ApiServerTls, ServerOnlyTlsAcceptsClientsWithoutCertificates) {
+TEST(ApiServerTls, TlsWithoutClientCertificatesIsRefusedUnlessAskedFor) {
+  api::ApiServerOptions o{.listen_address = "127.0.0.1:0", .tls_cert_file = "c", .tls_key_file = "k"};
+  auto st = o.validate();
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.error().message.find("refusing TLS without client certificates on 127.0.0.1:0"),
+            std::string::npos)
+      << st.error().message;
+  EXPECT_NE(st.error().message.find("--tls-no-client-auth"), std::string::npos);
+  o.tls_no_client_auth = true;
+  EXPECT_TRUE(o.validate().ok());
+  o.tls_client_ca_file = "ca";
+  st = o.validate();
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.error().message.find("--tls-no-client-auth contradicts --tls-client-ca"),
+            std::string::npos);
+  api::ApiServerOptions plain{.listen_address = "127.0.0.1:0", .insecure_tcp = true};
+  plain.tls_no_client_auth = true;
+  st = plain.validate();
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.error().message.find("--tls-no-client-auth needs --tls-cert"), std::string::npos);
+}
+
+TEST(ApiServerTls, ServerOnlyTlsAcceptsClientsWithoutCertificatesWhenAskedFor) {
   KPLEG_REQUIRE_OR_SKIP(access("/usr/bin/openssl", X_OK) == 0,
                         "openssl CLI not installed (Debian package openssl)");
   Certs certs;
   ASSERT_TRUE(certs.ok());
   ServerHarness h(api::ApiServerOptions{.listen_address = "127.0.0.1:0",
                                         .tls_cert_file = certs.file("server.crt"),
-                                        .tls_key_file = certs.file("server.key")});
+                                        .tls_key_file = certs.file("server.key"),
+                                        .tls_no_client_auth = true});
   ASSERT_TRUE(h.start().ok());
   const std::string addr = "127.0.0.1:" + std::to_string(h.server->tcp_port());
   EXPECT_EQ(stats_over({.address = addr, .tls_ca_file = certs.file("ca.crt")}),
@@ -984,7 +1008,8 @@ TEST(ApiServerTls, ServerOnlyTlsAcceptsClientsWithoutCertificates) {
 TEST(ApiServerTls, MissingCertificateFileIsAClearError) {
   ServerHarness h(api::ApiServerOptions{.listen_address = "127.0.0.1:0",
                                         .tls_cert_file = "/nonexistent/server.crt",
-                                        .tls_key_file = "/nonexistent/server.key"});
+                                        .tls_key_file = "/nonexistent/server.key",
+                                        .tls_no_client_auth = true});
   auto st = h.start();
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.error().message.find("--tls-cert /nonexistent/server.crt: cannot read"),

@@ -13,10 +13,10 @@ Status ApiServerOptions::validate() const {
 
   const bool tls = !tls_cert_file.empty() || !tls_key_file.empty();
   if (listen_address.empty()) {
-    if (tls || !tls_client_ca_file.empty() || insecure_tcp)
+    if (tls || !tls_client_ca_file.empty() || insecure_tcp || tls_no_client_auth)
       return Error{EINVAL,
-                   "--tls-cert, --tls-key, --tls-client-ca and --insecure-tcp apply to --listen, "
-                   "which is not given"};
+                   "--tls-cert, --tls-key, --tls-client-ca, --tls-no-client-auth and "
+                   "--insecure-tcp apply to --listen, which is not given"};
     return {};
   }
   auto colon = listen_address.rfind(':');
@@ -28,6 +28,10 @@ Status ApiServerOptions::validate() const {
     return Error{EINVAL, "--insecure-tcp contradicts --tls-cert/--tls-key: choose one"};
   if (!tls_client_ca_file.empty() && !tls)
     return Error{EINVAL, "--tls-client-ca needs --tls-cert and --tls-key"};
+  if (tls_no_client_auth && !tls)
+    return Error{EINVAL, "--tls-no-client-auth needs --tls-cert and --tls-key"};
+  if (tls_no_client_auth && !tls_client_ca_file.empty())
+    return Error{EINVAL, "--tls-no-client-auth contradicts --tls-client-ca: choose one"};
   if (!tls_client_allow.empty() && tls_client_ca_file.empty())
     return Error{EINVAL, "--tls-client-allow needs --tls-client-ca: without client "
                          "certificates there is no identity to check"};
@@ -35,6 +39,11 @@ Status ApiServerOptions::validate() const {
     if (name.empty()) return Error{EINVAL, "--tls-client-allow: empty name"};
   if (tls_reload_interval.count() < 1)
     return Error{EINVAL, "--tls-reload-interval must be at least 1s"};
+  if (tls && tls_client_ca_file.empty() && !tls_no_client_auth)
+    return Error{EINVAL, "refusing TLS without client certificates on " + listen_address +
+                             ": anyone who can reach the port could read the node's events; give "
+                             "--tls-client-ca to require client certificates, or "
+                             "--tls-no-client-auth to accept that"};
   if (!tls && !insecure_tcp)
     return Error{EINVAL, "refusing plain TCP on " + listen_address +
                              ": anyone who can reach the port could read the node's events; give "
@@ -64,6 +73,9 @@ void add_api_flags(CLI::App& app, ApiServerOptions& o, bus::EventBusOptions& b) 
          "Seconds between re-reads of the TLS certificate, key and client CA files (rotated "
          "files take effect for new connections)")
       ->default_str("60");
+  app.add_flag("--tls-no-client-auth", o.tls_no_client_auth,
+               "Allow --listen with TLS but without --tls-client-ca: encrypted, but any client "
+               "that reaches the port is served");
   app.add_flag("--insecure-tcp", o.insecure_tcp,
                "Allow --listen without TLS: unauthenticated and unencrypted");
   app.add_option("--max-watchers", o.max_watchers, "Concurrent Watch streams")

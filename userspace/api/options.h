@@ -38,6 +38,9 @@ struct ApiServerOptions {
   // take effect without a restart (new connections get them).
   std::chrono::seconds tls_reload_interval{60};
   bool insecure_tcp = false;
+  // TLS without client certificates: any peer that reaches the port reads every event. Refused
+  // unless this says so (--tls-no-client-auth).
+  bool tls_no_client_auth = false;
 
   // Concurrent Watch streams; each holds one server thread.
   size_t max_watchers = 64;
@@ -51,12 +54,14 @@ struct ApiServerOptions {
   // interval adds a periodic re-read (0: none, the health thread sleeps until then).
   std::chrono::milliseconds health_refresh_interval{0};
 
-  // Refuses contradictory or unsafe settings (plain TCP without --insecure-tcp, half a TLS
-  // key pair, nothing to listen on) with a message naming the flags.
+  // Refuses contradictory or unsafe settings (plain TCP without --insecure-tcp, TLS without
+  // client certificates without --tls-no-client-auth, half a TLS key pair, nothing to listen
+  // on) with a message naming the flags.
   Status validate() const;
 };
 
-// --socket, --socket-group, --listen, --tls-cert, --tls-key, --tls-client-ca, --insecure-tcp,
+// --socket, --socket-group, --listen, --tls-cert, --tls-key, --tls-client-ca,
+// --tls-no-client-auth, --insecure-tcp,
 // --max-watchers, and the event stream's --event-history and --watch-queue.
 void add_api_flags(CLI::App& app, ApiServerOptions& options, bus::EventBusOptions& bus_options);
 
