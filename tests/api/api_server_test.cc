@@ -827,9 +827,9 @@ class Certs {
 cd ")" + d + R"("
 key() { openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1" 2>/dev/null; }
 ca() { key $1.key; openssl req -x509 -new -key $1.key -out $1.crt -days 2 -subj "/CN=$1" 2>/dev/null; }
-leaf() {  # name ca ext
+leaf() {  # name ca ext [cn]
   key $1.key
-  openssl req -new -key $1.key -out $1.csr -subj "/CN=$1" 2>/dev/null
+  openssl req -new -key $1.key -out $1.csr -subj "/CN=${4:-$1}" 2>/dev/null
   printf '%s\n' "$3" > $1.ext
   openssl x509 -req -in $1.csr -CA $2.crt -CAkey $2.key -CAcreateserial -out $1.crt -days 2 -extfile $1.ext 2>/dev/null
 }
@@ -841,6 +841,12 @@ leaf client ca "extendedKeyUsage=clientAuth"
 leaf intruder stranger "extendedKeyUsage=clientAuth"
 leaf other ca "extendedKeyUsage=clientAuth"
 leaf agent ca "subjectAltName=DNS:node-agent.kpleg
+extendedKeyUsage=clientAuth"
+leaf impostor ca "subjectAltName=DNS:elsewhere.kpleg
+extendedKeyUsage=clientAuth" node-agent.kpleg
+leaf byip ca "subjectAltName=IP:10.1.2.3
+extendedKeyUsage=clientAuth"
+leaf workload ca "subjectAltName=URI:spiffe://kpleg/reader
 extendedKeyUsage=clientAuth"
 ca ca2
 leaf server2 ca2 "subjectAltName=DNS:localhost,IP:127.0.0.1
@@ -913,7 +919,7 @@ TEST(ApiServerTls, OnlyAllowedClientIdentitiesGetIn) {
                           .tls_cert_file = certs.file("server.crt"),
                           .tls_key_file = certs.file("server.key"),
                           .tls_client_ca_file = certs.file("ca.crt")};
-  o.tls_client_allow = {"node-agent.kpleg", "client"};
+  o.tls_client_allow = {"node-agent.kpleg", "CN:client", "IP:10.1.2.3", "URI:spiffe://kpleg/reader"};
   ServerHarness h(o);
   auto st = h.start();
   ASSERT_TRUE(st.ok()) << st.error().message;
@@ -924,10 +930,14 @@ TEST(ApiServerTls, OnlyAllowedClientIdentitiesGetIn) {
                               .tls_cert_file = certs.file(who + ".crt"),
                               .tls_key_file = certs.file(who + ".key")};
   };
-  EXPECT_EQ(stats_over(as("client")), grpc::StatusCode::OK) << "allowed by subject CN";
+  EXPECT_EQ(stats_over(as("client")), grpc::StatusCode::OK) << "allowed by CN:";
   EXPECT_EQ(stats_over(as("agent")), grpc::StatusCode::OK) << "allowed by subjectAltName DNS";
+  EXPECT_EQ(stats_over(as("byip")), grpc::StatusCode::OK) << "allowed by subjectAltName IP";
+  EXPECT_EQ(stats_over(as("workload")), grpc::StatusCode::OK) << "allowed by subjectAltName URI";
   // Signed by the trusted CA, but not an allowed identity.
   EXPECT_EQ(stats_over(as("other")), grpc::StatusCode::UNAUTHENTICATED);
+  // Its common name is an allowed DNS name, but a name's kind counts, as for a Kubernetes client.
+  EXPECT_EQ(stats_over(as("impostor")), grpc::StatusCode::UNAUTHENTICATED);
 }
 
 TEST(ApiServerTls, RotatedCertificatesAreServedWithoutARestart) {

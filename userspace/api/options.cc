@@ -2,6 +2,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "api/client_identity.h"
+
 namespace kpleg::api {
 
 Status ApiServerOptions::validate() const {
@@ -36,7 +38,7 @@ Status ApiServerOptions::validate() const {
     return Error{EINVAL, "--tls-client-allow needs --tls-client-ca: without client "
                          "certificates there is no identity to check"};
   for (const auto& name : tls_client_allow)
-    if (name.empty()) return Error{EINVAL, "--tls-client-allow: empty name"};
+    if (auto id = AllowedIdentity::parse(name); !id) return id.error();
   if (tls_reload_interval.count() < 1)
     return Error{EINVAL, "--tls-reload-interval must be at least 1s"};
   if (tls && tls_client_ca_file.empty() && !tls_no_client_auth)
@@ -65,8 +67,9 @@ void add_api_flags(CLI::App& app, ApiServerOptions& o, bus::EventBusOptions& b) 
   app.add_option("--tls-client-ca", o.tls_client_ca_file,
                  "Require client certificates signed by this CA (PEM)");
   app.add_option("--tls-client-allow", o.tls_client_allow,
-                 "With --tls-client-ca: accept only client certificates that name this identity "
-                 "(subjectAltName DNS/URI/email/IP or subject CN); repeatable");
+                 "With --tls-client-ca: accept only client certificates that name this identity: "
+                 "DNS:name, IP:addr, URI:uri, email:addr (subjectAltName entries) or CN:name "
+                 "(subject common name); untyped, a DNS name or an IP address; repeatable");
   app.add_option_function<unsigned>(
          "--tls-reload-interval",
          [&o](unsigned s) { o.tls_reload_interval = std::chrono::seconds(s); },

@@ -1,5 +1,7 @@
 #include "api/tls_credentials.h"
 
+#include "api/client_identity.h"
+
 #include <grpc/grpc_security_constants.h>
 #include <grpcpp/security/auth_metadata_processor.h>
 #include <grpcpp/security/server_credentials.h>
@@ -27,30 +29,33 @@ Result<std::string> read_file(const std::string& path, const char* flag) {
   return ss.str();
 }
 
-// --tls-client-allow: a verified client certificate must also name an allowed identity. Runs
-// for every call (the health service's too), before the handler.
+// --tls-client-allow: a verified client certificate must also name an allowed identity, of the
+// allowed kind (client_identity.h). Runs for every call (the health service's too), before the
+// handler.
 class ClientIdentityCheck final : public grpc::AuthMetadataProcessor {
  public:
-  explicit ClientIdentityCheck(std::vector<std::string> allowed) : allowed_(std::move(allowed)) {}
+  explicit ClientIdentityCheck(std::vector<AllowedIdentity> allowed)
+      : allowed_(std::move(allowed)) {}
   bool IsBlocking() const override { return false; }
   grpc::Status Process(const InputMetadata&, grpc::AuthContext* context, OutputMetadata*,
                        OutputMetadata*) override {
-    std::string seen;
-    for (const char* property : {GRPC_X509_SAN_PROPERTY_NAME, GRPC_X509_CN_PROPERTY_NAME}) {
-      for (const auto& value : context->FindPropertyValues(property)) {
-        const std::string name(value.data(), value.size());
-        if (std::find(allowed_.begin(), allowed_.end(), name) != allowed_.end())
-          return grpc::Status::OK;
-        seen += (seen.empty() ? "" : ", ") + name;
-      }
-    }
+    PresentedIdentity peer;
+    auto values = [&](const char* property, std::vector<std::string>& into) {
+      for (const auto& v : context->FindPropertyValues(property)) into.emplace_back(v.data(), v.size());
+    };
+    values(GRPC_PEER_DNS_PROPERTY_NAME, peer.dns);
+    values(GRPC_PEER_IP_PROPERTY_NAME, peer.ip);
+    values(GRPC_PEER_URI_PROPERTY_NAME, peer.uri);
+    values(GRPC_PEER_EMAIL_PROPERTY_NAME, peer.email);
+    if (auto cn = context->FindPropertyValues(GRPC_X509_CN_PROPERTY_NAME); !cn.empty())
+      peer.common_name.assign(cn.front().data(), cn.front().size());
+    if (identity_allowed(allowed_, peer)) return grpc::Status::OK;
     return {grpc::StatusCode::UNAUTHENTICATED,
-            "client certificate (" + (seen.empty() ? std::string("no names") : seen) +
-                ") is not among --tls-client-allow"};
+            "client certificate (" + describe(peer) + ") is not among --tls-client-allow"};
   }
 
  private:
-  std::vector<std::string> allowed_;
+  std::vector<AllowedIdentity> allowed_;
 };
 
 }  // namespace
@@ -77,9 +82,15 @@ Result<std::shared_ptr<grpc::ServerCredentials>> tcp_credentials(const ApiServer
     tls.set_cert_request_type(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
   }
   std::shared_ptr<grpc::ServerCredentials> creds = grpc::experimental::TlsServerCredentials(tls);
-  if (!options.tls_client_allow.empty())
-    creds->SetAuthMetadataProcessor(
-        std::make_shared<ClientIdentityCheck>(options.tls_client_allow));
+  if (!options.tls_client_allow.empty()) {
+    std::vector<AllowedIdentity> allowed;
+    for (const auto& name : options.tls_client_allow) {
+      auto id = AllowedIdentity::parse(name);
+      if (!id) return id.error();
+      allowed.push_back(std::move(*id));
+    }
+    creds->SetAuthMetadataProcessor(std::make_shared<ClientIdentityCheck>(std::move(allowed)));
+  }
   return creds;
 }
 

@@ -1,0 +1,147 @@
+#include "api/client_identity.h"
+
+#include <arpa/inet.h>
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <cerrno>
+#include <optional>
+#include <string_view>
+
+namespace kpleg::api {
+namespace {
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  std::transform(out.begin(), out.end(), out.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return out;
+}
+
+// The address in one spelling (IPv4-mapped IPv6 stays IPv6, as Go compares them by bytes after
+// To16: we keep the families apart, which only refuses more).
+std::optional<std::string> canonical_ip(const std::string& s) {
+  std::array<unsigned char, 16> bytes{};
+  char out[INET6_ADDRSTRLEN] = {};
+  if (inet_pton(AF_INET, s.c_str(), bytes.data()) == 1)
+    return inet_ntop(AF_INET, bytes.data(), out, sizeof out) ? std::optional(std::string(out))
+                                                             : std::nullopt;
+  if (inet_pton(AF_INET6, s.c_str(), bytes.data()) == 1)
+    return inet_ntop(AF_INET6, bytes.data(), out, sizeof out) ? std::optional(std::string(out))
+                                                              : std::nullopt;
+  return std::nullopt;
+}
+
+std::vector<std::string_view> labels(std::string_view name) {
+  std::vector<std::string_view> out;
+  for (size_t start = 0;;) {
+    const size_t dot = name.find('.', start);
+    out.push_back(name.substr(start, dot == std::string_view::npos ? dot : dot - start));
+    if (dot == std::string_view::npos) return out;
+    start = dot + 1;
+  }
+}
+
+// Go's matchHostnames: the certificate's name may start with a "*" label that stands for exactly
+// one non-empty label of the allowed name; comparison ignores case and one trailing dot.
+bool dns_matches(std::string pattern, std::string host) {
+  pattern = lower(pattern);
+  host = lower(host);
+  if (!host.empty() && host.back() == '.') host.pop_back();
+  if (!pattern.empty() && pattern.back() == '.') pattern.pop_back();
+  if (pattern.empty() || host.empty()) return false;
+  const auto p = labels(pattern), h = labels(host);
+  if (p.size() != h.size()) return false;
+  for (size_t i = 0; i < p.size(); ++i) {
+    if (i == 0 && p[i] == "*" && !h[i].empty()) continue;
+    if (p[i] != h[i]) return false;
+  }
+  return true;
+}
+
+bool contains(const std::vector<std::string>& names, auto&& same) {
+  return std::any_of(names.begin(), names.end(), same);
+}
+
+}  // namespace
+
+Result<AllowedIdentity> AllowedIdentity::parse(const std::string& flag_value) {
+  auto bad = [&](const std::string& why) {
+    return Error{EINVAL, "--tls-client-allow " + flag_value + ": " + why};
+  };
+  static constexpr std::pair<std::string_view, IdentityKind> kTypes[] = {
+      {"DNS:", IdentityKind::kDns},     {"IP:", IdentityKind::kIp},
+      {"URI:", IdentityKind::kUri},     {"email:", IdentityKind::kEmail},
+      {"CN:", IdentityKind::kCommonName}};
+  AllowedIdentity id{IdentityKind::kDns, flag_value, flag_value};
+  bool typed = false;
+  for (const auto& [prefix, kind] : kTypes) {
+    if (lower(flag_value.substr(0, prefix.size())) == lower(prefix)) {
+      id.kind = kind;
+      id.value = flag_value.substr(prefix.size());
+      typed = true;
+      break;
+    }
+  }
+  if (!typed) {
+    const auto colon = flag_value.find(':');
+    // An untyped IPv6 literal has colons; anything else with a colon before a dot or slash is
+    // a type we do not know.
+    if (colon != std::string::npos && !canonical_ip(flag_value) &&
+        flag_value.find_first_of("./") > colon)
+      return bad("unknown type \"" + flag_value.substr(0, colon + 1) +
+                 "\" (DNS:, IP:, URI:, email: or CN:)");
+    if (canonical_ip(flag_value)) id.kind = IdentityKind::kIp;
+  }
+  if (id.value.empty()) return bad("empty name");
+  if (id.kind == IdentityKind::kIp) {
+    auto ip = canonical_ip(id.value);
+    if (!ip) return bad("not an IP address");
+    id.value = *ip;
+  }
+  if (id.kind == IdentityKind::kDns && id.value.find('*') != std::string::npos)
+    return bad("a wildcard names no client; list the name the client certificate covers");
+  return id;
+}
+
+bool identity_allowed(const std::vector<AllowedIdentity>& allowed, const PresentedIdentity& peer) {
+  for (const auto& a : allowed) {
+    switch (a.kind) {
+      case IdentityKind::kDns:
+        if (contains(peer.dns, [&](const std::string& n) { return dns_matches(n, a.value); }))
+          return true;
+        break;
+      case IdentityKind::kIp:
+        if (contains(peer.ip, [&](const std::string& n) { return canonical_ip(n) == a.value; }))
+          return true;
+        break;
+      case IdentityKind::kUri:
+        if (contains(peer.uri, [&](const std::string& n) { return n == a.value; })) return true;
+        break;
+      case IdentityKind::kEmail:
+        if (contains(peer.email, [&](const std::string& n) { return lower(n) == lower(a.value); }))
+          return true;
+        break;
+      case IdentityKind::kCommonName:
+        if (!peer.common_name.empty() && peer.common_name == a.value) return true;
+        break;
+    }
+  }
+  return false;
+}
+
+std::string describe(const PresentedIdentity& peer) {
+  std::string out;
+  auto add = [&](const char* type, const std::string& name) {
+    out += (out.empty() ? "" : ", ") + std::string(type) + name;
+  };
+  for (const auto& n : peer.dns) add("DNS:", n);
+  for (const auto& n : peer.ip) add("IP:", n);
+  for (const auto& n : peer.uri) add("URI:", n);
+  for (const auto& n : peer.email) add("email:", n);
+  if (!peer.common_name.empty()) add("CN:", peer.common_name);
+  return out.empty() ? "no names" : out;
+}
+
+}  // namespace kpleg::api

@@ -1,0 +1,47 @@
+#pragma once
+// --tls-client-allow: which verified client certificates may use the API.
+//
+// An allowed identity is typed the way a certificate types its names, so that a name of one
+// kind never matches a name of another kind:
+//   DNS:name    a subjectAltName DNS entry (case-insensitive; a certificate's "*.x" covers
+//               exactly one leftmost label, as in Go's crypto/x509 VerifyHostname)
+//   IP:addr     a subjectAltName IP entry (compared as addresses: "::1" == "0:0:0:0:0:0:0:1")
+//   URI:uri     a subjectAltName URI entry (exact; e.g. a SPIFFE ID)
+//   email:addr  a subjectAltName email entry (case-insensitive)
+//   CN:name     the subject common name, whatever SANs the certificate has (how the Kubernetes
+//               API server's --requestheader-allowed-names names its clients)
+//   name        untyped: matched as a Kubernetes client verifies a server name (Go's
+//               VerifyHostname): an IP literal against IP entries, anything else against DNS
+//               entries; never against the common name.
+#include <string>
+#include <vector>
+
+#include "common/result.h"
+
+namespace kpleg::api {
+
+enum class IdentityKind { kDns, kIp, kUri, kEmail, kCommonName };
+
+struct AllowedIdentity {
+  IdentityKind kind;
+  std::string value;  // IP entries in canonical form
+  std::string spelled;  // as given on the command line, for messages
+
+  // Parses one --tls-client-allow value; a clear error for an unknown type, an empty name or
+  // an IP entry that is not an address.
+  static Result<AllowedIdentity> parse(const std::string& flag_value);
+};
+
+// The names a verified certificate presents, by kind (gRPC's peer_dns, peer_ip, peer_uri,
+// peer_email and x509_common_name properties).
+struct PresentedIdentity {
+  std::vector<std::string> dns, ip, uri, email;
+  std::string common_name;
+};
+
+bool identity_allowed(const std::vector<AllowedIdentity>& allowed, const PresentedIdentity& peer);
+
+// "DNS:a, IP:10.0.0.1, CN:b" (or "no names"), for the refusal message.
+std::string describe(const PresentedIdentity& peer);
+
+}  // namespace kpleg::api
