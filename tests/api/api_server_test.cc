@@ -940,6 +940,47 @@ TEST(ApiServerTls, OnlyAllowedClientIdentitiesGetIn) {
   EXPECT_EQ(stats_over(as("impostor")), grpc::StatusCode::UNAUTHENTICATED);
 }
 
+// One client holding its share of --max-watchers does not lock the others out: over TLS a client
+// is its certificate's identity.
+TEST(ApiServerTls, EachCertificateIdentityHoldsAtMostItsShareOfWatchers) {
+  KPLEG_REQUIRE_OR_SKIP(access("/usr/bin/openssl", X_OK) == 0,
+                        "openssl CLI not installed (Debian package openssl)");
+  Certs certs;
+  ASSERT_TRUE(certs.ok());
+  api::ApiServerOptions o{.listen_address = "127.0.0.1:0",
+                          .tls_cert_file = certs.file("server.crt"),
+                          .tls_key_file = certs.file("server.key"),
+                          .tls_client_ca_file = certs.file("ca.crt"),
+                          .max_watchers = 4,
+                          .max_watchers_per_client = 2};
+  ServerHarness h(o);
+  ASSERT_TRUE(h.start().ok());
+  const std::string addr = "127.0.0.1:" + std::to_string(h.server->tcp_port());
+  auto channel_as = [&](const std::string& who) {
+    auto ch = api::connect_channel({.address = addr,
+                                    .tls_ca_file = certs.file("ca.crt"),
+                                    .tls_cert_file = certs.file(who + ".crt"),
+                                    .tls_key_file = certs.file(who + ".key")});
+    EXPECT_TRUE(ch.ok());
+    return *ch;
+  };
+  auto greedy = channel_as("client");
+  WatchClient a(greedy, watch_from(0)), b(greedy, watch_from(0));
+  ASSERT_TRUE(a.subscribed() && b.subscribed());
+  WatchClient c(greedy, watch_from(0));
+  EXPECT_FALSE(c.subscribed());
+  grpc::Status st = c.finish(10s);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(st.error_message().find("too many watchers from this client (certificate CN:client: "
+                                    "limit 2, kplegd --max-watchers-per-client"),
+            std::string::npos)
+      << st.error_message();
+  // Another identity on the same host still gets in.
+  auto other = channel_as("agent");
+  WatchClient d(other, watch_from(0));
+  EXPECT_TRUE(d.subscribed()) << "one client locked another out";
+}
+
 TEST(ApiServerTls, RotatedCertificatesAreServedWithoutARestart) {
   KPLEG_REQUIRE_OR_SKIP(access("/usr/bin/openssl", X_OK) == 0,
                         "openssl CLI not installed (Debian package openssl)");

@@ -187,6 +187,37 @@ TEST_F(KplegctlTest, WatchEndsWithExitTwoWhenTheDaemonStops) {
   EXPECT_NE(r.err.find("kplegd is shutting down"), std::string::npos) << r.err;
 }
 
+// On the unix socket a client is the process that connected: this process holding its share of
+// --max-watchers (Watches whose filter matches nothing) leaves room for kplegctl.
+TEST(KplegctlFairness, AProcessHoldingItsShareOfWatchersDoesNotLockAnotherOut) {
+  ServerHarness h(api::ApiServerOptions{.max_watchers = 4, .max_watchers_per_client = 2});
+  ASSERT_TRUE(h.start().ok());
+  v1::WatchRequest nothing;
+  nothing.set_pod_uid("no-such-pod");
+  WatchClient a(h.channel(), nothing), b(h.channel(), nothing);
+  ASSERT_TRUE(a.subscribed() && b.subscribed());
+  WatchClient c(h.channel(), nothing);
+  grpc::Status st = c.finish(10s);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(st.error_message().find("too many watchers from this client (pid " +
+                                    std::to_string(getpid()) + ", uid " +
+                                    std::to_string(getuid()) + ": limit 2"),
+            std::string::npos)
+      << st.error_message();
+
+  auto run = std::async(std::launch::async, [&] {
+    return run_command({KPLEGCTL_BIN, "--socket", h.socket_path, "watch", "-o", "json", "--count",
+                        "1"},
+                       20s);
+  });
+  ASSERT_TRUE(eventually([&] { return h.bus.stats().subscribers == 3; }, 10s))
+      << "kplegctl was locked out";
+  h.bus.publish(sample_event(1));
+  auto r = run.get();
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(lines_of(r.out).size(), 1u) << r.out;
+}
+
 TEST(KplegctlNotRunning, MissingSocketSaysSoInOneLineAndExitsTwo) {
   TempDir dir;
   std::string path = dir.path() + "/kpleg.sock";

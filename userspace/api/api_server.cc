@@ -11,10 +11,12 @@
 #include <grpcpp/grpcpp.h>
 #include <spdlog/spdlog.h>
 
+#include "api/client_identity.h"
 #include "api/health_service.h"
 #include "api/limits.h"
 #include "api/pod_lifecycle_service.h"
 #include "api/tls_credentials.h"
+#include "api/unix_listener.h"
 #include "api/unix_socket.h"
 #include "common/thread_name.h"
 
@@ -24,7 +26,8 @@ ApiServer::ApiServer(ApiServerOptions options, bus::EventBus& bus, StateProvider
                      HealthProvider& health, StatsProvider& stats)
     : options_(std::move(options)),
       health_(health),
-      streams_(std::make_unique<StreamSlots>(options_.max_watchers)),
+      streams_(std::make_unique<StreamSlots>(options_.max_watchers,
+                                             options_.max_watchers_per_client)),
       service_(std::make_unique<PodLifecycleService>(bus, state, health, stats, *streams_,
                                                      options_.cut_off_grace)),
       health_service_(std::make_unique<HealthService>(kWatchPoll, streams_.get())) {
@@ -34,6 +37,8 @@ ApiServer::ApiServer(ApiServerOptions options, bus::EventBus& bus, StateProvider
     service_->wake_watches();
     health_service_->wake_watches();
   });
+  streams_->set_client_namer(
+      [this](const grpc::ServerContext& ctx) { return client_of(ctx, unix_listener_.get()); });
 }
 
 ApiServer::~ApiServer() { stop(); }
@@ -75,7 +80,10 @@ Status ApiServer::start() {
   }
   if (!options_.socket_path.empty()) {
     if (auto st = prepare_socket_path(options_.socket_path); !st) return st;
-    builder.AddListeningPort("unix:" + options_.socket_path, grpc::InsecureServerCredentials());
+    // Accepted by kplegd itself (unix_listener.h), so that a peer's process is known.
+    auto listener = UnixListener::bind(options_.socket_path);
+    if (!listener) return listener.error();
+    unix_listener_ = std::move(*listener);
   }
   if (!options_.listen_address.empty()) {
     auto creds = tcp_credentials(options_);
@@ -83,16 +91,12 @@ Status ApiServer::start() {
     builder.AddListeningPort(options_.listen_address, *creds, &tcp_port_);
   }
 
-  // The socket is born owner-only: no window in which another user could connect before the
-  // chmod below. umask is process-wide, so this belongs at start-up, before other threads
-  // create files.
-  mode_t old_umask = umask(0177);
   {
     std::lock_guard l(server_mu_);
     server_ = builder.BuildAndStart();
   }
-  umask(old_umask);
   if (!server_) {
+    drop_unix_listener();
     return Error{
         EADDRNOTAVAIL,
         fmt::format("cannot serve the API on {}{}{}: bind failed (gRPC logged why)",
@@ -108,10 +112,12 @@ Status ApiServer::start() {
     auto ino = secure_socket(options_.socket_path, socket_gid_);
     if (!ino) {
       stop();
+      drop_unix_listener();
       unlink(options_.socket_path.c_str());  // ours: it was bound just above
       return ino.error();
     }
     socket_ino_ = *ino;
+    unix_listener_->serve(server_.get());
   }
 
   {
@@ -183,6 +189,11 @@ void ApiServer::health_loop() {
   }
 }
 
+void ApiServer::drop_unix_listener() {
+  // Names of clients are asked for by calls: none is left once the server is gone.
+  unix_listener_.reset();
+}
+
 void ApiServer::stop(std::chrono::milliseconds grace) {
   health_.set_health_listener(nullptr);
   {
@@ -193,6 +204,7 @@ void ApiServer::stop(std::chrono::milliseconds grace) {
   if (health_thread_.joinable()) health_thread_.join();
   if (!server_) return;
 
+  if (unix_listener_) unix_listener_->stop();  // no new connection during the shutdown
   service_->stop();
   health_service_->stop();
   server_->Shutdown(std::chrono::system_clock::now() + grace);
@@ -201,6 +213,7 @@ void ApiServer::stop(std::chrono::milliseconds grace) {
     std::lock_guard l(server_mu_);
     server_.reset();
   }
+  drop_unix_listener();
 
   if (!options_.socket_path.empty() && socket_ino_ != 0) {
     remove_socket_if_ours(options_.socket_path, socket_ino_);

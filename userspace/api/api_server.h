@@ -32,6 +32,7 @@ inline constexpr const char* kHealthServiceName = "kpleg.v1.PodLifecycle";
 class PodLifecycleService;
 class HealthService;
 class StreamSlots;
+class UnixListener;
 
 class ApiServer {
  public:
@@ -63,6 +64,7 @@ class ApiServer {
 
  private:
   void health_loop();
+  void drop_unix_listener();
   // What the health listener calls: the health thread re-reads the provider.
   void request_health_refresh();
 
@@ -73,6 +75,7 @@ class ApiServer {
   std::unique_ptr<HealthService> health_service_;
   std::mutex server_mu_;  // refresh_health() may race with stop()
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<UnixListener> unix_listener_;  // --socket; reset only once server_ is gone
   int tcp_port_ = 0;
   gid_t socket_gid_ = static_cast<gid_t>(-1);
   ino_t socket_ino_ = 0;  // to remove only the socket this server created

@@ -1,6 +1,11 @@
 #include "api/client_identity.h"
 
+#include "api/unix_listener.h"
+
 #include <arpa/inet.h>
+#include <grpc/grpc_security_constants.h>
+#include <grpcpp/security/auth_context.h>
+#include <grpcpp/server_context.h>
 
 #include <algorithm>
 #include <array>
@@ -142,6 +147,45 @@ std::string describe(const PresentedIdentity& peer) {
   for (const auto& n : peer.email) add("email:", n);
   if (!peer.common_name.empty()) add("CN:", peer.common_name);
   return out.empty() ? "no names" : out;
+}
+
+PresentedIdentity presented_by(const grpc::AuthContext& auth) {
+  PresentedIdentity peer;
+  auto values = [&](const char* property, std::vector<std::string>& into) {
+    for (const auto& v : auth.FindPropertyValues(property)) into.emplace_back(v.data(), v.size());
+  };
+  values(GRPC_PEER_DNS_PROPERTY_NAME, peer.dns);
+  values(GRPC_PEER_IP_PROPERTY_NAME, peer.ip);
+  values(GRPC_PEER_URI_PROPERTY_NAME, peer.uri);
+  values(GRPC_PEER_EMAIL_PROPERTY_NAME, peer.email);
+  if (auto cn = auth.FindPropertyValues(GRPC_X509_CN_PROPERTY_NAME); !cn.empty())
+    peer.common_name.assign(cn.front().data(), cn.front().size());
+  return peer;
+}
+
+std::string client_of(const std::string& grpc_peer, const PresentedIdentity* certificate,
+                      const UnixListener* unix) {
+  if (certificate != nullptr) return "certificate " + describe(*certificate);
+  // "ipv4:10.0.0.1:43210", "ipv6:[fd00::1]:43210": the address without the port.
+  if (grpc_peer.starts_with("ipv4:") || grpc_peer.starts_with("ipv6:")) {
+    const auto colon = grpc_peer.rfind(':');
+    return colon > 5 ? grpc_peer.substr(0, colon) : grpc_peer;
+  }
+  if (unix != nullptr) {
+    if (auto cred = unix->credentials_of(grpc_peer))
+      return "pid " + std::to_string(cred->pid) + ", uid " + std::to_string(cred->uid);
+  }
+  return grpc_peer;
+}
+
+std::string client_of(const grpc::ServerContext& ctx, const UnixListener* unix) {
+  const auto auth = ctx.auth_context();
+  if (auth && auth->IsPeerAuthenticated() &&
+      !auth->FindPropertyValues(GRPC_X509_PEM_CERT_PROPERTY_NAME).empty()) {
+    const PresentedIdentity cert = presented_by(*auth);
+    return client_of(ctx.peer(), &cert, unix);
+  }
+  return client_of(ctx.peer(), nullptr, unix);
 }
 
 }  // namespace kpleg::api

@@ -1,5 +1,7 @@
 #pragma once
-// --tls-client-allow: which verified client certificates may use the API.
+// Who a client of the API is: for --tls-client-allow, which verified client certificates may use
+// the API, and for the per-client bound on streams (stream_slots.h), which calls come from one
+// client.
 //
 // An allowed identity is typed the way a certificate types its names, so that a name of one
 // kind never matches a name of another kind:
@@ -18,7 +20,14 @@
 
 #include "common/result.h"
 
+namespace grpc {
+class AuthContext;
+class ServerContext;
+}  // namespace grpc
+
 namespace kpleg::api {
+
+class UnixListener;
 
 enum class IdentityKind { kDns, kIp, kUri, kEmail, kCommonName };
 
@@ -39,9 +48,20 @@ struct PresentedIdentity {
   std::string common_name;
 };
 
+PresentedIdentity presented_by(const grpc::AuthContext& auth);
+
 bool identity_allowed(const std::vector<AllowedIdentity>& allowed, const PresentedIdentity& peer);
 
 // "DNS:a, IP:10.0.0.1, CN:b" (or "no names"), for the refusal message.
 std::string describe(const PresentedIdentity& peer);
+
+// The client a call comes from: the names of its certificate when it presented one; else its TCP
+// peer's address (whatever the port: a host's connections are one client); else the process
+// that opened its unix socket connection ("pid 123, uid 0"; `unix` may be null); else gRPC's
+// peer string.
+std::string client_of(const grpc::ServerContext& ctx, const UnixListener* unix);
+// The same from a peer string and a certificate's names, for tests.
+std::string client_of(const std::string& grpc_peer, const PresentedIdentity* certificate,
+                      const UnixListener* unix);
 
 }  // namespace kpleg::api

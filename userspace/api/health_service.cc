@@ -51,7 +51,13 @@ grpc::Status HealthService::Check(grpc::ServerContext*, const HealthCheckRequest
 
 grpc::Status HealthService::Watch(grpc::ServerContext* ctx, const HealthCheckRequest* req,
                                   grpc::ServerWriter<HealthCheckResponse>* writer) {
-  StreamSlot slot(streams_);
+  StreamSlot slot(streams_, streams_ ? streams_->client_of(*ctx) : std::string());
+  if (slot.client_full()) {
+    return {grpc::StatusCode::RESOURCE_EXHAUSTED,
+            "too many streams from this client (" + slot.client() + ": limit " +
+                std::to_string(streams_->per_client_limit()) +
+                ", kplegd --max-watchers-per-client: Watch and grpc.health Watch streams share it)"};
+  }
   if (!slot.taken()) {
     return {grpc::StatusCode::RESOURCE_EXHAUSTED,
             "too many streams (limit " + std::to_string(streams_->limit()) +

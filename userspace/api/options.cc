@@ -12,6 +12,8 @@ Status ApiServerOptions::validate() const {
   if (!socket_group.empty() && socket_path.empty())
     return Error{EINVAL, "--socket-group needs --socket"};
   if (max_watchers == 0) return Error{EINVAL, "--max-watchers must be at least 1"};
+  if (max_watchers_per_client == 0)
+    return Error{EINVAL, "--max-watchers-per-client must be at least 1"};
 
   const bool tls = !tls_cert_file.empty() || !tls_key_file.empty();
   if (listen_address.empty()) {
@@ -82,6 +84,10 @@ void add_api_flags(CLI::App& app, ApiServerOptions& o, bus::EventBusOptions& b) 
   app.add_flag("--insecure-tcp", o.insecure_tcp,
                "Allow --listen without TLS: unauthenticated and unencrypted");
   app.add_option("--max-watchers", o.max_watchers, "Concurrent Watch streams")
+      ->capture_default_str();
+  app.add_option("--max-watchers-per-client", o.max_watchers_per_client,
+                 "Of --max-watchers, the most one client holds (a client certificate, a TCP "
+                 "peer address, a process on the unix socket)")
       ->capture_default_str();
   app.add_option("--event-history", b.history_capacity,
                  "Events kept for consumers that resume a Watch")

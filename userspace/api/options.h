@@ -31,8 +31,8 @@ struct ApiServerOptions {
   std::string tls_key_file;
   // When set, clients must present a certificate signed by this CA.
   std::string tls_client_ca_file;
-  // When non-empty, a client certificate must also name one of these (a subjectAltName DNS,
-  // URI, email or IP entry, or the subject CN); others are refused UNAUTHENTICATED.
+  // When non-empty, a client certificate must also name one of these (typed DNS:, IP:, URI:,
+  // email:, CN:, see client_identity.h); others are refused UNAUTHENTICATED.
   std::vector<std::string> tls_client_allow;
   // The certificate, key and client CA files are re-read this often, so rotated certificates
   // take effect without a restart (new connections get them).
@@ -44,6 +44,9 @@ struct ApiServerOptions {
 
   // Concurrent Watch streams; each holds one server thread.
   size_t max_watchers = 64;
+  // Of those, the most one client may hold (client_of: a certificate, a TCP peer address, a unix
+  // socket peer process), so that one client cannot lock the others out.
+  size_t max_watchers_per_client = 16;
   // A Watch cut off for being too slow gives its place back to --max-watchers at once; if its
   // consumer still reads nothing this long afterwards (its handler stays blocked in a write the
   // consumer's flow control holds), the call is cancelled so that its thread comes back too. A

@@ -39,16 +39,7 @@ class ClientIdentityCheck final : public grpc::AuthMetadataProcessor {
   bool IsBlocking() const override { return false; }
   grpc::Status Process(const InputMetadata&, grpc::AuthContext* context, OutputMetadata*,
                        OutputMetadata*) override {
-    PresentedIdentity peer;
-    auto values = [&](const char* property, std::vector<std::string>& into) {
-      for (const auto& v : context->FindPropertyValues(property)) into.emplace_back(v.data(), v.size());
-    };
-    values(GRPC_PEER_DNS_PROPERTY_NAME, peer.dns);
-    values(GRPC_PEER_IP_PROPERTY_NAME, peer.ip);
-    values(GRPC_PEER_URI_PROPERTY_NAME, peer.uri);
-    values(GRPC_PEER_EMAIL_PROPERTY_NAME, peer.email);
-    if (auto cn = context->FindPropertyValues(GRPC_X509_CN_PROPERTY_NAME); !cn.empty())
-      peer.common_name.assign(cn.front().data(), cn.front().size());
+    const PresentedIdentity peer = presented_by(*context);
     if (identity_allowed(allowed_, peer)) return grpc::Status::OK;
     return {grpc::StatusCode::UNAUTHENTICATED,
             "client certificate (" + describe(peer) + ") is not among --tls-client-allow"};

@@ -49,7 +49,13 @@ grpc::Status PodLifecycleService::Watch(grpc::ServerContext* ctx, const v1::Watc
   if (auto st = check_filters(req->pod_uid(), req->pod_namespace(), &req->instance_id());
       !st.ok())
     return st;
-  StreamSlot slot(&streams_);
+  StreamSlot slot(&streams_, streams_.client_of(*ctx));
+  if (slot.client_full()) {
+    return {grpc::StatusCode::RESOURCE_EXHAUSTED,
+            fmt::format("too many watchers from this client ({}: limit {}, kplegd "
+                        "--max-watchers-per-client; grpc.health Watch streams count too)",
+                        slot.client(), streams_.per_client_limit())};
+  }
   if (!slot.taken()) {
     return {grpc::StatusCode::RESOURCE_EXHAUSTED,
             fmt::format("too many watchers (limit {}, kplegd --max-watchers; grpc.health Watch "
