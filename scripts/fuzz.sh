@@ -35,7 +35,7 @@ if ! grep -q '^KPLEG_FUZZ:BOOL=ON$' "$build/CMakeCache.txt" 2>/dev/null; then
     -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DKPLEG_FUZZ=ON >/dev/null
 fi
 cmake --build "$build" --target cgroup_path_fuzz event_decoder_fuzz kernel_events_fuzz \
-  api_requests_fuzz -j "$jobs"
+  api_requests_fuzz cri_request_subject_fuzz h2_client_fuzz -j "$jobs"
 
 # minimize_corpus NAME [libFuzzer flags...]: replaces NAME's seeds by a -merge=1 of them.
 minimize_corpus() {
@@ -58,6 +58,8 @@ if [ "$minimize" = 1 ]; then
   minimize_corpus event_decoder -close_fd_mask=2
   minimize_corpus kernel_events
   minimize_corpus api_requests -detect_leaks=0
+  minimize_corpus cri_request_subject
+  minimize_corpus h2_client -detect_leaks=0
   exit 0
 fi
 
@@ -91,6 +93,11 @@ run_fuzzer kernel_events -max_len=16384
 # 4096-byte request limit. Leak detection is off (gRPC's process-wide state; see the target).
 # The target fails a call that takes 10 s itself; -timeout is the backstop for a hang elsewhere.
 run_fuzzer api_requests -max_len=8192 -timeout=60 -detect_leaks=0
+# The CRI endpoint's requests, read for the stuck-call watchdog: a request is a few hundred bytes.
+run_fuzzer cri_request_subject -max_len=4096
+# What a hostile runtime sends kplegd's HTTP/2 client: a call ends within its 100 ms deadline or
+# at the connection's end, so -timeout only catches a hang.
+run_fuzzer h2_client -max_len=4096 -timeout=20 -detect_leaks=0
 
 failed=0
 for i in "${!pids[@]}"; do

@@ -56,6 +56,18 @@ TEST(RequestSubject, IdMethodsNameTheirFirstField) {
             "c-2");
 }
 
+// Found by cri_request_subject_fuzz: a field given twice is its last value to the runtime.
+TEST(RequestSubject, AnIdGivenTwiceIsTheLastOneAsTheRuntimeReadsIt) {
+  v1::StopContainerRequest first, second;
+  first.set_container_id("decoy");
+  second.set_container_id("c-real");
+  const std::string both = first.SerializeAsString() + second.SerializeAsString();
+  v1::StopContainerRequest as_parsed;
+  ASSERT_TRUE(as_parsed.ParseFromString(both));
+  ASSERT_EQ(as_parsed.container_id(), "c-real");
+  EXPECT_EQ(request_subject("/runtime.v1.RuntimeService/StopContainer", both).id, "c-real");
+}
+
 TEST(RequestSubject, ListsByPodUidLabelNameThePod) {
   v1::ListContainersRequest lc;
   (*lc.mutable_filter()->mutable_label_selector())["io.kubernetes.pod.uid"] = "u-7";

@@ -20,18 +20,20 @@ constexpr std::array<std::string_view, 17> kIdFirst = {
     "RemoveContainer", "ContainerStatus",           "UpdateContainerResources",
     "ReopenContainerLog", "ExecSync", "Exec", "Attach", "ContainerStats", "CheckpointContainer"};
 
-// Field 1 of a message when it is length-delimited (a string): "" otherwise.
+// Field 1 of a message when it is length-delimited (a string): "" otherwise. A field given more
+// than once is its last value, as every protobuf parser (the runtime's too) reads it: the first
+// one would name a sandbox or container the call does not act on.
 std::string first_string_field(std::string_view bytes) {
   google::protobuf::io::CodedInputStream in(reinterpret_cast<const uint8_t*>(bytes.data()),
                                             static_cast<int>(bytes.size()));
+  std::string last;
   while (true) {
     const uint32_t tag = in.ReadTag();
-    if (tag == 0) return {};
+    if (tag == 0) return last;
     if (WireFormatLite::GetTagFieldNumber(tag) == 1 &&
         WireFormatLite::GetTagWireType(tag) == WireFormatLite::WIRETYPE_LENGTH_DELIMITED) {
-      std::string s;
-      if (!WireFormatLite::ReadString(&in, &s)) return {};
-      return s;
+      if (!WireFormatLite::ReadString(&in, &last)) return {};
+      continue;
     }
     if (!WireFormatLite::SkipField(&in, tag)) return {};
   }
