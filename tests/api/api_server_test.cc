@@ -231,6 +231,44 @@ TEST_F(ApiServerTest, ListReturnsTheSnapshotAndFilters) {
   EXPECT_EQ(some.pods(0).name(), "coredns-1");
 }
 
+// Consumers looping on List do not each take the pipeline's state: one snapshot serves every
+// List until an event is published or it is 100 ms old.
+TEST_F(ApiServerTest, ListLoopsShareSnapshotsInsteadOfEachTakingTheState) {
+  api::PodRecord web{"uid-web", "web-0", "default", {}};
+  h_.state.set_pods({web});
+  h_.bus.publish(sample_event(0));
+  const int before = h_.state.snapshots();
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::thread> loops;
+  std::atomic<int> answered{0};
+  for (int t = 0; t < 8; ++t) {
+    loops.emplace_back([&] {
+      auto stub = h_.stub();
+      for (int i = 0; i < 50; ++i) {
+        v1::ListResponse r;
+        grpc::ClientContext ctx;
+        if (stub->List(&ctx, v1::ListRequest{}, &r).ok() && r.pods_size() == 1) ++answered;
+      }
+    });
+  }
+  for (auto& t : loops) t.join();
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                      std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(answered.load(), 400);
+  const int taken = h_.state.snapshots() - before;
+  EXPECT_LE(taken, 1 + ms / 100 + 1) << "400 Lists in " << ms << " ms took " << taken << " snapshots";
+
+  // An event makes the next List take a new one, at once.
+  api::PodRecord dns{"uid-dns", "coredns-1", "kube-system", {}};
+  h_.state.set_pods({web, dns});
+  h_.bus.publish(sample_event(1));
+  v1::ListResponse after;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(h_.stub()->List(&ctx, v1::ListRequest{}, &after).ok());
+  EXPECT_EQ(after.pods_size(), 2);
+  EXPECT_EQ(after.seq(), 2u);
+}
+
 TEST_F(ApiServerTest, StatsCombineTheDaemonTheBusAndHealth) {
   for (int i = 0; i < 3; ++i) h_.bus.publish(sample_event(i));
   WatchClient w(h_.channel(), watch_from(0));

@@ -39,6 +39,7 @@ TempDir::~TempDir() {
 api::StateSnapshot TestState::snapshot() {
   // As the daemon must: read the state under the bus's publish lock so that seq is exact.
   std::lock_guard l(mu_);
+  ++snapshots_;
   auto [seq, pods] = bus_.with_seq([&] { return pods_; });
   return api::StateSnapshot{seq, std::move(pods)};
 }

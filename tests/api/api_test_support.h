@@ -49,11 +49,13 @@ class TestState : public api::StateProvider {
   explicit TestState(bus::EventBus& bus) : bus_(bus) {}
   api::StateSnapshot snapshot() override;
   void set_pods(std::vector<api::PodRecord> pods);
+  int snapshots() const { return snapshots_.load(); }
 
  private:
   bus::EventBus& bus_;
   std::mutex mu_;
   std::vector<api::PodRecord> pods_;
+  std::atomic<int> snapshots_{0};
 };
 
 class TestHealth : public api::HealthProvider {

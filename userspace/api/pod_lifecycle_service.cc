@@ -36,10 +36,10 @@ grpc::Status check_filters(const std::string& pod_uid, const std::string& pod_na
 grpc::Status PodLifecycleService::List(grpc::ServerContext*, const v1::ListRequest* req,
                                        v1::ListResponse* resp) {
   if (auto st = check_filters(req->pod_uid(), req->pod_namespace()); !st.ok()) return st;
-  StateSnapshot snap = state_.snapshot();
-  resp->set_seq(snap.seq);
+  const std::shared_ptr<const StateSnapshot> snap = snapshots_.get();
+  resp->set_seq(snap->seq);
   resp->set_instance_id(bus_.instance_id());
-  for (const auto& pod : snap.pods)
+  for (const auto& pod : snap->pods)
     if (matches(pod, *req)) to_proto(pod, resp->add_pods());
   return grpc::Status::OK;
 }

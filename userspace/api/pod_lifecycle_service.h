@@ -13,6 +13,7 @@
 #include "api/cut_off_reaper.h"
 #include "api/health_service.h"
 #include "api/providers.h"
+#include "api/snapshot_cache.h"
 #include "bus/event_bus.h"
 #include "kpleg/v1/pleg.grpc.pb.h"
 
@@ -24,13 +25,15 @@ class PodLifecycleService final : public v1::PodLifecycle::Service {
                       StatsProvider& stats, StreamSlots& streams,
                       std::chrono::milliseconds cut_off_grace)
       : bus_(bus),
-        state_(state),
+        snapshots_(state, bus),
         health_(health),
         stats_(stats),
         streams_(streams),
         cut_off_grace_(cut_off_grace) {}
 
   uint64_t cut_off_watches_cancelled() const { return reaper_.cancelled(); }
+  // Snapshots List has taken from the StateProvider.
+  uint64_t snapshots_built() const { return snapshots_.built(); }
   size_t open_watches();
   // Has every open Watch check now whether its client went away (StreamSlots' reclaim hook):
   // an idle one otherwise looks only every kWatchPoll.
@@ -51,7 +54,7 @@ class PodLifecycleService final : public v1::PodLifecycle::Service {
   struct OpenWatch;
 
   bus::EventBus& bus_;
-  StateProvider& state_;
+  SnapshotCache snapshots_;  // List's view of the StateProvider
   HealthProvider& health_;
   StatsProvider& stats_;
   StreamSlots& streams_;
