@@ -334,14 +334,23 @@ class SwitchableHealth : public api::HealthProvider {
     std::lock_guard l(mu_);
     return ready_;
   }
+  api::HealthReport liveness() override {
+    std::lock_guard l(mu_);
+    return live_;
+  }
   void set(api::HealthReport h, api::HealthReport ready) {
     std::lock_guard l(mu_);
     report_ = std::move(h);
     ready_ = std::move(ready);
   }
+  void set_live(api::HealthReport live) {
+    std::lock_guard l(mu_);
+    live_ = std::move(live);
+  }
 
  private:
   std::mutex mu_;
+  api::HealthReport live_{true, {}};
   api::HealthReport report_{true, {}};
   api::HealthReport ready_{true, {}};
 };
@@ -379,6 +388,17 @@ TEST(MetricsServer, ServesMetricsHealthAndReadiness) {
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 503);
   EXPECT_EQ(res->body, "unhealthy\n- initial reconcile not done\n");
+
+  // Liveness is its own answer: the runtime's problems above leave it passing.
+  res = client.Get("/livez");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  EXPECT_EQ(res->body, "ok\n");
+  health.set_live({false, {"a reconcile has been running for 200 s"}});
+  res = client.Get("/livez");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 503);
+  EXPECT_EQ(res->body, "unhealthy\n- a reconcile has been running for 200 s\n");
 
   res = client.Get("/nope");
   ASSERT_TRUE(res);

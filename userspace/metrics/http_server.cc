@@ -69,7 +69,7 @@ Result<std::pair<std::string, int>> parse_host_port(const std::string& address) 
 
 void add_metrics_flags(CLI::App& app, MetricsServerOptions& o) {
   app.add_option("--metrics-address", o.address,
-                 "host:port for /metrics, /healthz and /readyz; empty to disable")
+                 "host:port for /metrics, /livez, /readyz and /healthz; empty to disable")
       ->capture_default_str();
 }
 
@@ -100,6 +100,9 @@ Status MetricsServer::start() {
   server->set_payload_max_length(kMaxBody);
   server->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(registry_.render(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  server->Get("/livez", [this](const httplib::Request&, httplib::Response& res) {
+    answer_health(health_.liveness(), res);
   });
   server->Get("/healthz", [this](const httplib::Request&, httplib::Response& res) {
     answer_health(health_.health(), res);
@@ -136,7 +139,7 @@ Status MetricsServer::start() {
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
   while (!server_->is_running() && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  spdlog::info("metrics: serving /metrics, /healthz, /readyz on {}:{}", host_, port_);
+  spdlog::info("metrics: serving /metrics, /livez, /healthz, /readyz on {}:{}", host_, port_);
   return {};
 }
 
