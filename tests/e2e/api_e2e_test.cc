@@ -152,6 +152,81 @@ int http_status(int port, const std::string& path, std::chrono::milliseconds tim
   return std::stoi(got.substr(9, 3));
 }
 
+// httplib's timeout is per read: 40 clients that each send a header byte every 200 ms held all
+// 32 workers for as long as they liked, and /healthz (the probes, before they went through the
+// API socket) was not answered at all. Each request now has a deadline for the whole of it: the
+// trickling clients are cut off and the probes answered.
+TEST_F(ApiE2eTest, ClientsTricklingHeaderBytesDoNotStarveTheHealthEndpoints) {
+  auto d = start_kplegd(endpoint_, "ebpf");
+  ASSERT_TRUE(d.ok()) << d.error().message;
+  const int port = metrics_port(**d);
+  ASSERT_GT(port, 0) << (*d)->log();
+  ASSERT_EQ(http_status(port, "/healthz", 5s), 200) << (*d)->log();
+
+  constexpr int kTricklers = 40;
+  std::atomic<bool> stop{false};
+  std::atomic<int> connections{0}, cut_off{0};
+  std::vector<std::thread> tricklers;
+  for (int i = 0; i < kTricklers; ++i) {
+    tricklers.emplace_back([&] {
+      // Reconnects as soon as it is cut off, as an attacker would. The 200 ms between bytes
+      // paces the load; nothing waits on it.
+      while (!stop) {
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_port = htons(uint16_t(port));
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
+          ++connections;
+          const std::string start = "GET /healthz HTTP/1.1\r\nX-Slow: ";
+          bool alive = send(fd, start.data(), start.size(), MSG_NOSIGNAL) > 0;
+          while (alive && !stop) {
+            std::this_thread::sleep_for(200ms);
+            alive = send(fd, "a", 1, MSG_NOSIGNAL) == 1;
+            char c;
+            // The server closed it (the deadline): reads end of stream or an error.
+            if (alive && recv(fd, &c, 1, MSG_DONTWAIT) == 0) alive = false;
+          }
+          if (!alive) ++cut_off;
+        }
+        close(fd);
+      }
+    });
+  }
+  ASSERT_TRUE(eventually([&] { return connections >= kTricklers; }, 10s));
+
+  // Probed back to back while they trickle: every answer within the bound (one request deadline
+  // to wait for a worker, one to be served, and slack for a loaded machine).
+  constexpr auto kBound = 3s;
+  // Until every trickling client has been cut off at least once, and at least 8 rounds.
+  std::chrono::milliseconds slowest{0};
+  int answered = 0, asked = 0;
+  const auto until = std::chrono::steady_clock::now() + 30s;
+  for (int i = 0; (i < 8 || cut_off < kTricklers) && std::chrono::steady_clock::now() < until; ++i) {
+    for (const char* path : {"/healthz", "/livez", "/readyz"}) {
+      ++asked;
+      const auto t0 = std::chrono::steady_clock::now();
+      const int code = http_status(port, path, kBound);
+      const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(
+          std::chrono::steady_clock::now() - t0);
+      slowest = std::max(slowest, took);
+      EXPECT_EQ(code, 200) << path << " not answered within " << kBound.count() << " s (try " << i
+                           << ", took " << took.count() << " ms)";
+      if (code == 200) ++answered;
+    }
+  }
+  stop = true;
+  for (auto& t : tricklers) t.join();
+  EXPECT_EQ(answered, asked) << "slowest " << slowest.count() << " ms";
+  EXPECT_GE(cut_off.load(), kTricklers) << "every trickling client is cut off at least once";
+  std::printf("health endpoints under %d trickling clients: %d of %d answered, slowest %lld ms; "
+              "%d trickling connections, %d cut off\n",
+              kTricklers, answered, asked, static_cast<long long>(slowest.count()),
+              connections.load(), cut_off.load());
+  EXPECT_EQ((*d)->stop(), 0);
+}
+
 // Liveness means kplegd itself is stuck, readiness that its events cannot be trusted: with the
 // runtime frozen (SIGSTOP: connected, answering nothing) readiness fails and liveness holds, so
 // the kubelet takes kplegd out of service instead of restarting it in a loop; when the runtime
