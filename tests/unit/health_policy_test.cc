@@ -22,8 +22,8 @@ TEST(HealthPolicyLiveness, ASlowFirstSyncIsLiveWithinItsCallsDeadlines) {
   const auto now = std::chrono::steady_clock::now();
   // The start-up sync of a big node (or one whose runtime hangs) has run for 170 s: its two
   // lists may take 60 s each; no reconcile ever succeeded, which fails readiness, not liveness.
-  auto r = p.liveness({.ebpf = true, .kernel_consuming = true,
-                       .reconcile_running_since = now - 170s, .now = now});
+  auto r = p.liveness(
+      {.ebpf = true, .kernel_consuming = true, .reconcile_running_since = now - 170s, .now = now});
   EXPECT_TRUE(r.healthy);
   EXPECT_TRUE(r.reasons.empty());
   // It is looked at again when it would become stuck.
@@ -35,8 +35,8 @@ TEST(HealthPolicyLiveness, ASlowFirstSyncIsLiveWithinItsCallsDeadlines) {
 TEST(HealthPolicyLiveness, AReconcileOutlastingItsCallsDeadlinesIsStuck) {
   auto p = policy();
   const auto now = std::chrono::steady_clock::now();
-  auto r = p.liveness({.ebpf = true, .kernel_consuming = true,
-                       .reconcile_running_since = now - 181s, .now = now});
+  auto r = p.liveness(
+      {.ebpf = true, .kernel_consuming = true, .reconcile_running_since = now - 181s, .now = now});
   EXPECT_FALSE(r.healthy);
   ASSERT_EQ(r.reasons.size(), 1u);
   EXPECT_NE(r.reasons[0].find("a reconcile has been running for 181 s"), std::string::npos)
@@ -60,8 +60,8 @@ TEST(HealthPolicyLiveness, ARuntimeSocketRefusingConnectionsForAMinuteAsksForARe
   auto p = policy();
   const auto now = std::chrono::steady_clock::now();
   // A short outage (the runtime restarting): live, looked at again when it would last too long.
-  auto r = p.liveness({.ebpf = true, .kernel_consuming = true, .runtime_refused_for = 20s,
-                       .now = now});
+  auto r =
+      p.liveness({.ebpf = true, .kernel_consuming = true, .runtime_refused_for = 20s, .now = now});
   EXPECT_TRUE(r.healthy);
   ASSERT_TRUE(r.recheck_in.has_value());
   EXPECT_LE(*r.recheck_in, 41s);

@@ -3,10 +3,11 @@
 // Readiness (health()): whether the node's events can be trusted; grpc.health.v1, GET /readyz and
 // /healthz, the Stats RPC's healthy and health_reasons. It decides which conditions fail the
 // node's events (the runtime unreachable, the kernel path detached or not consumed, no recent
-// successful reconcile or a failed last one, a failing relist), which only degrade them (named as reasons, still
-// healthy: the tracked-cgroup map full, kernel records lost, running containers the kernel path
-// does not see, a pod whose runtime calls fail, a CRI call stuck in flight), and when the answer
-// can change with no input changing (recheck_in), so that the API server sleeps until then.
+// successful reconcile or a failed last one, a failing relist), which only degrade them (named as
+// reasons, still healthy: the tracked-cgroup map full, kernel records lost, running containers the
+// kernel path does not see, a pod whose runtime calls fail, a CRI call stuck in flight), and when
+// the answer can change with no input changing (recheck_in), so that the API server sleeps until
+// then.
 //
 // It owns the conditions that the kernel path reports between reconciles (records lost, coverage,
 // the map full) and reads the rest from the components at each report; each note_* call says

@@ -89,8 +89,8 @@ class DeadlineStream final : public httplib::Stream {
   bool wait_for(short events, std::chrono::steady_clock::time_point deadline) const {
     if (begin_ != end_ && events == POLLIN) return true;
     for (;;) {
-      const auto left = std::chrono::ceil<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now());
+      const auto left =
+          std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
       if (left.count() <= 0) return false;
       pollfd p{fd_, events, 0};
       const int r = ::poll(&p, 1, static_cast<int>(left.count()));

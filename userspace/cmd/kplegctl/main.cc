@@ -11,8 +11,8 @@
 #include <iostream>
 #include <string>
 
-#include "api/health_names.h"
 #include "api/client.h"
+#include "api/health_names.h"
 #include "common/duration.h"
 #include "cmd/kplegctl/output.h"
 #include "grpc/health/v1/health.grpc.pb.h"
