@@ -6,7 +6,8 @@
 Writes, for the DaemonSet's pod template:
   OUTDIR/sandbox.json        PodSandboxConfig (crictl runp)
   OUTDIR/<container>.json    ContainerConfig of each container (crictl create)
-  OUTDIR/pod.json            what the caller acts on as the kubelet would: the probes (as URLs),
+  OUTDIR/pod.json            what the caller acts on as the kubelet would: the probes (URLs or
+                             exec commands),
                              the hostPath volumes with their types, the image reference
 
 It follows the kubelet (1.3x, cgroupfs driver) field by field: pod and container security
@@ -65,7 +66,7 @@ CONTAINER_SC_KEYS = {"privileged", "capabilities", "runAsUser", "runAsGroup", "r
                      "readOnlyRootFilesystem", "allowPrivilegeEscalation", "seccompProfile",
                      "procMount"}
 POD_SC_KEYS = {"runAsUser", "runAsGroup", "runAsNonRoot", "seccompProfile", "supplementalGroups"}
-PROBE_KEYS = {"httpGet", "periodSeconds", "failureThreshold", "timeoutSeconds",
+PROBE_KEYS = {"httpGet", "exec", "periodSeconds", "failureThreshold", "timeoutSeconds",
               "initialDelaySeconds", "successThreshold"}
 
 
@@ -335,20 +336,24 @@ def main():
             if not p:
                 continue
             only_known("%s of %s" % (kind, c["name"]), p, PROBE_KEYS)
+            common = {"kind": kind, "period_seconds": p.get("periodSeconds", 10),
+                      "failure_threshold": p.get("failureThreshold", 3),
+                      "timeout_seconds": p.get("timeoutSeconds", 1)}
+            if "exec" in p:
+                # Run in the container as the kubelet runs it (ExecSync).
+                probes.append({**common, "exec": list(p["exec"]["command"])})
+                continue
             g = p.get("httpGet")
             if g is None:
-                die("%s of %s is not an httpGet probe; only httpGet is translated" % (kind, c["name"]))
+                die("%s of %s is neither an httpGet nor an exec probe" % (kind, c["name"]))
             port = g["port"]
             port = ports[port] if isinstance(port, str) else port_replace.get(port, port)
             # The kubelet probes the pod's IP when no host is given: the node's for hostNetwork.
             host = g.get("host") or (a.node_ip if pod.get("hostNetwork") else None)
             if host is None:
                 die("%s of %s: a pod-network pod's IP is not known to this translation" % (kind, c["name"]))
-            probes.append({"kind": kind, "url": "%s://%s:%d%s" % (g.get("scheme", "HTTP").lower(),
-                                                                   host, port, g.get("path", "/")),
-                           "period_seconds": p.get("periodSeconds", 10),
-                           "failure_threshold": p.get("failureThreshold", 3),
-                           "timeout_seconds": p.get("timeoutSeconds", 1)})
+            probes.append({**common, "url": "%s://%s:%d%s" % (g.get("scheme", "HTTP").lower(),
+                                                              host, port, g.get("path", "/"))})
         facts["containers"].append({"name": c["name"], "image": image, "probes": probes,
                                     "config": c["name"] + ".json", "ports": ports,
                                     "mounts": mounts, "capabilities": caps,

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # deploy/kplegd-daemonset.yaml, checked without a cluster:
-#  - it parses, and its kplegd container is consistent with itself: the probes' named port is
-#    the port of --metrics-address and their host its address; the runtime socket and the API
-#    socket lie in mounted volumes;
+#  - it parses, and its kplegd container is consistent with itself: its startup, liveness and
+#    readiness probes exec kplegctl through the API socket of --socket (no port, no network); the
+#    runtime socket and the API socket lie in mounted volumes;
 #  - it asks for least privilege: not privileged, every capability dropped but CAP_BPF and
 #    CAP_PERFMON, no privilege escalation, a read-only root filesystem, the runtime's default
 #    seccomp profile, no service account token, metrics on loopback, every host mount read-only
 #    but the API socket's directory, the runtime's socket mounted alone; and deploy/README.md
 #    names every privilege it asks for (each capability, host namespace and host path);
 #  - kplegd accepts exactly its arguments (only the node-specific values are pointed at the test
-#    bed: runtime endpoint, API socket path, metrics host), becomes ready, answers the liveness
-#    and readiness probes' paths with 200 and serves the API socket; SIGTERM stops it cleanly.
+#    bed: runtime endpoint, API socket path, metrics host), becomes ready, passes its three probes'
+#    commands, answers /livez, /readyz and /healthz with 200 and serves the API socket; SIGTERM
+#    stops it cleanly.
 #
 #   manifest_test.sh <build bin dir>
 # Exit status: 0 pass, 1 fail, 77 cannot run here (not root; KPLEG_REQUIRE_PRIVILEGED=1 makes
@@ -28,6 +29,7 @@ skip() {
   exit 77
 }
 command -v python3 >/dev/null && python3 -c 'import yaml' 2>/dev/null || skip "needs python3-yaml"
+command -v jq >/dev/null || skip "needs jq"
 
 # One line per fact: args (one per line after 'arg '), probes, ports, mounts.
 facts=$(python3 - "$manifest" <<'PY'
@@ -43,11 +45,17 @@ if len(c) != 1:
 c = c[0]
 for a in c.get("args", []):
     print("arg", a)
+import json
 ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
-for probe in ("livenessProbe", "readinessProbe"):
-    g = c[probe]["httpGet"]
-    port = g["port"]
-    print("probe", probe, g["path"], ports.get(port, port))
+for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+    if probe not in c:
+        sys.exit("the kplegd container has no %s" % probe)
+    if "exec" in c[probe]:
+        print("probe", probe, "exec", json.dumps(c[probe]["exec"]["command"]))
+    else:
+        g = c[probe]["httpGet"]
+        port = g["port"]
+        print("probe", probe, "http", g["path"], ports.get(port, port))
 for m in c.get("volumeMounts", []):
     print("mount", m["mountPath"])
 print("hostPID", pod.get("hostPID", False))
@@ -89,10 +97,15 @@ args = dict(a.split("=", 1) for a in c.get("args", []) if a.startswith("--") and
 metrics = args.get("--metrics-address", "")
 if metrics.rsplit(":", 1)[0] not in ("127.0.0.1", "[::1]", "localhost"):
     bad.append("--metrics-address %s is not on loopback" % metrics)
-for probe in ("livenessProbe", "readinessProbe"):
-    host = c[probe]["httpGet"].get("host")
-    if host != metrics.rsplit(":", 1)[0]:
-        bad.append("%s goes to %s, kplegd listens on %s" % (probe, host or "the pod IP", metrics))
+# The probes exec kplegctl through the API socket: nothing on the network can starve them, and
+# they need no port.
+socket_arg = args.get("--socket", "/run/kpleg/kpleg.sock")
+for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+    cmd = (c.get(probe, {}).get("exec") or {}).get("command") or []
+    if not cmd or not cmd[0].endswith("kplegctl") or "probe" not in cmd:
+        bad.append("%s is not an exec of kplegctl probe" % probe)
+    elif "--socket=" + socket_arg not in cmd:
+        bad.append("%s does not go through the API socket %s" % (probe, socket_arg))
 volumes = {v["name"]: v for v in pod.get("volumes", [])}
 socket_dir = args.get("--socket", "/run/kpleg/kpleg.sock").rsplit("/", 1)[0]
 endpoint = args.get("--runtime-endpoint", "").removeprefix("unix://")
@@ -154,10 +167,11 @@ metrics=$(value_of --metrics-address)
   fail "the args must set --runtime-endpoint, --socket and --metrics-address"
 under_mount "${endpoint#unix://}" || fail "runtime socket ${endpoint#unix://} is in no mounted volume"
 under_mount "$(dirname "$socket")" || fail "API socket directory of $socket is in no mounted volume"
-while read -r _ probe path port; do
+while read -r _ probe kind path port; do
+  [ "$kind" = http ] || continue
   [ "$port" = "${metrics##*:}" ] || fail "$probe targets port $port, kplegd serves on ${metrics##*:}"
 done < <(grep '^probe ' <<<"$facts")
-echo "ok: manifest consistent (${#args[@]} args, probes on port ${metrics##*:})"
+echo "ok: manifest consistent (${#args[@]} args, probes exec kplegctl through $socket)"
 
 [ "$(id -u)" = 0 ] || skip "running kplegd needs root (BPF, the test bed's containerd)"
 
@@ -194,11 +208,32 @@ if [ "${KPLEG_REQUIRE_PRIVILEGED:-0}" = 1 ] && ! grep -q 'kplegd ready: ebpf mod
 fi
 port=$(grep -o 'on 127\.0\.0\.1:[0-9]*' "$tmp/err" | head -1 | sed 's/.*://')
 [ -n "$port" ] || { cat "$tmp/err"; fail "kplegd did not say where it serves its probes"; }
-while read -r _ probe path _; do
-  code=$(curl -s --max-time 10 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port$path")
-  [ "$code" = 200 ] || { cat "$tmp/err"; fail "$probe $path answered $code, not 200"; }
-  echo "ok: $probe $path answers 200"
+while read -r _ probe kind rest; do
+  case $kind in
+    exec)
+      # The probe's command, with the image's kplegctl and socket path pointed at this run's.
+      mapfile -t cmd < <(jq -r '.[]' <<<"$rest")
+      run=("$bin/kplegctl")
+      for a in "${cmd[@]:1}"; do
+        case $a in --socket=*) a=--socket=$tmp/kpleg.sock ;; esac
+        run+=("$a")
+      done
+      out=$("${run[@]}" 2>&1) || { echo "$out"; cat "$tmp/err"; fail "$probe (${cmd[*]}) fails"; }
+      echo "ok: $probe (${cmd[*]:1}) passes"
+      ;;
+    http)
+      path=${rest%% *}
+      code=$(curl -s --max-time 10 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port$path")
+      [ "$code" = 200 ] || { cat "$tmp/err"; fail "$probe $path answered $code, not 200"; }
+      echo "ok: $probe $path answers 200"
+      ;;
+  esac
 done < <(grep '^probe ' <<<"$facts")
+for path in /livez /readyz /healthz; do
+  code=$(curl -s --max-time 10 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port$path")
+  [ "$code" = 200 ] || { cat "$tmp/err"; fail "$path answered $code, not 200"; }
+done
+echo "ok: /livez, /readyz and /healthz answer 200"
 "$bin/kplegctl" --socket "$tmp/kpleg.sock" health >/dev/null ||
   fail "kplegctl health over the API socket failed"
 echo "ok: API socket serves (kplegctl health)"

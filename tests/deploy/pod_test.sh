@@ -7,8 +7,8 @@
 # runtime socket's and the API socket directory's host paths (the test bed's, a scratch
 # directory), and the metrics port (a free one; the probes follow it).
 #
-# Acting as the kubelet, the test checks the hostPath types, probes readiness and liveness over
-# HTTP, and then asserts that:
+# Acting as the kubelet, the test checks the hostPath types, runs the startup, readiness and
+# liveness probes (exec in the container, as the kubelet's ExecSync), and then asserts that:
 #  - the container runs with exactly the securityContext asked for (effective capabilities, no
 #    new privileges, seccomp filter, read-only root and mounts), read from /proc on the node;
 #  - kplegd reaches ebpf mode there, with its OOM tracepoint attached (tracefs read-only);
@@ -17,7 +17,8 @@
 #    recursively read-only, in a second container of the pod with that mount writable);
 #  - a container started in another pod is reported by kplegd, as a kernel event, to
 #    `kplegctl watch` over the API socket the manifest shares with the node;
-#  - /healthz and /readyz answer 200 at the probes' addresses.
+#  - the liveness probe passes at the end, and /livez, /readyz and /healthz answer 200 on the
+#    metrics address.
 # Then it removes both pods.
 #
 #   pod_test.sh <build bin dir>
@@ -156,18 +157,33 @@ dump() {
   echo "--- $cname's log:"
   sed 's/^[^ ]* [^ ]* [^ ]* //' "$log" 2>/dev/null | tail -n 30
 }
-url_of() { jq -r --arg k "$1" '.containers[0].probes[] | select(.kind == $k) | .url' "$facts"; }
-ready_url=$(url_of readinessProbe)
-live_url=$(url_of livenessProbe)
-[ -n "$ready_url" ] && [ -n "$live_url" ] || fail "the container needs a readiness and a liveness probe"
-deadline=$((SECONDS + 30))
-until [ "$(curl -s --max-time 2 -o /dev/null -w '%{http_code}' "$ready_url")" = 200 ]; do
-  state=$(cr inspect "$cid" | jq -r .status.state)
-  [ "$state" = CONTAINER_RUNNING ] || { dump; fail "$cname is $state before it became ready"; }
-  [ "$SECONDS" -lt "$deadline" ] || { dump; fail "readiness probe $ready_url not 200 within 30 s"; }
-  sleep 0.2
+# A probe as the kubelet runs it: exec in the container (ExecSync), or an HTTP GET; 0 when it passes.
+has_probe() { jq -e --arg k "$1" '.containers[0].probes[] | select(.kind == $k)' "$facts" >/dev/null; }
+run_probe() {
+  local p
+  p=$(jq -c --arg k "$1" '.containers[0].probes[] | select(.kind == $k)' "$facts")
+  if jq -e .exec <<<"$p" >/dev/null; then
+    local cmd
+    mapfile -t cmd < <(jq -r '.exec[]' <<<"$p")
+    timeout "$(jq -r .timeout_seconds <<<"$p")" "$crictl" --config /dev/null --runtime-endpoint "$endpoint" \
+      --image-endpoint "$endpoint" exec "$cid" "${cmd[@]}"
+  else
+    [ "$(curl -s --max-time "$(jq -r .timeout_seconds <<<"$p")" -o /dev/null -w '%{http_code}' "$(jq -r .url <<<"$p")")" = 200 ]
+  fi
+}
+for k in startupProbe readinessProbe livenessProbe; do
+  has_probe "$k" || fail "the container needs a $k"
 done
-echo "ok: readinessProbe $ready_url answers 200"
+for k in startupProbe readinessProbe; do
+  deadline=$((SECONDS + 30))
+  until out=$(run_probe "$k" 2>&1); do
+    state=$(cr inspect "$cid" | jq -r .status.state)
+    [ "$state" = CONTAINER_RUNNING ] || { dump; fail "$cname is $state before its $k passed"; }
+    [ "$SECONDS" -lt "$deadline" ] || { echo "$out"; dump; fail "$k did not pass within 30 s"; }
+    sleep 0.2
+  done
+  echo "ok: $k passes ($(jq -c --arg k "$k" '.containers[0].probes[] | select(.kind == $k) | .exec // .url' "$facts"))"
+done
 grep -q '"kplegd ready: ebpf mode"' "$log" || { dump; fail "kplegd in the pod did not reach ebpf mode"; }
 echo "ok: kplegd in the pod runs in ebpf mode"
 if grep -q 'oom:mark_victim tracepoint unavailable' "$log"; then
@@ -303,9 +319,13 @@ done
 ev=$(jq -c --arg id "$load_ctr" 'select(.type == "ContainerStarted" and .container_id == $id)' "$tmp/watch.out" | head -n1)
 echo "ok: kplegd reported a container started in another pod: $(jq -r '"\(.pod_namespace)/\(.pod_name) \(.container_name) \(.type) source=\(.source)"' <<<"$ev")"
 
-code=$(curl -s --max-time 5 -o /dev/null -w '%{http_code}' "$live_url")
-[ "$code" = 200 ] || { dump; fail "livenessProbe $live_url answered $code"; }
-echo "ok: livenessProbe $live_url answers 200"
+out=$(run_probe livenessProbe 2>&1) || { echo "$out"; dump; fail "the livenessProbe fails"; }
+echo "ok: livenessProbe passes"
+for path in /livez /readyz /healthz; do
+  code=$(curl -s --max-time 5 -o /dev/null -w '%{http_code}' "http://${metrics%:*}:$port$path")
+  [ "$code" = 200 ] || { dump; fail "$path on the metrics address answered $code"; }
+done
+echo "ok: /livez, /readyz and /healthz answer 200 on ${metrics%:*}:$port"
 state=$(cr inspect "$cid" | jq -r .status.state)
 [ "$state" = CONTAINER_RUNNING ] || { dump; fail "$cname is $state at the end"; }
 

@@ -7,6 +7,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +22,7 @@
 #include <set>
 
 #include "api/client.h"
+#include "api/health_names.h"
 #include "e2e/e2e_support.h"
 #include "kpleg/v1/pleg.grpc.pb.h"
 #include "support/eventually.h"
@@ -113,6 +120,184 @@ class ApiE2eTest : public CriTestBedTest {
     return testing::eventually(f, timeout, 200ms);
   }
 };
+
+// An HTTP GET on kplegd's metrics address with a deadline for the whole answer: its status code,
+// or -1 when none came in time.
+int http_status(int port, const std::string& path, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(uint16_t(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string got;
+  const std::string req = "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+      send(fd, req.data(), req.size(), MSG_NOSIGNAL) == ssize_t(req.size())) {
+    while (got.find("\r\n") == std::string::npos) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) break;
+      pollfd p{fd, POLLIN, 0};
+      if (poll(&p, 1, int(left.count())) <= 0) break;
+      char buf[512];
+      ssize_t n = recv(fd, buf, sizeof(buf), 0);
+      if (n <= 0) break;
+      got.append(buf, size_t(n));
+    }
+  }
+  close(fd);
+  if (got.rfind("HTTP/1.1 ", 0) != 0 || got.size() < 12) return -1;
+  return std::stoi(got.substr(9, 3));
+}
+
+// httplib's timeout is per read: 40 clients that each send a header byte every 200 ms held all
+// 32 workers for as long as they liked, and /healthz (the probes, before they went through the
+// API socket) was not answered at all. Each request now has a deadline for the whole of it: the
+// trickling clients are cut off and the probes answered.
+TEST_F(ApiE2eTest, ClientsTricklingHeaderBytesDoNotStarveTheHealthEndpoints) {
+  auto d = start_kplegd(endpoint_, "ebpf");
+  ASSERT_TRUE(d.ok()) << d.error().message;
+  const int port = metrics_port(**d);
+  ASSERT_GT(port, 0) << (*d)->log();
+  ASSERT_EQ(http_status(port, "/healthz", 5s), 200) << (*d)->log();
+
+  constexpr int kTricklers = 40;
+  std::atomic<bool> stop{false};
+  std::atomic<int> connections{0}, cut_off{0};
+  std::vector<std::thread> tricklers;
+  for (int i = 0; i < kTricklers; ++i) {
+    tricklers.emplace_back([&] {
+      // Reconnects as soon as it is cut off, as an attacker would. The 200 ms between bytes
+      // paces the load; nothing waits on it.
+      while (!stop) {
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_port = htons(uint16_t(port));
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
+          ++connections;
+          const std::string start = "GET /healthz HTTP/1.1\r\nX-Slow: ";
+          bool alive = send(fd, start.data(), start.size(), MSG_NOSIGNAL) > 0;
+          while (alive && !stop) {
+            std::this_thread::sleep_for(200ms);
+            alive = send(fd, "a", 1, MSG_NOSIGNAL) == 1;
+            char c;
+            // The server closed it (the deadline): reads end of stream or an error.
+            if (alive && recv(fd, &c, 1, MSG_DONTWAIT) == 0) alive = false;
+          }
+          if (!alive) ++cut_off;
+        }
+        close(fd);
+      }
+    });
+  }
+  ASSERT_TRUE(eventually([&] { return connections >= kTricklers; }, 10s));
+
+  // Probed back to back while they trickle: every answer within the bound (one request deadline
+  // to wait for a worker, one to be served, and slack for a loaded machine).
+  constexpr auto kBound = 3s;
+  // Until every trickling client has been cut off at least once, and at least 8 rounds.
+  std::chrono::milliseconds slowest{0};
+  int answered = 0, asked = 0;
+  const auto until = std::chrono::steady_clock::now() + 30s;
+  for (int i = 0; (i < 8 || cut_off < kTricklers) && std::chrono::steady_clock::now() < until; ++i) {
+    for (const char* path : {"/healthz", "/livez", "/readyz"}) {
+      ++asked;
+      const auto t0 = std::chrono::steady_clock::now();
+      const int code = http_status(port, path, kBound);
+      const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(
+          std::chrono::steady_clock::now() - t0);
+      slowest = std::max(slowest, took);
+      EXPECT_EQ(code, 200) << path << " not answered within " << kBound.count() << " s (try " << i
+                           << ", took " << took.count() << " ms)";
+      if (code == 200) ++answered;
+    }
+  }
+  stop = true;
+  for (auto& t : tricklers) t.join();
+  EXPECT_EQ(answered, asked) << "slowest " << slowest.count() << " ms";
+  EXPECT_GE(cut_off.load(), kTricklers) << "every trickling client is cut off at least once";
+  std::printf("health endpoints under %d trickling clients: %d of %d answered, slowest %lld ms; "
+              "%d trickling connections, %d cut off\n",
+              kTricklers, answered, asked, static_cast<long long>(slowest.count()),
+              connections.load(), cut_off.load());
+  EXPECT_EQ((*d)->stop(), 0);
+}
+
+// Liveness means kplegd itself is stuck, readiness that its events cannot be trusted: with the
+// runtime frozen (SIGSTOP: connected, answering nothing) readiness fails and liveness holds, so
+// the kubelet takes kplegd out of service instead of restarting it in a loop; when the runtime
+// thaws, readiness comes back without a restart.
+TEST_F(ApiE2eTest, AFrozenRuntimeFailsReadinessButNotLiveness) {
+  ASSERT_TRUE(TestBed::instance().endpoint_is_test_bed()) << "needs the test bed's own containerd";
+  auto d = start_kplegd(endpoint_, "ebpf", {"--reconcile-period", "1s", "--cri-list-timeout", "2s"});
+  ASSERT_TRUE(d.ok()) << d.error().message;
+  auto& kplegd = **d;
+  const int port = metrics_port(kplegd);
+  const auto socket = socket_of(kplegd);
+  ASSERT_GT(port, 0) << kplegd.log();
+  auto probe = [&](const char* kind) {
+    auto r = kplegctl(socket, {"--timeout", "4", "probe", kind});
+    return r.ok() ? r->exit_code : -1;
+  };
+  auto grpc_check = [&](const char* service) {
+    auto ch = grpc::CreateChannel("unix://" + socket, grpc::InsecureChannelCredentials());
+    grpc::health::v1::HealthCheckRequest req;
+    req.set_service(service);
+    HealthCheckResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + 5s);
+    auto st = grpc::health::v1::Health::NewStub(ch)->Check(&ctx, req, &resp);
+    return st.ok() ? resp.status() : HealthCheckResponse::UNKNOWN;
+  };
+  ASSERT_TRUE(eventually([&] { return http_status(port, "/readyz", 5s) == 200; }, 20s)) << kplegd.log();
+  EXPECT_EQ(probe("ready"), 0);
+  EXPECT_EQ(probe("live"), 0);
+  EXPECT_EQ(probe("startup"), 0);
+  EXPECT_EQ(http_status(port, "/livez", 5s), 200);
+
+  auto pid = TestBed::instance().containerd_pid();
+  ASSERT_TRUE(pid.ok()) << pid.error().message;
+  ASSERT_EQ(kill(*pid, SIGSTOP), 0);
+  struct Thaw {
+    pid_t pid;
+    ~Thaw() { kill(pid, SIGCONT); }
+  } thaw{*pid};
+
+  // Liveness is read at every step while readiness goes down, and for a while after.
+  int live_checks = 0, live_failures = 0;
+  auto live_holds = [&] {
+    ++live_checks;
+    if (http_status(port, "/livez", 5s) != 200) ++live_failures;
+    if (grpc_check(api::kLivenessService) != HealthCheckResponse::SERVING) ++live_failures;
+  };
+  Result<ProcessResult> ready = Error{0, ""};
+  EXPECT_TRUE(eventually([&] {
+    live_holds();
+    ready = kplegctl(socket, {"--timeout", "4", "probe", "ready"});
+    return ready.ok() && ready->exit_code == 1 && http_status(port, "/readyz", 5s) == 503;
+  }, 30s)) << kplegd.log();
+  ASSERT_TRUE(ready.ok());
+  EXPECT_NE(ready->out.find("reconcile failed"), std::string::npos) << ready->out;
+  EXPECT_EQ(grpc_check(api::kReadinessService), HealthCheckResponse::NOT_SERVING);
+  // Several reconciles fail while it stays frozen (each ends at its list's 2 s deadline).
+  const auto frozen_until = std::chrono::steady_clock::now() + 8s;
+  while (std::chrono::steady_clock::now() < frozen_until) {
+    live_holds();
+    EXPECT_EQ(probe("live"), 0);
+  }
+  EXPECT_EQ(live_failures, 0) << "of " << live_checks << " liveness checks";
+  EXPECT_FALSE(kplegd.wait_exit(0ms).has_value()) << "kplegd must keep running";
+
+  kill(*pid, SIGCONT);
+  EXPECT_TRUE(eventually([&] { return http_status(port, "/readyz", 5s) == 200; }, 30s)) << kplegd.log();
+  EXPECT_EQ(probe("ready"), 0);
+  EXPECT_EQ(kplegd.stop(), 0);
+}
+
 
 TEST_F(ApiE2eTest, HealthFollowsTheRuntimeWithoutARestart) {
   ASSERT_TRUE(TestBed::instance().endpoint_is_test_bed());

@@ -579,6 +579,34 @@ TEST_P(SlowFullListTest, ListsSlowerThanTheCallDeadlineKeepTheDaemonHealthy) {
       << "kplegd waited for the list in flight to finish";
 }
 
+// A slow first sync (a big node, a loaded runtime): kplegd is not ready until it ends, but live
+// all along. When liveness was the full health, "no successful reconcile yet" failed it, and the
+// kubelet restarted kplegd in the middle of the sync, which then started over.
+TEST_P(SlowFullListTest, ASlowFirstSyncIsLiveButNotReadyUntilItEnds) {
+  proxy_->set_full_list_delay(6s);  // the first sync's two lists: 12 s
+  auto d = start({"--cri-list-timeout", "20s"});
+  ASSERT_TRUE(d);
+  const auto socket = api_socket(*d);
+  ASSERT_FALSE(socket.empty()) << d->log();
+  auto probe = [&](const char* kind) {
+    auto r = run_process({KPLEGCTL_BIN, "--socket", socket, "--timeout", "4", "probe", kind}, 10s);
+    return r.ok() ? r->exit_code : -1;
+  };
+  ASSERT_TRUE(eventually([&] { return proxy_->stats().full_lists_in_flight > 0; }, 10s, 20ms));
+  EXPECT_EQ(probe("startup"), 0);
+  EXPECT_EQ(probe("live"), 0);
+  auto ready = run_process({KPLEGCTL_BIN, "--socket", socket, "--timeout", "4", "probe", "ready"}, 10s);
+  ASSERT_TRUE(ready.ok());
+  EXPECT_EQ(ready->exit_code, 1) << ready->out;
+  // Not ready because the first sync has not ended (ebpf: the reconcile; relist: the relist).
+  EXPECT_TRUE(ready->out.find("no successful reconcile yet") != std::string::npos ||
+              ready->out.find("relist has yet to succeed") != std::string::npos)
+      << ready->out;
+  EXPECT_TRUE(eventually([&] { return probe("ready") == 0; }, 40s, 500ms)) << d->log();
+  EXPECT_EQ(probe("live"), 0);
+  EXPECT_EQ(d->stop(), 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, SlowFullListTest, ::testing::Values("ebpf", "relist"),
                          [](const auto& info) { return info.param; });
 

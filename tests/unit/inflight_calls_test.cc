@@ -74,6 +74,34 @@ TEST(InflightCalls, IdsAreResolvedToPodsOnlyWhenListed) {
   EXPECT_NE(describe(listed[1]).find("no pod known"), std::string::npos) << describe(listed[1]);
 }
 
+// Health, /metrics and Stats list the stuck calls at every read: while the runtime hangs, a
+// lookup per stuck call per read (a full snapshot of kpleg's state each, under the tracker's
+// locks) made health the more expensive the longer the hang. Each call is looked up once.
+TEST(InflightCalls, AStuckCallIsResolvedOnceHoweverOftenItIsListed) {
+  InflightCalls calls;
+  int lookups = 0;
+  calls.set_resolver([&](const CallSubject& s) -> std::optional<PodIdentity> {
+    ++lookups;
+    if (s.id.rfind("known-", 0) != 0) return std::nullopt;
+    return PodIdentity{"uid-" + s.id, "web", "default", "app", false};
+  });
+  constexpr int kStuck = 50, kReads = 200;
+  std::vector<InflightCalls::Ticket> tickets;
+  for (int i = 0; i < kStuck; ++i) {
+    tickets.push_back(calls.begin("ContainerStatus", CallOrigin::kDaemon,
+                                  id_subject((i % 2 ? "known-" : "gone-") + std::to_string(i))));
+  }
+  for (int r = 0; r < kReads; ++r) {
+    auto listed = calls.older_than(0ms);
+    ASSERT_EQ(listed.size(), size_t(kStuck));
+    EXPECT_EQ(listed[1].subject.pod_uid, "uid-known-1") << "a hit is kept on the call";
+    EXPECT_TRUE(listed[0].subject.pod_uid.empty());
+  }
+  // Once per call: the known ones keep their pod, the unknown ones are asked again only after
+  // a while (well beyond this loop).
+  EXPECT_EQ(lookups, kStuck);
+}
+
 TEST(InflightCalls, ARequestThatNamesItsPodIsNotResolved) {
   InflightCalls calls;
   calls.set_resolver([](const CallSubject&) -> std::optional<PodIdentity> {

@@ -334,14 +334,23 @@ class SwitchableHealth : public api::HealthProvider {
     std::lock_guard l(mu_);
     return ready_;
   }
+  api::HealthReport liveness() override {
+    std::lock_guard l(mu_);
+    return live_;
+  }
   void set(api::HealthReport h, api::HealthReport ready) {
     std::lock_guard l(mu_);
     report_ = std::move(h);
     ready_ = std::move(ready);
   }
+  void set_live(api::HealthReport live) {
+    std::lock_guard l(mu_);
+    live_ = std::move(live);
+  }
 
  private:
   std::mutex mu_;
+  api::HealthReport live_{true, {}};
   api::HealthReport report_{true, {}};
   api::HealthReport ready_{true, {}};
 };
@@ -380,9 +389,95 @@ TEST(MetricsServer, ServesMetricsHealthAndReadiness) {
   EXPECT_EQ(res->status, 503);
   EXPECT_EQ(res->body, "unhealthy\n- initial reconcile not done\n");
 
+  // Liveness is its own answer: the runtime's problems above leave it passing.
+  res = client.Get("/livez");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  EXPECT_EQ(res->body, "ok\n");
+  health.set_live({false, {"a reconcile has been running for 200 s"}});
+  res = client.Get("/livez");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 503);
+  EXPECT_EQ(res->body, "unhealthy\n- a reconcile has been running for 200 s\n");
+
   res = client.Get("/nope");
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 404);
+  server.stop();
+}
+
+// httplib's timeout is per read: clients that send a header byte now and then held every worker
+// for as long as they liked (40 of them, one byte each 200 ms: /healthz was not answered at all).
+// Each request has a deadline for the whole of it now.
+TEST(MetricsServer, HealthzAnswersWhileClientsTrickleHeaderBytes) {
+  Registry r;
+  SwitchableHealth health;
+  MetricsServer server(MetricsServerOptions{"127.0.0.1:0"}, r, health);
+  ASSERT_TRUE(server.start().ok());
+  const int port = server.port();
+  auto connect_to_server = [port] {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      close(fd);
+      return -1;
+    }
+    return fd;
+  };
+  std::atomic<bool> stop{false};
+  std::atomic<int> connected{0}, cut_off{0};
+  std::vector<std::thread> tricklers;
+  for (int i = 0; i < 40; ++i) {
+    tricklers.emplace_back([&] {
+      // Reconnects at once when cut off; the pause between bytes paces the load.
+      while (!stop) {
+        int fd = connect_to_server();
+        if (fd < 0) continue;
+        ++connected;
+        const std::string start = "GET /healthz HTTP/1.1\r\nX-Slow: ";
+        bool alive = send(fd, start.data(), start.size(), MSG_NOSIGNAL) > 0;
+        while (alive && !stop) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(200));
+          char c;
+          alive = send(fd, "a", 1, MSG_NOSIGNAL) == 1 && recv(fd, &c, 1, MSG_DONTWAIT) != 0;
+        }
+        if (!alive) ++cut_off;
+        close(fd);
+      }
+    });
+  }
+  const auto connect_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (connected < 40 && std::chrono::steady_clock::now() < connect_deadline)
+    std::this_thread::yield();
+  ASSERT_GE(connected.load(), 40);
+  httplib::Client client("127.0.0.1", port);
+  client.set_connection_timeout(3);
+  client.set_read_timeout(3);
+  // Probed back to back until every trickling client has been cut off at least once.
+  auto slowest = std::chrono::steady_clock::duration::zero();
+  const auto probe_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+  int probes = 0;
+  while ((probes < 5 || cut_off < 40) && std::chrono::steady_clock::now() < probe_deadline) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto res = client.Get("/healthz");
+    slowest = std::max(slowest, std::chrono::steady_clock::now() - t0);
+    ASSERT_TRUE(res) << "probe " << probes << ": " << httplib::to_string(res.error());
+    EXPECT_EQ(res->status, 200);
+    ++probes;
+  }
+  stop = true;
+  for (auto& t : tricklers) t.join();
+  EXPECT_LT(slowest, std::chrono::seconds(3));
+  EXPECT_GE(cut_off.load(), 40);
+  std::printf("/healthz under 40 trickling clients: %d probes, slowest %lld ms; %d connections, "
+              "%d cut off\n",
+              probes,
+              static_cast<long long>(
+                  std::chrono::duration_cast<std::chrono::milliseconds>(slowest).count()),
+              connected.load(), cut_off.load());
   server.stop();
 }
 

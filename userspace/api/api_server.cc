@@ -124,6 +124,7 @@ Status ApiServer::start() {
     std::lock_guard l(health_mu_);
     stopping_ = false;
   }
+  health_service_->set_evaluated(kLivenessService, [this] { return health_.liveness().healthy; });
   health_.set_health_listener([this] { request_health_refresh(); });
   refresh_health();
   health_thread_ = std::thread([this] {
@@ -149,9 +150,14 @@ void ApiServer::refresh_health() {
     std::lock_guard l(server_mu_);
     if (!server_) return;
     HealthReport h = health_.health();
+    HealthReport live = health_.liveness();
     recheck_in = h.recheck_in;
+    if (live.recheck_in && (!recheck_in || *live.recheck_in < *recheck_in))
+      recheck_in = live.recheck_in;
     health_service_->set("", h.healthy);
     health_service_->set(kHealthServiceName, h.healthy);
+    health_service_->set(kReadinessService, h.healthy);
+    health_service_->set(kLivenessService, live.healthy);
   }
   std::lock_guard l(health_mu_);
   recheck_at_.reset();

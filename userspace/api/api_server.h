@@ -15,6 +15,7 @@
 #include <optional>
 #include <thread>
 
+#include "api/health_names.h"
 #include "api/options.h"
 #include "api/providers.h"
 #include "bus/event_bus.h"
@@ -25,9 +26,6 @@ class Server;
 }
 
 namespace kpleg::api {
-
-// The service name grpc.health.v1 reports for, besides the server-wide "".
-inline constexpr const char* kHealthServiceName = "kpleg.v1.PodLifecycle";
 
 class PodLifecycleService;
 class HealthService;

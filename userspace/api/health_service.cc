@@ -16,6 +16,11 @@ void HealthService::set(const std::string& service, bool serving) {
   changed_.notify_all();
 }
 
+void HealthService::set_evaluated(const std::string& service, std::function<bool()> serving) {
+  std::lock_guard lk(mu_);
+  evaluated_[service] = std::move(serving);
+}
+
 void HealthService::stop() {
   {
     std::lock_guard lk(mu_);
@@ -40,6 +45,15 @@ HealthService::Status HealthService::status_of(const std::string& service) const
 
 grpc::Status HealthService::Check(grpc::ServerContext*, const HealthCheckRequest* req,
                                   HealthCheckResponse* resp) {
+  std::function<bool()> evaluate;
+  {
+    std::lock_guard lk(mu_);
+    if (auto it = evaluated_.find(req->service()); it != evaluated_.end()) evaluate = it->second;
+  }
+  if (evaluate) {
+    resp->set_status(evaluate() ? HealthCheckResponse::SERVING : HealthCheckResponse::NOT_SERVING);
+    return grpc::Status::OK;
+  }
   std::lock_guard lk(mu_);
   const Status s = status_of(req->service());
   // The protocol: Check answers NOT_FOUND for a service it does not know.

@@ -32,6 +32,10 @@ class HealthService final : public grpc::health::v1::Health::Service {
 
   // Sets the status of `service` ("" is the server as a whole); Watches see the change.
   void set(const std::string& service, bool serving);
+  // A Check of `service` calls `serving` (quick, thread-safe) instead of answering the last
+  // status set: a liveness probe must not pass on a status a stuck thread set long ago. Watches
+  // still follow set(). Set before the server serves.
+  void set_evaluated(const std::string& service, std::function<bool()> serving);
   // Ends every Watch, and any that starts later.
   void stop();
   // Has every open Watch check now whether its client went away (StreamSlots' reclaim hook).
@@ -51,6 +55,7 @@ class HealthService final : public grpc::health::v1::Health::Service {
   mutable std::mutex mu_;
   std::condition_variable changed_;
   std::map<std::string, bool> serving_;
+  std::map<std::string, std::function<bool()>> evaluated_;
   uint64_t version_ = 0;  // bumped on every change
   uint64_t wakes_ = 0;    // bumped by wake_watches()
   bool stopping_ = false;

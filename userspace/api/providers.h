@@ -57,11 +57,16 @@ struct HealthReport {
 class HealthProvider {
  public:
   virtual ~HealthProvider() = default;
-  // Liveness, like the kubelet's PLEG Healthy(): feeds grpc.health.v1 (SERVING/NOT_SERVING)
-  // and GET /healthz.
+  // Whether the node's events can be trusted, with what degrades them: the runtime answers, the
+  // kernel path is attached and consumed, a reconcile succeeded recently. Feeds the Stats RPC,
+  // grpc.health.v1 ("" and kHealthServiceName), GET /healthz and /readyz.
   virtual HealthReport health() = 0;
-  // Readiness (e.g. the first reconcile has completed): feeds GET /readyz.
+  // Readiness: what GET /readyz and grpc.health.v1's kReadinessService answer.
   virtual HealthReport readiness() { return health(); }
+  // Liveness: kplegd itself progresses (its own loops are not stuck); the runtime's problems do
+  // not fail it, since a restart cannot fix them. GET /livez and kLivenessService. Must be cheap
+  // and take no lock a stuck loop could hold for long.
+  virtual HealthReport liveness() { return HealthReport{.healthy = true}; }
   // `fn` is called (from any thread, holding no lock that health() takes) whenever an input of
   // health() changed, so that a consumer re-reads it then instead of polling. Providers that
   // never announce changes must set recheck_in.

@@ -85,28 +85,49 @@ void InflightCalls::set_resolver(Resolver resolver) {
 
 std::vector<InflightCall> InflightCalls::older_than(std::chrono::milliseconds min_age) const {
   std::vector<InflightCall> out;
+  std::vector<size_t> unresolved;  // indexes into out whose pod the resolver is asked for
   Resolver resolver;
+  const auto now = Clock::now();
   {
-    const auto now = Clock::now();
     std::lock_guard lk(mu_);
     resolver = resolver_;
     for (const auto& [serial, e] : calls_) {
       auto age = std::chrono::duration_cast<std::chrono::milliseconds>(now - e.started);
       // Serials grow with start time: once one is too young, so are all after it.
       if (age < min_age) break;
+      const auto& s = e.subject;
+      if (resolver && s.pod_name.empty() && !(s.id.empty() && s.pod_uid.empty()) &&
+          now >= e.resolve_after)
+        unresolved.push_back(out.size());
       out.push_back(InflightCall{serial, e.method, e.origin, e.subject, age});
     }
   }
-  if (resolver) {
-    for (auto& c : out) {
-      if (!c.subject.pod_name.empty() || (c.subject.id.empty() && c.subject.pod_uid.empty()))
-        continue;
-      if (auto pod = resolver(c.subject)) {
-        c.subject.pod_uid = pod->uid;
-        c.subject.pod_name = pod->name;
-        c.subject.pod_namespace = pod->pod_namespace;
-        if (c.subject.container_name.empty()) c.subject.container_name = pod->container_name;
-      }
+  if (unresolved.empty()) return out;
+  // Outside the lock (the resolver reads the daemon's state); each call is resolved once, its
+  // answer kept on its entry, so that a stuck call costs a lookup once, not at every health
+  // check, scrape or Stats while it hangs. A miss is asked again after kResolveRetry (the pod
+  // may not be known yet).
+  std::vector<std::optional<PodIdentity>> found(unresolved.size());
+  for (size_t i = 0; i < unresolved.size(); ++i) {
+    auto& c = out[unresolved[i]];
+    found[i] = resolver(c.subject);
+    if (const auto& pod = found[i]) {
+      c.subject.pod_uid = pod->uid;
+      c.subject.pod_name = pod->name;
+      c.subject.pod_namespace = pod->pod_namespace;
+      if (c.subject.container_name.empty()) c.subject.container_name = pod->container_name;
+    }
+  }
+  std::lock_guard lk(mu_);
+  for (size_t i = 0; i < unresolved.size(); ++i) {
+    const auto& c = out[unresolved[i]];
+    auto it = calls_.find(c.serial);
+    if (it == calls_.end()) continue;  // ended meanwhile
+    if (found[i]) {
+      it->second.subject = c.subject;
+      it->second.resolve_after = Clock::time_point::max();  // known: never asked again
+    } else {
+      it->second.resolve_after = now + kResolveRetry;
     }
   }
   return out;

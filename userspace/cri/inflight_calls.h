@@ -6,7 +6,8 @@
 // A call registers what its request names: a pod's metadata (RunPodSandbox), or a sandbox or
 // container id. Ids are turned into pods only when somebody asks (kplegctl stuck, /metrics,
 // health), through a resolver the daemon provides, so that a call costs one lock and one map
-// insert and erase, never a lookup.
+// insert and erase, never a lookup; a call is resolved once, when first listed, and keeps the
+// answer, so that a call that hangs costs one lookup however often health is read.
 #pragma once
 
 #include <chrono>
@@ -92,7 +93,8 @@ class InflightCalls {
   // Set once, before calls are listed; called without the registry's lock held.
   void set_resolver(Resolver resolver);
 
-  // Calls at least `min_age` old, oldest first, their ids resolved to pods.
+  // Calls at least `min_age` old, oldest first, their ids resolved to pods (each call asks the
+  // resolver once; a miss again after kResolveRetry).
   std::vector<InflightCall> older_than(std::chrono::milliseconds min_age) const;
   // Count and oldest age per (method, origin) for every pair ever seen (count 0 when none is
   // in flight now), so that gauges fall back to 0 instead of vanishing.
@@ -102,17 +104,20 @@ class InflightCalls {
   std::optional<std::chrono::milliseconds> until_one_reaches(std::chrono::milliseconds age) const;
 
  private:
+  static constexpr std::chrono::seconds kResolveRetry{10};
+
   struct Entry {
     std::string method;
     CallOrigin origin;
-    CallSubject subject;
+    CallSubject subject;  // resolved in place once the resolver knew its pod
     Clock::time_point started;
+    Clock::time_point resolve_after{};  // the resolver did not know it: not asked again before
   };
   void finish(uint64_t serial);
 
   mutable std::mutex mu_;
   uint64_t next_serial_ = 1;
-  std::map<uint64_t, Entry> calls_;  // by serial: the oldest first
+  mutable std::map<uint64_t, Entry> calls_;  // older_than() keeps what it resolved  // by serial: the oldest first
   std::map<std::pair<std::string, CallOrigin>, bool> seen_;
   Resolver resolver_;
 };

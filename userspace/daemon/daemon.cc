@@ -21,7 +21,7 @@ const char* to_string(Mode m) {
 Daemon::Daemon(const DaemonOptions& opts)
     : opts_(opts),
       health_policy_({opts.runtime_endpoint, opts.reconcile_period, opts.relist_period,
-                      opts.stuck_call_threshold}) {}
+                      opts.stuck_call_threshold, opts.cri_list_timeout}) {}
 
 Daemon::~Daemon() { stop(); }
 
@@ -310,6 +310,17 @@ api::HealthReport Daemon::health() {
                                 .tracker = tracker_.get(),
                                 .relist = relist_.get(),
                                 .fallback_reason = fallback_reason_});
+}
+
+api::HealthReport Daemon::liveness() {
+  return health_policy_.liveness({.cri = *cri_,
+                                  .inflight = *inflight_,
+                                  .ebpf = active_ == Mode::kEbpf,
+                                  .kernel = kernel_.get(),
+                                  .reconciler = reconciler_.get(),
+                                  .tracker = tracker_.get(),
+                                  .relist = relist_.get(),
+                                  .fallback_reason = fallback_reason_});
 }
 
 void Daemon::check_coverage(const std::vector<pleg::RuntimeContainer>& view) {

@@ -80,6 +80,7 @@ class Daemon : public api::StateProvider, public api::HealthProvider, public api
 
   api::StateSnapshot snapshot() override;
   api::HealthReport health() override;
+  api::HealthReport liveness() override;
   void set_health_listener(std::function<void()> fn) override;
   api::DaemonStats stats() override;
   std::vector<api::InflightCallRecord> inflight_calls(std::chrono::milliseconds min_age) override;

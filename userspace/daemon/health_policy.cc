@@ -20,6 +20,7 @@ api::HealthReport HealthPolicy::health(const Components& c) const {
     r.healthy = false;
     r.reasons.push_back(std::move(why));
   };
+  (void)runtime_down_for(c.cri, std::chrono::steady_clock::now());
   if (!c.cri.connected()) {
     fail("container runtime unreachable at " + settings_.runtime_endpoint + " (" +
          std::string(cri::connection_state_name(c.cri.state())) + ")");
@@ -32,6 +33,10 @@ api::HealthReport HealthPolicy::health(const Components& c) const {
     auto threshold = 2 * settings_.reconcile_period + std::chrono::seconds(60);
     if (!rs.last_success_mono) {
       fail("no successful reconcile yet" + (rs.last_error.empty() ? "" : ": " + rs.last_error));
+    } else if (!rs.last_error.empty()) {
+      // The runtime did not answer the last full list (it hangs, or fails): until one succeeds,
+      // an event kplegd missed would not be recovered. A restart would not help: liveness holds.
+      fail("the last reconcile failed: " + rs.last_error);
     } else if (auto age = std::chrono::steady_clock::now() - *rs.last_success_mono;
                age <= threshold) {
       // Healthy until the last success grows too old (each reconcile announces itself).
@@ -94,6 +99,68 @@ api::HealthReport HealthPolicy::health(const Components& c) const {
   }
   report_stuck_calls(c.inflight, r);
   return r;
+}
+
+api::HealthReport HealthPolicy::liveness(const Components& c) const {
+  LivenessInputs in{.ebpf = c.ebpf, .now = std::chrono::steady_clock::now()};
+  in.runtime_refused_for = runtime_down_for(c.cri, in.now);
+  if (c.ebpf) {
+    in.kernel_consuming = c.kernel->live();
+    in.reconcile_running_since = c.reconciler->stats().running_since;
+  }
+  return liveness(in);
+}
+
+api::HealthReport HealthPolicy::liveness(const LivenessInputs& in) const {
+  api::HealthReport r;
+  r.healthy = true;
+  if (in.runtime_refused_for) {
+    if (*in.runtime_refused_for > kRuntimeRefusedFor) {
+      r.healthy = false;
+      r.reasons.push_back("the container runtime's socket has refused connections for " +
+                          std::to_string(seconds(*in.runtime_refused_for)) +
+                          " s: a runtime restarted since kplegd started listens on a new socket, "
+                          "which kplegd sees after a restart when the socket is mounted alone");
+    } else {
+      r.recheck_in = std::chrono::duration_cast<std::chrono::milliseconds>(
+                         kRuntimeRefusedFor - *in.runtime_refused_for) +
+                     std::chrono::milliseconds(1);
+    }
+  }
+  if (!in.ebpf) return r;  // relist mode: its loop's calls all have deadlines
+  if (!in.kernel_consuming) {
+    r.healthy = false;
+    r.reasons.push_back("kernel event source stopped consuming the ring buffer");
+  }
+  if (in.reconcile_running_since) {
+    const auto bound = stuck_reconcile_after();
+    const auto running = in.now - *in.reconcile_running_since;
+    if (running > bound) {
+      r.healthy = false;
+      r.reasons.push_back("a reconcile has been running for " + std::to_string(seconds(running)) +
+                          " s, past its calls' deadlines (" + std::to_string(seconds(bound)) +
+                          " s): kplegd is stuck");
+    } else {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(bound - running) +
+                  std::chrono::milliseconds(1);
+      if (!r.recheck_in || left < *r.recheck_in) r.recheck_in = left;
+    }
+  }
+  return r;
+}
+
+std::optional<std::chrono::steady_clock::duration> HealthPolicy::runtime_down_for(
+    const cri::GrpcCriClient& cri, std::chrono::steady_clock::time_point now) const {
+  // A hung runtime keeps the connection (READY); an idle channel is not a refusal.
+  const auto state = cri.state();
+  if (state == cri::ConnectionState::kReady || state == cri::ConnectionState::kIdle) {
+    runtime_down_since_ns_.store(0);
+    return std::nullopt;
+  }
+  const int64_t now_ns = now.time_since_epoch().count();
+  int64_t since = 0;
+  if (runtime_down_since_ns_.compare_exchange_strong(since, now_ns)) return now - now;
+  return now - std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(since));
 }
 
 void HealthPolicy::report_stuck_calls(const cri::InflightCalls& inflight,

@@ -1,5 +1,7 @@
-// kplegd's HTTP endpoint: GET /metrics (Prometheus text format), /healthz (200 when healthy,
-// 503 with the reasons otherwise) and /readyz. Loopback by default: it serves no secrets, but
+// kplegd's HTTP endpoint: GET /metrics (Prometheus text format), /livez (kplegd itself
+// progresses), /readyz (its events can be trusted) and /healthz (the same as /readyz, kept for
+// the clients that read it), each 200, or 503 with the reasons. One request per connection, each
+// with a deadline for the whole of it, so that slow clients cannot hold the workers. Loopback by default: it serves no secrets, but
 // exposing it beyond the node is a deployment decision (--metrics-address 0.0.0.0:10262).
 #pragma once
 

@@ -56,8 +56,13 @@ ReconcilerStats Reconciler::stats() const {
 
 Status Reconciler::run_once(const std::string& reason, bool initial) {
   auto t0 = std::chrono::steady_clock::now();
+  {
+    std::lock_guard lk(mu_);
+    stats_.running_since = t0;
+  }
   auto view = list_runtime(cri_);
   std::lock_guard lk(mu_);
+  stats_.running_since.reset();
   ++stats_.runs;
   stats_.last_reason = reason;
   stats_.last_duration = std::chrono::steady_clock::now() - t0;

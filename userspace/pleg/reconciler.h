@@ -30,6 +30,9 @@ struct ReconcilerStats {
   std::chrono::nanoseconds last_duration{0};
   std::string last_error;
   std::string last_reason;  // why the last run happened
+  // Since when the run in progress runs (none between runs): liveness tells a slow run, bounded
+  // by its calls' deadlines, from a stuck one.
+  std::optional<std::chrono::steady_clock::time_point> running_since;
 };
 
 class Reconciler {

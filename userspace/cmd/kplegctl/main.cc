@@ -1,8 +1,8 @@
-// kplegctl: the command-line consumer of kplegd's API (watch, list, health, stats, stuck).
+// kplegctl: the command-line consumer of kplegd's API (watch, list, health, stats, stuck, probe).
 //
-// Exit status: 0 success (health: healthy; stuck: no call that old); 1 an RPC failed, a watch
-// ended with an error, health says unhealthy, or stuck found calls; 2 kplegd cannot be reached
-// (not running, socket not accessible, unavailable).
+// Exit status: 0 success (health: healthy; stuck: no call that old; probe: passes); 1 an RPC
+// failed, a watch ended with an error, health says unhealthy, stuck found calls, or the probe
+// fails; 2 kplegd cannot be reached (not running, socket not accessible, unavailable).
 #include <grpcpp/grpcpp.h>
 
 #include <CLI/CLI.hpp>
@@ -12,8 +12,10 @@
 #include <string>
 
 #include "api/client.h"
+#include "api/health_names.h"
 #include "common/duration.h"
 #include "cmd/kplegctl/output.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "kpleg/v1/pleg.grpc.pb.h"
 
 namespace {
@@ -101,6 +103,35 @@ void set_deadline(grpc::ClientContext& ctx, double timeout_s) {
                    std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
 }
 
+// A Kubernetes exec probe through kplegd's API socket (no port, no host network): grpc.health.v1
+// Check of the liveness or readiness service. startup is liveness: kplegd serves its API and
+// its loops progress (a slow first sync does not fail it).
+int probe(const std::shared_ptr<grpc::Channel>& channel, const std::string& which,
+          const api::ClientOptions& conn, double timeout_s) {
+  const bool ready = which == "ready";
+  grpc::health::v1::HealthCheckRequest req;
+  req.set_service(ready ? api::kReadinessService : api::kLivenessService);
+  grpc::health::v1::HealthCheckResponse resp;
+  grpc::ClientContext ctx;
+  set_deadline(ctx, timeout_s);
+  auto stub = grpc::health::v1::Health::NewStub(channel);
+  if (auto st = stub->Check(&ctx, req, &resp); !st.ok())
+    return report_rpc_error(("probe " + which).c_str(), st, conn);
+  if (resp.status() == grpc::health::v1::HealthCheckResponse::SERVING) return 0;
+  // The kubelet keeps a failed probe's output in the pod's events: say why.
+  print_line("kplegd: " + which + " probe failed");
+  if (ready) {
+    v1::StatsResponse stats;
+    grpc::ClientContext sctx;
+    set_deadline(sctx, timeout_s);
+    if (v1::PodLifecycle::NewStub(channel)->Stats(&sctx, v1::StatsRequest{}, &stats).ok())
+      for (const auto& r : stats.health_reasons()) print_line("- " + r);
+  } else {
+    print_line("- see kplegd's log, or GET /livez");
+  }
+  return kExitFailed;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -170,6 +201,14 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"table", "json"}))
       ->capture_default_str();
 
+  std::string probe_kind;
+  auto* probe_cmd = app.add_subcommand(
+      "probe", "Kubernetes exec probe: live (kplegd's own loops progress), ready (its events can "
+               "be trusted) or startup (as live); exit 0 when it passes, 1 (with why) if not");
+  probe_cmd->add_option("kind", probe_kind, "live, ready or startup")
+      ->required()
+      ->check(CLI::IsMember({"live", "ready", "startup"}));
+
   CLI11_PARSE(app, argc, argv);
 
   std::chrono::milliseconds stuck_min_age{0};
@@ -189,6 +228,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kplegctl: %s\n", channel.error().message.c_str());
     return api::is_unreachable(channel.error()) ? kExitUnreachable : kExitFailed;
   }
+  if (*probe_cmd) return probe(*channel, probe_kind, conn, timeout_s);
   auto stub = v1::PodLifecycle::NewStub(*channel);
 
   if (*watch_cmd) return watch(*stub, wa, conn);
