@@ -757,6 +757,10 @@ run_relay_phase() {
   a0=$(crash_attempts)
   k0=$(kubelet_path_errors "$d")
   t0=$SECONDS
+  local relay_pid ticks0 ns0
+  relay_pid=$(tail -1 "$d/relay.log.pids")
+  ticks0=$(awk '{print $14 + $15}' "/proc/$relay_pid/stat")
+  ns0=$(date +%s%N)
   log "[relay] crash pods looping ($a0 attempts); killing kplegd $KILLS times (SIGKILL) and $KILLS times (SIGTERM)"
   for i in $(seq 1 $((KILLS * 2))); do
     sig=KILL
@@ -769,6 +773,8 @@ run_relay_phase() {
   # After the last new kplegd: each crash pod restarted again, through the relay.
   wait_attempts $((a0 + CRASHERS)) 60 || fail "[relay] crash pods stopped restarting while kplegd was restarted ($(crash_attempts) attempts, from $a0)"
   a1=$(crash_attempts)
+  RELAY_USAGE_NOTE="relay during the crash loop and kplegd's restarts: CPU $(awk -v t0="$ticks0" -v ns0="$ns0" -v ns1="$(date +%s%N)" -v hz="$(getconf CLK_TCK)" '{printf "%.2f", ($14 + $15 - t0) / hz * 1e9 / (ns1 - ns0) * 100}' "/proc/$relay_pid/stat") % of a core, RSS $(awk '/^VmRSS/ {printf "%.1f", $2 / 1024}' "/proc/$relay_pid/status") MiB (peak $(awk '/^VmHWM/ {printf "%.1f", $2 / 1024}' "/proc/$relay_pid/status") MiB), $(awk '/^Threads/ {print $2}' "/proc/$relay_pid/status") threads"
+  log "[relay] $RELAY_USAGE_NOTE"
   kubelet_metrics >"$d/kubelet-metrics.txt" || true
   "$bin/kplegctl" --socket "$d/relay-status.sock" stuck --older-than 10s >"$d/stuck.txt" 2>&1 || echo "exit $?" >>"$d/stuck.txt"
   hz=$(curl -s --max-time 5 "http://127.0.0.1:$HEALTHZ_PORT/healthz" || true)
@@ -821,6 +827,7 @@ run_relay_phase() {
 }
 
 RELAY_RESTART_NOTE=
+RELAY_USAGE_NOTE=
 for phase in $PHASES; do
   if [ "$phase" = relay ]; then
     run_relay_phase
@@ -906,7 +913,7 @@ out.append("  kpleg %.0f + %.0f = %.0f;  runtime %.0f + %.0f = %.0f" % (
 print("\n".join(out))
 PY
 ) || fail "the report could not be made"
-[ -z "$RELAY_RESTART_NOTE" ] || report+=$'\n\n'"kubelet -> kpleg-cri-relay -> runtime, kplegd killed $KILLS times (SIGKILL) and $KILLS times (SIGTERM): no kubelet call failed; $RELAY_RESTART_NOTE"
+[ -z "$RELAY_RESTART_NOTE" ] || report+=$'\n\n'"kubelet -> kpleg-cri-relay -> runtime, kplegd killed $KILLS times (SIGKILL) and $KILLS times (SIGTERM): no kubelet call failed; $RELAY_USAGE_NOTE; $RELAY_RESTART_NOTE"
 echo
 echo "$report"
 echo

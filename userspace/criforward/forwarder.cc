@@ -4,6 +4,7 @@
 
 #include <climits>
 #include <deque>
+#include <thread>
 
 #include "cri/endpoint.h"
 
@@ -467,10 +468,23 @@ void Forwarder::stop() {
     stopped_ = true;
   }
   stop_accepting();
-  if (hooks_ != nullptr) hooks_->stopping();
   if (server_) {
-    server_->Shutdown(std::chrono::system_clock::now() + options_.shutdown_grace);
+    // GOAWAY first: a client's next call then goes to a new connection (the backlog, and the
+    // next process) instead of this server, which refuses it; gRPC retries a call refused so
+    // on its own. The streams the user serves end only after that (a kubelet reopens its
+    // event stream at once: on the old connection it would be refused, and count as an error),
+    // with a moment for the GOAWAY to reach the clients.
+    std::thread shutdown([this] {
+      server_->Shutdown(std::chrono::system_clock::now() + options_.shutdown_grace);
+    });
+    if (hooks_ != nullptr) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      hooks_->stopping();
+    }
+    shutdown.join();
     server_->Wait();
+  } else if (hooks_ != nullptr) {
+    hooks_->stopping();
   }
   bound_.reset();  // removes the socket file if it is still this forwarder's
 }

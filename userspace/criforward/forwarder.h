@@ -124,8 +124,9 @@ class Forwarder {
   // next process); calls on open connections go on. Idempotent.
   void stop_accepting();
   // Stops accepting, tells every client to go away (HTTP/2 GOAWAY: no new call on its
-  // connection), lets the calls in flight finish for up to shutdown_grace, cancels what is
-  // left, and removes the socket if still its own; idempotent.
+  // connection), then has its user end what it serves itself (Hooks::stopping), lets the calls
+  // in flight finish for up to shutdown_grace, cancels what is left, and removes the socket if
+  // still its own; idempotent.
   void stop();
 
   class Service;
