@@ -474,9 +474,8 @@ void Forwarder::stop() {
     // on its own. The streams the user serves end only after that (a kubelet reopens its
     // event stream at once: on the old connection it would be refused, and count as an error),
     // with a moment for the GOAWAY to reach the clients.
-    std::thread shutdown([this] {
-      server_->Shutdown(std::chrono::system_clock::now() + options_.shutdown_grace);
-    });
+    std::thread shutdown(
+        [this] { server_->Shutdown(std::chrono::system_clock::now() + options_.shutdown_grace); });
     if (hooks_ != nullptr) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
       hooks_->stopping();
