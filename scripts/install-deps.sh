@@ -29,6 +29,8 @@ PACKAGES=(
   openssl
   # a wall-clock step seen by kplegd alone (FaultsTest.AWallClockStep...)
   libfaketime
+  # systemd-socket-activate: kpleg-cri-relay socket-activated in the kubelet e2e
+  systemd
 )
 
 missing=()

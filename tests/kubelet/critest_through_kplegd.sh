@@ -8,6 +8,9 @@
 #
 #   critest_through_kplegd.sh BIN_DIR [DIRECT_REPORT_DIR]
 #
+# KPLEG_CRITEST_VIA=relay puts kpleg-cri-relay (fed by kplegd's API) in front of the runtime
+# instead of kplegd --cri-listen.
+#
 # BIN_DIR is the build's bin directory (kplegd). With DIRECT_REPORT_DIR, the direct suite is not
 # run again: its report is the one cri.critest wrote there on the same runtime (CTest runs that
 # test first, as this test's fixture).
@@ -44,6 +47,10 @@ export KPLEG_TESTBED_BRIDGE=${KPLEG_CRITEST_BRIDGE:-kpleg-ck0}
 export KPLEG_TESTBED_SUBNET=${KPLEG_CRITEST_SUBNET:-10.91.0.0/16}
 kplegd_pid=""
 cleanup() {
+  if [ -n "${relay_pid:-}" ] && kill -0 "$relay_pid" 2>/dev/null; then
+    kill -TERM "$relay_pid"
+    wait "$relay_pid" || true
+  fi
   if [ -n "$kplegd_pid" ] && kill -0 "$kplegd_pid" 2>/dev/null; then
     kill -TERM "$kplegd_pid"
     wait "$kplegd_pid" || true
@@ -59,9 +66,20 @@ up=$(bash "$repo/scripts/testbed.sh" up --cni) ||
   skip "the test bed did not come up (scripts/testbed.sh up --cni in $tb; see above)"
 runtime=${up#KPLEG_RUNTIME_ENDPOINT=}
 
-"$bin/kplegd" --runtime-endpoint "$runtime" --cri-listen "$tb/kplegd-cri.sock" \
-  --socket "$tb/kpleg.sock" --metrics-address 127.0.0.1:0 >"$tb/kplegd.out" 2>"$tb/kplegd.log" &
-kplegd_pid=$!
+via=${KPLEG_CRITEST_VIA:-kplegd}
+relay_pid=""
+if [ "$via" = relay ]; then
+  "$bin/kplegd" --runtime-endpoint "$runtime" \
+    --socket "$tb/kpleg.sock" --metrics-address 127.0.0.1:0 >"$tb/kplegd.out" 2>"$tb/kplegd.log" &
+  kplegd_pid=$!
+  "$bin/kpleg-cri-relay" --listen "$tb/kplegd-cri.sock" --runtime-endpoint "$runtime" \
+    --kplegd-socket "$tb/kpleg.sock" 2>"$tb/relay.log" &
+  relay_pid=$!
+else
+  "$bin/kplegd" --runtime-endpoint "$runtime" --cri-listen "$tb/kplegd-cri.sock" \
+    --socket "$tb/kpleg.sock" --metrics-address 127.0.0.1:0 >"$tb/kplegd.out" 2>"$tb/kplegd.log" &
+  kplegd_pid=$!
+fi
 for _ in $(seq 1 100); do
   grep -q "kplegd ready" "$tb/kplegd.log" && break
   kill -0 "$kplegd_pid" 2>/dev/null || { cat "$tb/kplegd.log"; fail "kplegd exited at start"; }
@@ -102,7 +120,14 @@ fi
 [ "$n_direct" -gt 0 ] || { echo "FAIL: nothing passed"; status=1; }
 
 # kplegd forwarded the suite's calls, and is still healthy after it.
-if [ -n "$port" ]; then
+if [ "$via" = relay ]; then
+  kill -TERM "$relay_pid"
+  wait "$relay_pid" || { echo "FAIL: the relay did not stop cleanly"; status=1; }
+  relay_pid=""
+  forwarded=$(sed -n 's/.*stopped after .* ms; \([0-9]*\) calls forwarded.*/\1/p' "$tb/relay.log")
+  echo "calls forwarded through the relay: ${forwarded:-none}"
+  [ "${forwarded:-0}" -gt 100 ] || { echo "FAIL: only ${forwarded:-0} calls went through the relay"; status=1; }
+elif [ -n "$port" ]; then
   forwarded=$(curl -sf "http://127.0.0.1:$port/metrics" |
     awk '$1 ~ /^kpleg_cri_endpoint_calls_total\{/ { n += $2 } END { print n + 0 }')
   echo "calls forwarded through kplegd's endpoint: $forwarded"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # CTest kubelet.e2e: an unmodified kubelet (scripts/kubelet.sh builds it), standalone (no API
 # server, static pods only), with EventedPLEG on, against the test bed's containerd with kplegd
-# in between: kubelet -> kplegd --cri-listen -> containerd. Three runs of the kubelet, each with
-# a fresh kplegd that prints every lifecycle event with its kernel timestamp:
+# in between: kubelet -> kplegd --cri-listen -> containerd. Four runs of the kubelet
+# (KPLEG_KUBELET_PHASES, default "kpleg runtime direct relay"), each with a fresh kplegd that
+# prints every lifecycle event with its kernel timestamp:
 #
 #   kpleg    the kubelet's runtime endpoint is kplegd --cri-listen --cri-events kpleg: kplegd
 #            forwards every call and answers GetContainerEvents itself from its kernel-confirmed
@@ -12,6 +13,10 @@
 #            after 5 tries and lives on its 1 s relist)
 #   direct   the kubelet talks to containerd itself; kplegd runs beside it only to timestamp the
 #            containers' deaths and starts
+#   relay    the kubelet talks to kpleg-cri-relay (socket-activated), which forwards to containerd
+#            and serves GetContainerEvents from kplegd's API; kplegd is killed and restarted
+#            2 x KPLEG_KUBELET_KPLEGD_KILLS times (default 5 + 5) under the crash loop, then the
+#            relay itself is restarted once (see run_relay_phase below for what is asserted)
 #
 # Each run starts a sleeper pod and KPLEG_KUBELET_CRASHERS (default 6) pods whose container runs
 # sh -c 'sleep 2; exit 1' with restartPolicy Always, added 0.7 s apart (so their deaths fall at
@@ -43,7 +48,7 @@
 # are what the assertions need (every crash pod restarted twice, first without back-off, then
 # after it); docs/kubelet.md's numbers were measured with KPLEG_KUBELET_IDLE_WINDOW=20
 # KPLEG_KUBELET_WINDOW=60 KPLEG_KUBELET_DIRECT_WINDOW=30 (about 3.5 minutes). About 1.5 minutes
-# in all with the defaults.
+# in all with the defaults, of which the relay run is about 30 s (95 s measured for all four).
 #
 #   kubelet_e2e.sh <build bin dir> [RESULTS_FILE]
 #
@@ -78,6 +83,8 @@ IDLE_WINDOW=${KPLEG_KUBELET_IDLE_WINDOW:-0}
 KUBELET_PORT=${KPLEG_KUBELET_PORT:-10350}
 HEALTHZ_PORT=${KPLEG_KUBELET_HEALTHZ_PORT:-10348}
 CGROOT=kpleg-kubelet
+PHASES=${KPLEG_KUBELET_PHASES:-kpleg runtime direct relay}
+KILLS=${KPLEG_KUBELET_KPLEGD_KILLS:-5}
 NODE=kpleg-node
 IMAGE=localhost/kpleg/busybox:1
 BACKOFF_MAX=2s
@@ -123,6 +130,7 @@ chmod 0755 "$tmp"
 failed=0
 kubelet_pid=
 kplegd_pid=
+relay_unit_pid=
 endpoint=
 # What exists before the kubelet runs stays; what it adds goes.
 pre_existing=()
@@ -172,6 +180,7 @@ cleanup() {
   local mnt p
   stop_pid "$kubelet_pid" kubelet
   remove_pods
+  stop_pid "$relay_unit_pid" kpleg-cri-relay
   stop_pid "$kplegd_pid" kplegd
   # The kubelet's whole cgroup tree, in every hierarchy; /kpleg-kubelet itself where the test
   # made it (the kubelet makes it in the cgroup2 hierarchy).
@@ -660,10 +669,177 @@ check_phase() { # NAME
   esac
 }
 
-for phase in kpleg runtime direct; do
+# --- the relay run ------------------------------------------------------------------------------
+# kubelet -> kpleg-cri-relay (socket-activated: socket_unit.py holds the socket as a .socket unit
+# would and starts the relay under systemd-socket-activate) -> runtime, the relay reading
+# kplegd's events from its API. While the crash pods crash-loop, kplegd is killed KILLS times
+# with SIGKILL and KILLS times with SIGTERM (each time started again at once, as its DaemonSet
+# would). Asserted over that window: no kubelet call failed for a reason kpleg controls (none
+# the relay ended CANCELLED, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED or UNAVAILABLE, no such
+# "rpc error" in the kubelet's log), every crash pod restarted, no "PLEG is not healthy", the
+# kubelet's event stream unbroken (no "disabling", no stream failure, its error count 0) and its
+# hint firing, the relay caught up after every new kplegd, and `kplegctl stuck` reads the
+# relay's calls in flight. Then the relay itself is restarted once (SIGTERM, graceful; the
+# socket stays): the calls that failed meanwhile are counted and reported, and the crash pods
+# must go on restarting through the new relay.
+
+# Sum over the crash pods of their container's highest attempt number (the runtime's count of
+# the kubelet's restarts), read from the runtime directly.
+crash_attempts() {
+  crictl_ ps -a --name '^crash$' -o json 2>/dev/null | python3 -c '
+import json, sys
+best = {}
+for c in json.load(sys.stdin).get("containers", []):
+    pod = c["labels"].get("io.kubernetes.pod.name", "")
+    best[pod] = max(best.get(pod, -1), c["metadata"].get("attempt", 0))
+print(sum(v + 1 for v in best.values()))'
+}
+# wait_attempts MIN SECONDS: until crash_attempts >= MIN.
+wait_attempts() {
+  local deadline=$((SECONDS + $2))
+  until [ "$(crash_attempts)" -ge "$1" ]; do
+    [ "$SECONDS" -lt "$deadline" ] || return 1
+    sleep 0.5
+  done
+}
+# Lines of the kubelet's log saying a CRI call failed for a reason of the path (not the runtime's
+# own answer), and of the relay's log saying it ended a call so.
+kubelet_path_errors() { grep -cE 'rpc error: code = (Unavailable|Canceled|DeadlineExceeded|ResourceExhausted)' "$1/kubelet.log" || true; }
+relay_path_errors() { grep -cE 'call failed: .* with code (1|4|8|14):' "$1/relay.log" || true; }
+
+relay_crictl() { crictl --config /dev/null --runtime-endpoint "unix://$tmp/relay/cri.sock" --image-endpoint "unix://$tmp/relay/cri.sock" --timeout 20s "$@"; }
+
+restart_kplegd() { # DIR N
+  local d=$1 n=$2 deadline
+  "$bin/kplegd" --runtime-endpoint "$endpoint" --socket "$d/api.sock" --metrics-address 127.0.0.1:0 \
+    --print-events json >>"$d/events.jsonl" 2>"$d/kplegd-$n.log" &
+  kplegd_pid=$!
+  deadline=$((SECONDS + 30))
+  until grep -q 'kplegd ready' "$d/kplegd-$n.log" 2>/dev/null; do
+    kill -0 "$kplegd_pid" 2>/dev/null || { cat "$d/kplegd-$n.log"; fail "[relay] kplegd exited"; }
+    [ "$SECONDS" -lt "$deadline" ] || fail "[relay] kplegd not ready within 30 s"
+    sleep 0.1
+  done
+}
+
+run_relay_phase() {
+  local d=$tmp/relay i sig t0 a0 a1 k0 r0 deadline hz errs hints catchups
+  mkdir -p "$d"
+  log "---- run 'relay' ----"
+  [ -x "$bin/kpleg-cri-relay" ] || fail "no kpleg-cri-relay in $bin"
+  command -v systemd-socket-activate >/dev/null ||
+    skip "needs systemd-socket-activate (Debian package systemd; scripts/install-deps.sh)"
+  start_kplegd "$d"
+  python3 "$here/socket_unit.py" "$d/cri.sock" "$d/relay.log" -- "$bin/kpleg-cri-relay" \
+    --listen "$d/cri.sock" --runtime-endpoint "$endpoint" --kplegd-socket "$d/api.sock" \
+    --status-socket "$d/relay-status.sock" &
+  relay_unit_pid=$!
+  until [ -S "$d/cri.sock" ]; do sleep 0.05; done
+  # systemd-socket-activate starts the relay at the first connection, as a .socket unit does:
+  # crictl's, which waits in the backlog meanwhile.
+  relay_crictl version >/dev/null || { cat "$d/relay.log"; fail "[relay] crictl version through the relay failed"; }
+  grep -q 'serving on the socket systemd passed' "$d/relay.log" || { cat "$d/relay.log"; fail "[relay] the relay did not start"; }
+  write_config "$d" "unix://$d/cri.sock"
+  mkdir -p "$d/manifests"
+  write_pod "$d/manifests/sleeper.yaml" "sleeper-relay" sleep /bin/sleep 100000
+  start_kubelet "$d"
+  if ! wait_event "$d" 90 "e['type'] == 'ContainerStarted' and e['pod_name'] == 'sleeper-relay-$NODE' and e['container_name'] == 'sleep'"; then
+    tail -n 40 "$d/kubelet.log"
+    fail "[relay] the sleeper pod did not start within 90 s of the kubelet's start"
+  fi
+  relay_crictl ps -q --state Running --name '^sleep$' | grep -q . ||
+    fail "[relay] crictl through the relay does not list the sleeper's container"
+  for i in $(seq 1 "$CRASHERS"); do
+    write_pod "$d/manifests/crasher-$i.yaml" "crasher-relay-$i" crash /bin/sh -c 'sleep 2; exit 1'
+    sleep 0.7
+  done
+  wait_attempts $((CRASHERS * 2)) 60 || fail "[relay] the crash pods were not restarted once ($(crash_attempts) attempts)"
+  a0=$(crash_attempts)
+  k0=$(kubelet_path_errors "$d")
+  t0=$SECONDS
+  local relay_pid ticks0 ns0
+  relay_pid=$(tail -1 "$d/relay.log.pids")
+  ticks0=$(awk '{print $14 + $15}' "/proc/$relay_pid/stat")
+  ns0=$(date +%s%N)
+  log "[relay] crash pods looping ($a0 attempts); killing kplegd $KILLS times (SIGKILL) and $KILLS times (SIGTERM)"
+  for i in $(seq 1 $((KILLS * 2))); do
+    sig=KILL
+    [ $((i % 2)) = 0 ] && sig=TERM
+    kill -"$sig" "$kplegd_pid"
+    wait "$kplegd_pid" 2>/dev/null || true
+    restart_kplegd "$d" "$i"
+    sleep 1  # the crash pods die and restart meanwhile
+  done
+  # After the last new kplegd: each crash pod restarted again, through the relay.
+  wait_attempts $((a0 + CRASHERS)) 60 || fail "[relay] crash pods stopped restarting while kplegd was restarted ($(crash_attempts) attempts, from $a0)"
+  a1=$(crash_attempts)
+  RELAY_USAGE_NOTE="relay during the crash loop and kplegd's restarts: CPU $(awk -v t0="$ticks0" -v ns0="$ns0" -v ns1="$(date +%s%N)" -v hz="$(getconf CLK_TCK)" '{printf "%.2f", ($14 + $15 - t0) / hz * 1e9 / (ns1 - ns0) * 100}' "/proc/$relay_pid/stat") % of a core, RSS $(awk '/^VmRSS/ {printf "%.1f", $2 / 1024}' "/proc/$relay_pid/status") MiB (peak $(awk '/^VmHWM/ {printf "%.1f", $2 / 1024}' "/proc/$relay_pid/status") MiB), $(awk '/^Threads/ {print $2}' "/proc/$relay_pid/status") threads"
+  log "[relay] $RELAY_USAGE_NOTE"
+  kubelet_metrics >"$d/kubelet-metrics.txt" || true
+  "$bin/kplegctl" --socket "$d/relay-status.sock" stuck --older-than 10s >"$d/stuck.txt" 2>&1 || echo "exit $?" >>"$d/stuck.txt"
+  hz=$(curl -s --max-time 5 "http://127.0.0.1:$HEALTHZ_PORT/healthz" || true)
+  errs=$(($(kubelet_path_errors "$d") - k0))
+  catchups=$(grep -c 'catch-up events for the gap' "$d/relay.log" || true)
+  hints=$(grep -c 'requested pod relist after container termination' "$d/kubelet.log" || true)
+  log "[relay] $((SECONDS - t0)) s of kplegd restarts: crash pods went from $a0 to $a1 attempts; relay caught up $catchups new kplegd instances; $hints hints fired"
+  [ "$(relay_path_errors "$d")" = 0 ] || { grep 'call failed' "$d/relay.log" | head; fail "[relay] the relay ended kubelet calls with a path error"; }
+  [ "$errs" = 0 ] || { grep -E 'rpc error: code = (Unavailable|Canceled|DeadlineExceeded|ResourceExhausted)' "$d/kubelet.log" | tail -5; fail "[relay] $errs kubelet CRI calls failed while kplegd was restarted"; }
+  [ "$hz" = ok ] || fail "[relay] the kubelet's healthz says '$hz'"
+  # (Its start says "PLEG is not healthy: pleg has yet to be successful" until its first relist.)
+  ! grep 'PLEG is not healthy' "$d/kubelet.log" | grep -vq 'pleg has yet to be successful' ||
+    fail "[relay] the kubelet says PLEG is not healthy"
+  ! grep -q 'disabling container-termination fast path' "$d/kubelet.log" || fail "[relay] the kubelet disabled its event hint"
+  ! grep -q 'failed to get container events' "$d/kubelet.log" || fail "[relay] the kubelet's event stream through the relay failed"
+  local stream_errors
+  stream_errors=$(awk '/^kubelet_evented_pleg_connection_error_count / {print $2}' "$d/kubelet-metrics.txt")
+  [ -z "$stream_errors" ] || [ "$stream_errors" = 0 ] || fail "[relay] the kubelet counts $stream_errors event stream errors"
+  [ "$hints" -gt 0 ] || fail "[relay] the kubelet never got a STOPPED hint through the relay"
+  [ "$catchups" -ge $((KILLS * 2)) ] || fail "[relay] the relay caught up after $catchups of $((KILLS * 2)) new kplegd instances"
+  grep -qi '^no CRI call in flight' "$d/stuck.txt" || fail "[relay] kplegctl stuck on the relay's status socket: $(cat "$d/stuck.txt")"
+  log "[relay] no kubelet call failed, PLEG healthy, event stream unbroken (error count ${stream_errors:-0}), kplegctl stuck reads the relay"
+
+  # The relay's own restart, socket-activated.
+  k0=$(kubelet_path_errors "$d")
+  r0=$(grep -c 'failed to get container events' "$d/kubelet.log" || true)
+  t0=$(date +%s%N)
+  kill -USR1 "$relay_unit_pid"
+  # A call made as the relay restarts: answered by the old relay or, from the backlog, by the new.
+  relay_crictl version >/dev/null || fail "[relay] crictl version during the relay's restart failed"
+  local restart_ms=$((($(date +%s%N) - t0) / 1000000))
+  deadline=$((SECONDS + 20))
+  until [ "$(grep -c 'serving on the socket systemd passed' "$d/relay.log")" -ge 2 ]; do
+    [ "$SECONDS" -lt "$deadline" ] || { tail -20 "$d/relay.log"; fail "[relay] the relay did not come back"; }
+    sleep 0.05
+  done
+  a1=$(crash_attempts)
+  wait_attempts $((a1 + CRASHERS)) 60 || fail "[relay] crash pods stopped restarting after the relay's restart"
+  kubelet_metrics >"$d/kubelet-metrics-after.txt" || true
+  RELAY_RESTART_NOTE="relay restarted: a crictl call made with the SIGTERM answered after $restart_ms ms; kubelet calls failed on the path meanwhile: $(($(kubelet_path_errors "$d") - k0)); relay-ended path errors: $(relay_path_errors "$d"); kubelet event stream failures: $(($(grep -c 'failed to get container events' "$d/kubelet.log" || true) - r0)), error count now $(awk '/^kubelet_evented_pleg_connection_error_count / {print $2}' "$d/kubelet-metrics-after.txt")"
+  log "[relay] $RELAY_RESTART_NOTE"
+  stop_pid "$kubelet_pid" kubelet
+  kubelet_pid=
+  remove_pods
+  stop_pid "$relay_unit_pid" kpleg-cri-relay
+  relay_unit_pid=
+  stop_pid "$kplegd_pid" kplegd
+  kplegd_pid=
+  remove_pod_cgroups
+}
+
+RELAY_RESTART_NOTE=
+RELAY_USAGE_NOTE=
+for phase in $PHASES; do
+  if [ "$phase" = relay ]; then
+    run_relay_phase
+    continue
+  fi
   run_phase "$phase"
   check_phase "$phase"
 done
+if ! [[ " $PHASES " == *" kpleg "* && " $PHASES " == *" runtime "* && " $PHASES " == *" direct "* ]]; then
+  echo "PASS: phases $PHASES${RELAY_RESTART_NOTE:+; $RELAY_RESTART_NOTE}"
+  exit 0
+fi
 
 # --- report ----------------------------------------------------------------------------------
 report=$(python3 - "$tmp" "$kubelet_version" "$runtime_version" "$("$bin/kplegd" --version)" "$CRASHERS" "$BACKOFF_MAX" "$cgroup_driver_note" <<'PY'
@@ -737,6 +913,7 @@ out.append("  kpleg %.0f + %.0f = %.0f;  runtime %.0f + %.0f = %.0f" % (
 print("\n".join(out))
 PY
 ) || fail "the report could not be made"
+[ -z "$RELAY_RESTART_NOTE" ] || report+=$'\n\n'"kubelet -> kpleg-cri-relay -> runtime, kplegd killed $KILLS times (SIGKILL) and $KILLS times (SIGTERM): no kubelet call failed; $RELAY_USAGE_NOTE; $RELAY_RESTART_NOTE"
 echo
 echo "$report"
 echo

@@ -4,6 +4,8 @@
 // tests/kubelet/cri_endpoint_test.cc.
 #include <gtest/gtest.h>
 
+#include <condition_variable>
+
 #include "cri/api.pb.h"
 #include "criendpoint/container_event_feed.h"
 #include "criendpoint/request_subject.h"
@@ -227,6 +229,72 @@ TEST_F(ContainerEventBuild, AFailedCallIsAnErrorNotAnIncompleteList) {
   auto built = build_container_event(cri, event(pleg::EventType::kContainerStarted, containers[0], false),
                                      memory, 1);
   EXPECT_FALSE(built);
+}
+
+// Collects what the feed delivers, in order.
+class Collector final : public EventReceiver {
+ public:
+  void deliver(std::shared_ptr<const std::string> message) override {
+    v1::ContainerEventResponse ev;
+    ASSERT_TRUE(ev.ParseFromString(*message));
+    std::lock_guard lk(mu);
+    got.push_back(ev);
+    cv.notify_all();
+  }
+  bool wait_for(size_t n) {
+    std::unique_lock lk(mu);
+    return cv.wait_for(lk, std::chrono::seconds(5), [&] { return got.size() >= n; });
+  }
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<v1::ContainerEventResponse> got;
+};
+
+TEST_F(ContainerEventBuild, ARetriedStartedGoesOutBeforeTheStoppedThatFollowsIt) {
+  ContainerEventFeedOptions o;
+  o.retry_after = std::chrono::milliseconds(50);
+  ContainerEventFeed feed(cri, o);
+  auto sink = std::make_shared<Collector>();
+  feed.add(sink);
+  // The STARTED's first build fails; the STOPPED that follows must wait for its retry.
+  cri.fail_next(cri::CriMethod::kListPodSandbox, Error{14 /* UNAVAILABLE */, "busy"});
+  feed.post(std::make_shared<pleg::PodLifecycleEvent>(
+      event(pleg::EventType::kContainerStarted, containers[0], false)));
+  ASSERT_TRUE(cri.exit_container(containers[0], 1));
+  feed.post(std::make_shared<pleg::PodLifecycleEvent>(
+      event(pleg::EventType::kContainerDied, containers[0], false)));
+  ASSERT_TRUE(sink->wait_for(2));
+  std::lock_guard lk(sink->mu);
+  EXPECT_EQ(sink->got[0].container_event_type(), v1::CONTAINER_STARTED_EVENT);
+  EXPECT_EQ(sink->got[1].container_event_type(), v1::CONTAINER_STOPPED_EVENT);
+  EXPECT_LT(sink->got[0].created_at(), sink->got[1].created_at());
+  EXPECT_EQ(feed.stats().queued, 0u);
+}
+
+TEST_F(ContainerEventBuild, EventsWaitingForTheRuntimeAreBounded) {
+  ContainerEventFeedOptions o;
+  o.max_queued = 2;
+  o.attempts = 1000;
+  o.retry_after = std::chrono::hours(1);
+  ContainerEventFeed feed(cri, o);
+  feed.add(std::make_shared<Collector>());
+  cri.fail_always(cri::CriMethod::kListPodSandbox, Error{14 /* UNAVAILABLE */, "down"});
+  for (int i = 0; i < 5; ++i) {
+    feed.post(std::make_shared<pleg::PodLifecycleEvent>(
+        event(pleg::EventType::kContainerDied, containers[i % 2], false)));
+  }
+  auto st = feed.stats();
+  EXPECT_EQ(st.queued, 2u);
+  EXPECT_EQ(st.overflowed, 3u);
+  feed.stop();  // drops what waits
+}
+
+TEST_F(ContainerEventBuild, NothingIsQueuedWhileNobodySubscribes) {
+  ContainerEventFeed feed(cri);
+  feed.post(std::make_shared<pleg::PodLifecycleEvent>(
+      event(pleg::EventType::kContainerDied, containers[0], false)));
+  EXPECT_EQ(feed.stats().queued, 0u);
+  EXPECT_EQ(cri.calls(cri::CriMethod::kListPodSandbox), 0u);
 }
 
 }  // namespace

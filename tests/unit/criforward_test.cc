@@ -13,7 +13,12 @@
 #include <future>
 #include <thread>
 
+#include <sys/stat.h>
+#include <sys/wait.h>
+
 #include "cri/api.grpc.pb.h"
+#include "criendpoint/call_watch.h"
+#include "criforward/listen_socket.h"
 #include "criforward/timer.h"
 
 namespace kpleg::criforward {
@@ -50,6 +55,15 @@ class Upstream final : public v1::RuntimeService::Service {
     ++calls;
     last_parent = req->config().linux().cgroup_parent();
     resp->set_pod_sandbox_id("sb-1");
+    return grpc::Status::OK;
+  }
+  // Takes its time: a call in flight when the forwarder stops.
+  std::atomic<bool> stop_sandbox_arrived{false};
+  grpc::Status StopPodSandbox(grpc::ServerContext*, const v1::StopPodSandboxRequest*,
+                              v1::StopPodSandboxResponse*) override {
+    ++calls;
+    stop_sandbox_arrived = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
     return grpc::Status::OK;
   }
   grpc::Status Status(grpc::ServerContext*, const v1::StatusRequest*,
@@ -263,6 +277,163 @@ TEST_F(ForwarderTest, TheResponseFilterDropsMessagesOfAStreamInOrder) {
   while (reader->Read(&ev)) got.push_back(ev.container_id());
   EXPECT_TRUE(reader->Finish().ok());
   EXPECT_EQ(got, (std::vector<std::string>{"a1", "a2"}));
+}
+
+TEST_F(ForwarderTest, StopLetsACallInFlightFinishInsteadOfCancellingIt) {
+  // A forwarder whose grace is longer than the call: the runtime's answer reaches the caller.
+  ForwarderOptions o;
+  o.who = "graceful";
+  o.listen_target = "unix://" + dir_ + "/graceful.sock";
+  o.upstream_target = "unix://" + dir_ + "/runtime.sock";
+  o.shutdown_grace = 30s;
+  auto f = Forwarder::start(o, nullptr);
+  ASSERT_TRUE(f.ok()) << f.error().message;
+  auto stub = v1::RuntimeService::NewStub(
+      grpc::CreateChannel(o.listen_target, grpc::InsecureChannelCredentials()));
+  auto call = std::async(std::launch::async, [&] {
+    auto c = ctx(10s);
+    v1::StopPodSandboxRequest req;
+    v1::StopPodSandboxResponse resp;
+    return stub->StopPodSandbox(c.get(), req, &resp);
+  });
+  const auto until = Clock::now() + 5s;
+  while (!upstream_->stop_sandbox_arrived && Clock::now() < until) std::this_thread::sleep_for(2ms);
+  ASSERT_TRUE(upstream_->stop_sandbox_arrived);
+  const auto t0 = Clock::now();
+  (*f)->stop();
+  const auto stopped_after = Clock::now() - t0;
+  auto st = call.get();
+  EXPECT_TRUE(st.ok()) << st.error_code() << " " << st.error_message();
+  EXPECT_LT(stopped_after, 10s);  // it waited for the call, not for the whole grace
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/graceful.sock"));
+}
+
+TEST_F(ForwarderTest, TheSocketIsOwnerOnlyWhateverTheUmask) {
+  const mode_t old = umask(0);
+  auto s = ListenSocket::bind(dir_ + "/open.sock", 0600, "test");
+  umask(old);
+  ASSERT_TRUE(s.ok()) << s.error().message;
+  struct stat st {};
+  ASSERT_EQ(stat((dir_ + "/open.sock").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+}
+
+TEST_F(ForwarderTest, StopLeavesASocketThatIsNoLongerItsOwn) {
+  const std::string path = dir_ + "/fwd.sock";
+  // A successor took the path (removed the file and bound its own) before this one stopped.
+  ASSERT_EQ(unlink(path.c_str()), 0);
+  auto successor = ListenSocket::bind(path, 0600, "successor");
+  ASSERT_TRUE(successor.ok()) << successor.error().message;
+  fwd_->stop();
+  EXPECT_TRUE(std::filesystem::exists(path));
+}
+
+TEST_F(ForwarderTest, ALiveSocketIsNotTakenOver) {
+  ForwarderOptions o;
+  o.who = "second";
+  o.listen_target = fwd_->endpoint();
+  o.upstream_target = "unix://" + dir_ + "/runtime.sock";
+  auto f = Forwarder::start(o, nullptr);
+  ASSERT_FALSE(f.ok());
+  EXPECT_EQ(f.error().code, EADDRINUSE);
+}
+
+TEST_F(ForwarderTest, TakesTheSocketSystemdPasses) {
+  auto sock = ListenSocket::bind(dir_ + "/activated.sock", 0600, "systemd");
+  ASSERT_TRUE(sock.ok()) << sock.error().message;
+  // In a child: fd 3 of this process is gRPC's already. Exit status 0 when fd 3 was taken and
+  // the variables were unset; 10 + step otherwise.
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    if (dup2(sock->fd(), 3) != 3) _exit(10);
+    setenv("LISTEN_PID", std::to_string(getpid()).c_str(), 1);
+    setenv("LISTEN_FDS", "1", 1);
+    auto activated = ListenSocket::from_systemd("test");
+    if (!activated.ok() || !activated->has_value()) _exit(11);
+    if ((*activated)->fd() != 3 || !(*activated)->activated()) _exit(12);
+    if (getenv("LISTEN_FDS") != nullptr || getenv("LISTEN_PID") != nullptr) _exit(13);
+    // Another process's variables are not this one's.
+    setenv("LISTEN_PID", "1", 1);
+    setenv("LISTEN_FDS", "1", 1);
+    auto other = ListenSocket::from_systemd("test");
+    if (!other.ok() || other->has_value()) _exit(14);
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+TEST_F(ForwarderTest, ServesASocketItWasGivenAndLeavesItsFile) {
+  auto sock = ListenSocket::bind(dir_ + "/given.sock", 0600, "given");
+  ASSERT_TRUE(sock.ok()) << sock.error().message;
+  ForwarderOptions o;
+  o.who = "given";
+  o.listen_target = "unix://" + dir_ + "/given.sock";
+  o.listen_fd = sock->fd();
+  o.upstream_target = "unix://" + dir_ + "/runtime.sock";
+  auto f = Forwarder::start(o, nullptr);
+  ASSERT_TRUE(f.ok()) << f.error().message;
+  auto stub = v1::RuntimeService::NewStub(
+      grpc::CreateChannel(o.listen_target, grpc::InsecureChannelCredentials()));
+  auto c = ctx(5s);
+  v1::VersionResponse resp;
+  EXPECT_TRUE(stub->Version(c.get(), v1::VersionRequest(), &resp).ok());
+  EXPECT_EQ(resp.runtime_name(), "upstream");
+  (*f)->stop();
+  // Its owner's file (systemd's): the forwarder never removes it.
+  EXPECT_TRUE(std::filesystem::exists(dir_ + "/given.sock"));
+}
+
+// criendpoint's CallWatch on a forwarder: at most max_calls in flight, each in the watchdog.
+class LimitedHooks final : public Hooks {
+ public:
+  explicit LimitedHooks(size_t max) : watch(std::make_shared<cri::InflightCalls>(), max) {}
+  grpc::ServerGenericBidiReactor* serve_locally(grpc::GenericCallbackServerContext&) override {
+    return watch.admit("test");
+  }
+  std::unique_ptr<CallHooks> call_hooks(const grpc::GenericCallbackServerContext& ctx) override {
+    return watch.hooks(ctx.method());
+  }
+  criendpoint::CallWatch watch;
+};
+
+TEST_F(ForwarderTest, CallsOverTheLimitAreRefusedAndTheOthersWatched) {
+  LimitedHooks hooks(1);
+  ForwarderOptions o;
+  o.who = "limited";
+  o.listen_target = "unix://" + dir_ + "/limited.sock";
+  o.upstream_target = "unix://" + dir_ + "/runtime.sock";
+  auto f = Forwarder::start(o, &hooks);
+  ASSERT_TRUE(f.ok()) << f.error().message;
+  auto stub = v1::RuntimeService::NewStub(
+      grpc::CreateChannel(o.listen_target, grpc::InsecureChannelCredentials()));
+  auto slow = std::async(std::launch::async, [&] {
+    auto c = ctx(10s);
+    v1::StopPodSandboxRequest req;
+    req.set_pod_sandbox_id("sb-9");
+    v1::StopPodSandboxResponse resp;
+    return stub->StopPodSandbox(c.get(), req, &resp);
+  });
+  const auto until = Clock::now() + 5s;
+  while (!upstream_->stop_sandbox_arrived && Clock::now() < until) std::this_thread::sleep_for(2ms);
+  ASSERT_TRUE(upstream_->stop_sandbox_arrived);
+  auto stuck = hooks.watch.inflight().older_than(0ms);
+  ASSERT_EQ(stuck.size(), 1u);
+  EXPECT_EQ(stuck[0].method, "StopPodSandbox");
+  EXPECT_EQ(stuck[0].subject.id, "sb-9");
+  auto c = ctx(5s);
+  v1::VersionResponse resp;
+  auto st = stub->Version(c.get(), v1::VersionRequest(), &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_TRUE(slow.get().ok());
+  EXPECT_EQ(hooks.watch.in_flight(), 0u);
+  auto c2 = ctx(5s);
+  EXPECT_TRUE(stub->Version(c2.get(), v1::VersionRequest(), &resp).ok());
+  EXPECT_EQ(hooks.watch.refused(), 1u);
 }
 
 TEST(Timer, RunsInOrderAndCancelled) {

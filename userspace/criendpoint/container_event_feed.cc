@@ -19,10 +19,14 @@ bool not_found(const Error& e) { return e.code == grpc::StatusCode::NOT_FOUND; }
 
 std::optional<v1::ContainerEventType> cri_type(pleg::EventType t) {
   switch (t) {
-    case pleg::EventType::kContainerStarted: return v1::CONTAINER_STARTED_EVENT;
-    case pleg::EventType::kContainerDied: return v1::CONTAINER_STOPPED_EVENT;
-    case pleg::EventType::kContainerRemoved: return v1::CONTAINER_DELETED_EVENT;
-    default: return std::nullopt;
+    case pleg::EventType::kContainerStarted:
+      return v1::CONTAINER_STARTED_EVENT;
+    case pleg::EventType::kContainerDied:
+      return v1::CONTAINER_STOPPED_EVENT;
+    case pleg::EventType::kContainerRemoved:
+      return v1::CONTAINER_DELETED_EVENT;
+    default:
+      return std::nullopt;
   }
 }
 
@@ -108,22 +112,26 @@ std::optional<v1::ContainerEventResponse> hint_container_event(const pleg::PodLi
   md->set_name(ev.pod_name);
   md->set_namespace_(ev.pod_namespace);
   st->set_state(ev.sandbox && ev.type != pleg::EventType::kContainerStarted ? v1::SANDBOX_NOTREADY
-                                                                              : v1::SANDBOX_READY);
+                                                                            : v1::SANDBOX_READY);
   memory.last_created_at = std::max(now_ns, memory.last_created_at + 1);
   out.set_created_at(memory.last_created_at);
   return out;
 }
 
+ContainerEventFeed::ContainerEventFeed(cri::CriClient& cri, ContainerEventFeedOptions options)
+    : cri_(cri), bus_(nullptr), options_(options), queue_(std::max<size_t>(1, options.workers)) {}
+
 ContainerEventFeed::ContainerEventFeed(cri::CriClient& cri, bus::EventBus& bus,
                                        ContainerEventFeedOptions options)
-    : cri_(cri), bus_(bus), options_(options), queue_(std::max<size_t>(1, options.workers)) {}
+    : cri_(cri), bus_(&bus), options_(options), queue_(std::max<size_t>(1, options.workers)) {}
 
 ContainerEventFeed::~ContainerEventFeed() { stop(); }
 
 void ContainerEventFeed::start() {
+  if (bus_ == nullptr) return;
   // Every event from now on, with room for long bursts: a cut-off is logged and followed by a
   // new subscription, and the kubelet's own relist catches up what fell between.
-  sub_ = std::make_shared<bus::Subscription>(bus_.subscribe(0, {}, 1 << 16));
+  sub_ = std::make_shared<bus::Subscription>(bus_->subscribe(0, {}, 1 << 16));
   follower_ = std::thread([this] {
     set_thread_name("kpleg-crievents");
     follow_bus();
@@ -137,6 +145,8 @@ void ContainerEventFeed::stop() {
   queue_.stop();
   std::lock_guard lk(mu_);
   receivers_.clear();
+  waiting_.clear();
+  queued_ = 0;
 }
 
 void ContainerEventFeed::follow_bus() {
@@ -147,24 +157,69 @@ void ContainerEventFeed::follow_bus() {
       if (stopping_ || !sub_->cut_off()) break;
       spdlog::warn("CRI endpoint: container events fell behind ({}); following again",
                    sub_->close_reason());
-      *sub_ = bus_.subscribe(0, {}, 1 << 16);
+      *sub_ = bus_->subscribe(0, {}, 1 << 16);
       continue;
     }
-    const bus::EventPtr& ev = n.event;
-    if (!cri_type(ev->type) || ev->pod_uid.empty()) continue;
-    {
-      std::lock_guard lk(mu_);
-      if (receivers_.empty()) continue;  // nobody listens: no calls
-    }
-    queue_.post(ev->pod_uid, [this, ev] { build_and_send(ev, 1); });
+    post(n.event);
   }
 }
 
-void ContainerEventFeed::build_and_send(const bus::EventPtr& ev, int attempt) {
+void ContainerEventFeed::post(bus::EventPtr ev) {
+  if (!ev || !cri_type(ev->type) || ev->pod_uid.empty()) return;
+  std::string uid = ev->pod_uid;
+  {
+    std::lock_guard lk(mu_);
+    if (receivers_.empty() || stopping_) return;  // nobody listens: no calls
+    if (queued_ >= options_.max_queued) {
+      if (overflowed_.fetch_add(1, std::memory_order_relaxed) % 1000 == 0) {
+        spdlog::warn(
+            "container events: {} waiting for the runtime; dropping {} of pod {}/{} "
+            "(the kubelet's relist catches it up)",
+            queued_, pleg::to_string(ev->type), ev->pod_namespace, ev->pod_name);
+      }
+      return;
+    }
+    auto& waiting = waiting_[uid];
+    waiting.push_back(std::move(ev));
+    ++queued_;
+    if (waiting.size() > 1) return;  // the pod's drain task takes it in turn
+  }
+  queue_.post(uid, [this, uid] { drain(uid, 1); });
+}
+
+void ContainerEventFeed::drain(const std::string& pod_uid, int attempt) {
+  bus::EventPtr ev;
+  {
+    std::lock_guard lk(mu_);
+    auto it = waiting_.find(pod_uid);
+    if (it == waiting_.end() || it->second.empty()) return;
+    ev = it->second.front();
+  }
+  if (!build_and_send(ev, attempt)) {
+    queue_.post(
+        pod_uid, [this, pod_uid, attempt] { drain(pod_uid, attempt + 1); },
+        pleg::PodWorkQueue::Clock::now() + options_.retry_after);
+    return;
+  }
+  {
+    std::lock_guard lk(mu_);
+    auto it = waiting_.find(pod_uid);
+    if (it == waiting_.end() || it->second.empty()) return;
+    it->second.pop_front();
+    --queued_;
+    if (it->second.empty()) {
+      waiting_.erase(it);
+      return;
+    }
+  }
+  queue_.post(pod_uid, [this, pod_uid] { drain(pod_uid, 1); });
+}
+
+bool ContainerEventFeed::build_and_send(const bus::EventPtr& ev, int attempt) {
   PodMemory* memory;
   {
     std::lock_guard lk(mu_);
-    if (receivers_.empty()) return;
+    if (receivers_.empty()) return true;
     memory = &pods_[ev->pod_uid];
     memory->in_use = true;
   }
@@ -182,19 +237,13 @@ void ContainerEventFeed::build_and_send(const bus::EventPtr& ev, int attempt) {
                              : Result<std::optional<v1::ContainerEventResponse>>(
                                    hint_container_event(*ev, *memory, now));
   if (!built) {
-    if (attempt < options_.attempts && !stopping_) {
-      queue_.post(
-          ev->pod_uid, [this, ev, attempt] { build_and_send(ev, attempt + 1); },
-          pleg::PodWorkQueue::Clock::now() + options_.retry_after);
-      return;
-    }
+    if (attempt < options_.attempts && !stopping_) return false;
     dropped_.fetch_add(1, std::memory_order_relaxed);
-    spdlog::warn("CRI endpoint: no container event for {} of pod {}/{} ({}): {}",
-                 pleg::to_string(ev->type), ev->pod_namespace, ev->pod_name, ev->pod_uid,
-                 built.error().message);
-    return;
+    spdlog::warn("container events: none for {} of pod {}/{} ({}): {}", pleg::to_string(ev->type),
+                 ev->pod_namespace, ev->pod_name, ev->pod_uid, built.error().message);
+    return true;
   }
-  if (!*built) return;
+  if (!*built) return true;
   auto message = std::make_shared<const std::string>((*built)->SerializeAsString());
   std::vector<std::shared_ptr<EventReceiver>> receivers;
   {
@@ -214,6 +263,7 @@ void ContainerEventFeed::build_and_send(const bus::EventPtr& ev, int attempt) {
   }
   for (const auto& r : receivers) r->deliver(message);
   sent_.fetch_add(1, std::memory_order_relaxed);
+  return true;
 }
 
 uint64_t ContainerEventFeed::add(std::shared_ptr<EventReceiver> receiver) {
@@ -236,6 +286,11 @@ ContainerEventFeedStats ContainerEventFeed::stats() const {
   }
   s.sent = sent_.load(std::memory_order_relaxed);
   s.dropped = dropped_.load(std::memory_order_relaxed);
+  s.overflowed = overflowed_.load(std::memory_order_relaxed);
+  {
+    std::lock_guard lk(mu_);
+    s.queued = queued_;
+  }
   return s;
 }
 

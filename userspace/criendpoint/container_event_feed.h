@@ -1,6 +1,7 @@
 // ContainerEventFeed: kpleg's confirmed lifecycle events as the CRI's GetContainerEvents stream,
-// for clients of kplegd's CRI endpoint (the kubelet's Evented PLEG), whether the runtime
-// streams events of its own or not (containerd 1.6 does not).
+// for the kubelet's Evented PLEG, whether the runtime streams events of its own or not
+// (containerd 1.6 does not). Fed from kplegd's event bus (kplegd --cri-listen) or by post()
+// (kpleg-cri-relay, from kplegd's API); the statuses are built the same way for both.
 //
 // Every event carries what a kubelet requires of one (pkg/kubelet/pleg/evented.go):
 //   - a non-nil pod_sandbox_status with metadata and the pod uid, even for a pod that is gone
@@ -16,12 +17,16 @@
 // Building one costs the calls the kubelet's own relist makes for a changed pod (ListPodSandbox
 // and ListContainers of the pod, PodSandboxStatus, ContainerStatus of each container), made
 // only while somebody subscribes. They run per pod in order on a small pool (PodWorkQueue), so
-// a pod whose calls hang delays its own events only.
+// a pod whose calls hang delays its own events only, and strictly in order within a pod: an
+// event whose build is retried holds the pod's later events behind it (a STOPPED never goes
+// out before its STARTED). Events waiting for their build are bounded (max_queued): past it
+// an event is dropped and counted, and the kubelet's own relist catches up.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -78,16 +83,23 @@ struct ContainerEventFeedOptions {
   // counted): the kubelet's own relist (every 300 s in evented mode) then catches it up.
   int attempts = 3;
   std::chrono::milliseconds retry_after{500};
+  // Events waiting for their build, all pods together.
+  size_t max_queued = 4096;
 };
 
 struct ContainerEventFeedStats {
   uint64_t subscribers = 0;
-  uint64_t sent = 0;     // events built and handed to the subscribers
-  uint64_t dropped = 0;  // events that could not be built after every attempt
+  uint64_t sent = 0;        // events built and handed to the subscribers
+  uint64_t dropped = 0;     // events that could not be built after every attempt
+  uint64_t overflowed = 0;  // events dropped because max_queued were waiting
+  uint64_t queued = 0;      // waiting now
 };
 
 class ContainerEventFeed {
  public:
+  // Fed by post() only.
+  explicit ContainerEventFeed(cri::CriClient& cri, ContainerEventFeedOptions options = {});
+  // Also follows `bus` from start() on.
   ContainerEventFeed(cri::CriClient& cri, bus::EventBus& bus,
                      ContainerEventFeedOptions options = {});
   ~ContainerEventFeed();
@@ -97,6 +109,10 @@ class ContainerEventFeed {
   void start();
   void stop();
 
+  // One lifecycle event, in the pod's order; events the CRI stream does not carry, and every
+  // event while nobody subscribes, are ignored. Never blocks.
+  void post(bus::EventPtr ev);
+
   // Events published after this call go to `receiver` until remove() returns.
   uint64_t add(std::shared_ptr<EventReceiver> receiver);
   void remove(uint64_t id);
@@ -105,10 +121,12 @@ class ContainerEventFeed {
 
  private:
   void follow_bus();
-  void build_and_send(const bus::EventPtr& ev, int attempt);
+  void drain(const std::string& pod_uid, int attempt);
+  // false: try again later.
+  bool build_and_send(const bus::EventPtr& ev, int attempt);
 
   cri::CriClient& cri_;
-  bus::EventBus& bus_;
+  bus::EventBus* bus_;
   ContainerEventFeedOptions options_;
   pleg::PodWorkQueue queue_;
   std::thread follower_;
@@ -119,9 +137,13 @@ class ContainerEventFeed {
   uint64_t next_id_ = 1;
   std::map<uint64_t, std::shared_ptr<EventReceiver>> receivers_;
   std::map<std::string, PodMemory> pods_;  // by pod uid; entries touched only by the pod's tasks
-  uint64_t built_ = 0;                     // guarded by mu_; sweeps pods_ every so often
+  // Events waiting, by pod uid; the front one is being built (one drain task per pod).
+  std::map<std::string, std::deque<bus::EventPtr>> waiting_;
+  size_t queued_ = 0;
+  uint64_t built_ = 0;  // guarded by mu_; sweeps pods_ every so often
   std::atomic<uint64_t> sent_{0};
   std::atomic<uint64_t> dropped_{0};
+  std::atomic<uint64_t> overflowed_{0};
 };
 
 }  // namespace kpleg::criendpoint

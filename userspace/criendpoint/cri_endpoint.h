@@ -12,7 +12,9 @@
 // serve_container_events off it is forwarded like any call.
 //
 // Every forwarded call is registered in the InflightCalls while it runs, with the pod it is
-// about (request_subject.h): the stuck-call watchdog's view of the kubelet's calls.
+// about (call_watch.h): the stuck-call watchdog's view of the kubelet's calls. The same pieces
+// (criforward, the feed, event_stream.h, call_watch.h) make kpleg-cri-relay (userspace/relay),
+// which keeps the kubelet's CRI path out of kplegd.
 #pragma once
 
 #include <chrono>
@@ -42,6 +44,9 @@ struct CriEndpointOptions {
   // A GetContainerEvents subscriber that falls this many events behind is ended
   // (RESOURCE_EXHAUSTED) rather than buffered without bound.
   size_t max_queued_events = 10000;
+  size_t max_event_streams = 64;
+  // Forwarded calls in flight at once; more are refused (RESOURCE_EXHAUSTED).
+  size_t max_calls = 4096;
   std::shared_ptr<cri::InflightCalls> inflight;  // required
 };
 

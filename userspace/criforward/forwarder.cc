@@ -1,11 +1,10 @@
 #include "criforward/forwarder.h"
 
 #include <spdlog/spdlog.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <climits>
 #include <deque>
+#include <thread>
 
 #include "cri/endpoint.h"
 
@@ -410,7 +409,8 @@ grpc::ServerGenericBidiReactor* Forwarder::Service::CreateReactor(
   return reactor;
 }
 
-Forwarder::Forwarder(ForwarderOptions options, Hooks* hooks) : options_(std::move(options)) {
+Forwarder::Forwarder(ForwarderOptions options, Hooks* hooks)
+    : options_(std::move(options)), hooks_(hooks) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options_.max_message_bytes);
   args.SetMaxSendMessageSize(options_.max_message_bytes);
@@ -427,24 +427,25 @@ Forwarder::Forwarder(ForwarderOptions options, Hooks* hooks) : options_(std::mov
 }
 
 Status Forwarder::serve() {
-  const std::string path = cri::socket_path_of(options_.listen_target);
-  if (auto st = cri::prepare_listen_socket(path, options_.who); !st) return st;
+  int listen_fd = options_.listen_fd;
+  if (listen_fd < 0) {
+    auto bound = ListenSocket::bind(cri::socket_path_of(options_.listen_target),
+                                    options_.socket_mode, options_.who);
+    if (!bound) return bound.error();
+    bound_.emplace(std::move(*bound));
+    listen_fd = bound_->fd();
+  }
+  // The server has no port of its own: it gets each connection the acceptor takes, so that the
+  // socket may be bound by the forwarder or come from systemd alike.
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options_.listen_target, grpc::InsecureServerCredentials());
   builder.RegisterCallbackGenericService(service_.get());
   builder.SetMaxReceiveMessageSize(options_.max_message_bytes);
   builder.SetMaxSendMessageSize(options_.max_message_bytes);
   server_ = builder.BuildAndStart();
-  if (!server_) {
-    return Error{EADDRNOTAVAIL, options_.who + ": cannot listen on " + options_.listen_target +
-                                    " (is the directory there and writable?)"};
-  }
-  // As powerful as the runtime socket it fronts: owner only.
-  if (chmod(path.c_str(), 0600) != 0) {
-    auto err = Error::from_errno(errno, options_.who + ": chmod " + path);
-    stop();
-    return err;
-  }
+  if (!server_) return Error{EINVAL, options_.who + ": cannot start the gRPC server"};
+  auto acceptor = Acceptor::start(listen_fd, server_.get(), options_.who);
+  if (!acceptor) return acceptor.error();
+  acceptor_ = std::move(*acceptor);
   return {};
 }
 
@@ -456,17 +457,35 @@ Result<std::unique_ptr<Forwarder>> Forwarder::start(ForwarderOptions options, Ho
 
 Forwarder::~Forwarder() { stop(); }
 
+void Forwarder::stop_accepting() {
+  if (acceptor_) acceptor_->stop();
+}
+
 void Forwarder::stop() {
   {
     std::lock_guard lk(mu_);
     if (stopped_) return;
     stopped_ = true;
   }
+  stop_accepting();
   if (server_) {
-    server_->Shutdown(std::chrono::system_clock::now() + options_.shutdown_grace);
+    // GOAWAY first: a client's next call then goes to a new connection (the backlog, and the
+    // next process) instead of this server, which refuses it; gRPC retries a call refused so
+    // on its own. The streams the user serves end only after that (a kubelet reopens its
+    // event stream at once: on the old connection it would be refused, and count as an error),
+    // with a moment for the GOAWAY to reach the clients.
+    std::thread shutdown(
+        [this] { server_->Shutdown(std::chrono::system_clock::now() + options_.shutdown_grace); });
+    if (hooks_ != nullptr) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      hooks_->stopping();
+    }
+    shutdown.join();
     server_->Wait();
+  } else if (hooks_ != nullptr) {
+    hooks_->stopping();
   }
-  unlink(cri::socket_path_of(options_.listen_target).c_str());
+  bound_.reset();  // removes the socket file if it is still this forwarder's
 }
 
 }  // namespace kpleg::criforward

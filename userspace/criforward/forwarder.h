@@ -5,11 +5,12 @@
 // message, details) come back as sent. No thread is held by a call: a call the runtime never
 // answers (or a hook holds) costs a map entry, not a server thread.
 //
-// It owns the listening socket (a stale file replaced, a live one an error, owner-only mode),
-// the upstream connection and the forwarding itself. What its users add goes through a few
-// explicit hooks (Hooks, CallHooks): serve a method here instead of forwarding it, look at or
-// rewrite a call's request, hold a call before it goes upstream or before it is answered
-// (Gate), filter the upstream's response messages, and see each call's end. Users:
+// It owns the listening socket (listen_socket.h: a stale file replaced, a live one an error,
+// owner-only mode from the start, removed only while still its own; or one systemd passed) and
+// accepts connections itself, the upstream connection and the forwarding itself. What its users add
+// goes through a few explicit hooks (Hooks, CallHooks): serve a method here instead of forwarding
+// it, look at or rewrite a call's request, hold a call before it goes upstream or before it is
+// answered (Gate), filter the upstream's response messages, and see each call's end. Users:
 // criendpoint (kplegd's --cri-listen), the slow-runtime CRI proxy
 // (tools/kpleg-cri-proxy/cri_proxy.h) and the benchmark's cgroup-prefix proxy.
 #pragma once
@@ -17,6 +18,7 @@
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
+#include <sys/types.h>
 
 #include <chrono>
 #include <memory>
@@ -26,6 +28,7 @@
 #include <vector>
 
 #include "common/result.h"
+#include "criforward/listen_socket.h"
 
 namespace kpleg::criforward {
 
@@ -81,12 +84,19 @@ class Hooks {
   virtual std::unique_ptr<CallHooks> call_hooks(const grpc::GenericCallbackServerContext& /*ctx*/) {
     return nullptr;
   }
+  // stop() accepts no more connections and is about to wait for the calls in flight: end the
+  // calls served here that never end by themselves (event streams), or stop() waits its grace.
+  virtual void stopping() {}
 };
 
 struct ForwarderOptions {
   std::string who;            // names the forwarder in logs and errors: "CRI endpoint"
   std::string listen_target;  // gRPC targets, "unix:///path" (cri::grpc_target_for_endpoint)
   std::string upstream_target;
+  // A listening socket to serve instead of binding listen_target (socket activation): the
+  // forwarder accepts on it and never removes its file. Its owner keeps it open until stop().
+  int listen_fd = -1;
+  mode_t socket_mode = 0600;  // as powerful as the runtime socket it fronts: owner only
   int max_message_bytes = 16 * 1024 * 1024;  // either way; the kubelet allows 16 MiB
   // A connection of its own that never idles or pings: a long-lived forwarder's calls never
   // queue behind another client's in the same process, and an idle node wakes nobody.
@@ -110,8 +120,13 @@ class Forwarder {
   const std::string& endpoint() const { return options_.listen_target; }
   // The upstream connection, for a user's own calls to the runtime.
   const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
-  // Stops serving (calls get shutdown_grace to finish, then are cancelled) and removes the
-  // socket; idempotent.
+  // Accepts no more connections (with socket activation, new ones wait in the backlog for the
+  // next process); calls on open connections go on. Idempotent.
+  void stop_accepting();
+  // Stops accepting, tells every client to go away (HTTP/2 GOAWAY: no new call on its
+  // connection), then has its user end what it serves itself (Hooks::stopping), lets the calls
+  // in flight finish for up to shutdown_grace, cancels what is left, and removes the socket if
+  // still its own; idempotent.
   void stop();
 
   class Service;
@@ -123,8 +138,11 @@ class Forwarder {
   ForwarderOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<grpc::GenericStub> stub_;
+  Hooks* hooks_;
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::optional<ListenSocket> bound_;  // when the forwarder bound its own socket
+  std::unique_ptr<Acceptor> acceptor_;
   std::mutex mu_;
   bool stopped_ = false;
 };
