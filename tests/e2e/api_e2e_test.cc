@@ -24,6 +24,7 @@
 #include "api/client.h"
 #include "api/health_names.h"
 #include "e2e/e2e_support.h"
+#include "e2e/node_probes.h"
 #include "kpleg/v1/pleg.grpc.pb.h"
 #include "support/eventually.h"
 #include "support/thread_wakeups.h"
@@ -37,19 +38,6 @@ using grpc::health::v1::HealthCheckResponse;
 
 class ApiE2eTest : public CriTestBedTest {
  protected:
-  std::string socket_of(const KplegdProcess& d) {
-    std::smatch m;
-    auto log = d.log();
-    // kplegd was started by start_kplegd with --socket /tmp/kpleg-e2e-<pid>-<n>.sock
-    std::regex re("(/tmp/kpleg-e2e-[0-9]+-[0-9]+\\.sock)");
-    return std::regex_search(log, m, re) ? m[1].str() : "";
-  }
-  int metrics_port(const KplegdProcess& d) {
-    std::smatch m;
-    auto log = d.log();
-    std::regex re("/readyz on 127\\.0\\.0\\.1:([0-9]+)");
-    return std::regex_search(log, m, re) ? std::stoi(m[1].str()) : 0;
-  }
   // kplegd's /metrics text, empty when the scrape failed.
   std::string scrape(int port) {
     auto r = run_process({"curl", "-sf", "http://127.0.0.1:" + std::to_string(port) + "/metrics"}, 10s);
@@ -121,37 +109,6 @@ class ApiE2eTest : public CriTestBedTest {
   }
 };
 
-// An HTTP GET on kplegd's metrics address with a deadline for the whole answer: its status code,
-// or -1 when none came in time.
-int http_status(int port, const std::string& path, std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(uint16_t(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string got;
-  const std::string req = "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-      send(fd, req.data(), req.size(), MSG_NOSIGNAL) == ssize_t(req.size())) {
-    while (got.find("\r\n") == std::string::npos) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now());
-      if (left.count() <= 0) break;
-      pollfd p{fd, POLLIN, 0};
-      if (poll(&p, 1, int(left.count())) <= 0) break;
-      char buf[512];
-      ssize_t n = recv(fd, buf, sizeof(buf), 0);
-      if (n <= 0) break;
-      got.append(buf, size_t(n));
-    }
-  }
-  close(fd);
-  if (got.rfind("HTTP/1.1 ", 0) != 0 || got.size() < 12) return -1;
-  return std::stoi(got.substr(9, 3));
-}
-
 // httplib's timeout is per read: 40 clients that each send a header byte every 200 ms held all
 // 32 workers for as long as they liked, and /healthz (the probes, before they went through the
 // API socket) was not answered at all. Each request now has a deadline for the whole of it: the
@@ -164,37 +121,8 @@ TEST_F(ApiE2eTest, ClientsTricklingHeaderBytesDoNotStarveTheHealthEndpoints) {
   ASSERT_EQ(http_status(port, "/healthz", 5s), 200) << (*d)->log();
 
   constexpr int kTricklers = 40;
-  std::atomic<bool> stop{false};
-  std::atomic<int> connections{0}, cut_off{0};
-  std::vector<std::thread> tricklers;
-  for (int i = 0; i < kTricklers; ++i) {
-    tricklers.emplace_back([&] {
-      // Reconnects as soon as it is cut off, as an attacker would. The 200 ms between bytes
-      // paces the load; nothing waits on it.
-      while (!stop) {
-        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        sockaddr_in a{};
-        a.sin_family = AF_INET;
-        a.sin_port = htons(uint16_t(port));
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
-          ++connections;
-          const std::string start = "GET /healthz HTTP/1.1\r\nX-Slow: ";
-          bool alive = send(fd, start.data(), start.size(), MSG_NOSIGNAL) > 0;
-          while (alive && !stop) {
-            std::this_thread::sleep_for(200ms);
-            alive = send(fd, "a", 1, MSG_NOSIGNAL) == 1;
-            char c;
-            // The server closed it (the deadline): reads end of stream or an error.
-            if (alive && recv(fd, &c, 1, MSG_DONTWAIT) == 0) alive = false;
-          }
-          if (!alive) ++cut_off;
-        }
-        close(fd);
-      }
-    });
-  }
-  ASSERT_TRUE(eventually([&] { return connections >= kTricklers; }, 10s));
+  HeaderTricklers tricklers(port, kTricklers);
+  ASSERT_TRUE(eventually([&] { return tricklers.connections() >= kTricklers; }, 10s));
 
   // Probed back to back while they trickle: every answer within the bound (one request deadline
   // to wait for a worker, one to be served, and slack for a loaded machine).
@@ -203,7 +131,7 @@ TEST_F(ApiE2eTest, ClientsTricklingHeaderBytesDoNotStarveTheHealthEndpoints) {
   std::chrono::milliseconds slowest{0};
   int answered = 0, asked = 0;
   const auto until = std::chrono::steady_clock::now() + 30s;
-  for (int i = 0; (i < 8 || cut_off < kTricklers) && std::chrono::steady_clock::now() < until; ++i) {
+  for (int i = 0; (i < 8 || tricklers.cut_off() < kTricklers) && std::chrono::steady_clock::now() < until; ++i) {
     for (const char* path : {"/healthz", "/livez", "/readyz"}) {
       ++asked;
       const auto t0 = std::chrono::steady_clock::now();
@@ -216,14 +144,13 @@ TEST_F(ApiE2eTest, ClientsTricklingHeaderBytesDoNotStarveTheHealthEndpoints) {
       if (code == 200) ++answered;
     }
   }
-  stop = true;
-  for (auto& t : tricklers) t.join();
+  tricklers.stop();
   EXPECT_EQ(answered, asked) << "slowest " << slowest.count() << " ms";
-  EXPECT_GE(cut_off.load(), kTricklers) << "every trickling client is cut off at least once";
+  EXPECT_GE(tricklers.cut_off(), kTricklers) << "every trickling client is cut off at least once";
   std::printf("health endpoints under %d trickling clients: %d of %d answered, slowest %lld ms; "
               "%d trickling connections, %d cut off\n",
               kTricklers, answered, asked, static_cast<long long>(slowest.count()),
-              connections.load(), cut_off.load());
+              tricklers.connections(), tricklers.cut_off());
   EXPECT_EQ((*d)->stop(), 0);
 }
 

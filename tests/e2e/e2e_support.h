@@ -2,6 +2,8 @@
 // running kplegd against the test bed.
 #pragma once
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <string>
 #include <vector>
@@ -36,6 +38,10 @@ Status load_op(const std::string& endpoint, const std::string& op, const std::st
 Result<std::unique_ptr<KplegdProcess>> start_kplegd(const std::string& endpoint,
                                                     const std::string& mode,
                                                     const std::vector<std::string>& extra = {});
+
+// posix_spawn of argv with stdout and stderr on the given descriptors (-1: /dev/null); -1 when
+// it could not be spawned.
+pid_t spawn_with(const std::vector<std::string>& argv, int out_fd, int err_fd);
 
 // Waits until the container's event types equal `want` (and fails fast when they can no longer).
 bool wait_types(KplegdProcess& d, const std::string& id, const std::vector<std::string>& want,

@@ -291,23 +291,6 @@ TEST_F(FaultsTest, ALookAlikeCgroupOfARunningContainerIsIgnored) {
   EXPECT_EQ(kplegd.stop(), 0);
 }
 
-// posix_spawn of argv with stdout and stderr on the given descriptors (-1: /dev/null).
-pid_t spawn_with(const std::vector<std::string>& argv, int out_fd, int err_fd) {
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  if (out_fd >= 0) posix_spawn_file_actions_adddup2(&fa, out_fd, 1);
-  else posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-  if (err_fd >= 0) posix_spawn_file_actions_adddup2(&fa, err_fd, 2);
-  else posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  pid_t pid = -1;
-  if (posix_spawn(&pid, args[0], &fa, nullptr, args.data(), environ) != 0) pid = -1;
-  posix_spawn_file_actions_destroy(&fa);
-  return pid;
-}
-
 // A free TCP port on loopback (bound and released; good enough for one test's daemon).
 int free_port() {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
