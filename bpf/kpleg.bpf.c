@@ -420,22 +420,30 @@ int BPF_PROG(sched_process_exec, struct task_struct *task, pid_t old_pid,
 		counter__inc(KPLEG_CNT_FILTERED);
 		return 0;
 	}
-	if (!t->exec_seen && exec__is_runtime_reexec(bprm)) {
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	/*
+	 * A cgroup seeded by the loader (KPLEG_EXEC_SEEDED) had processes before kpleg: a running
+	 * container, or a created one whose runtime init waits for StartContainer. Only that
+	 * init's own exec can still be the start (the runtime's init execs the entrypoint in
+	 * place); anyone else's (a probe's, a child's) is not. A running container's init that
+	 * execs again is claimed too, and the runtime, asked, says it is nothing new.
+	 */
+	__u64 from = t->exec_seen == KPLEG_EXEC_SEEDED && t->init_tgid == tgid ? KPLEG_EXEC_SEEDED : 0;
+
+	if (t->exec_seen == from && exec__is_runtime_reexec(bprm)) {
 		counter__inc(KPLEG_CNT_EXEC_REEXEC);
 		return 0;
 	}
-	if (!t->exec_seen && exec__parent_in_same_cgroup(task, cgid)) {
+	if (t->exec_seen == from && exec__parent_in_same_cgroup(task, cgid)) {
 		counter__inc(KPLEG_CNT_EXEC_HOOK);
 		return 0;
 	}
 	/* Claim the first exec once, even when two CPUs exec in the same cgroup at once. */
-	if (t->exec_seen ||
-	    __sync_val_compare_and_swap(&t->exec_seen, 0, KPLEG_EXEC_CLAIMED) != 0) {
+	if (t->exec_seen != from ||
+	    __sync_val_compare_and_swap(&t->exec_seen, from, KPLEG_EXEC_CLAIMED) != from) {
 		counter__inc(KPLEG_CNT_EXEC_REPEATED);
 		return 0;
 	}
-	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
-
 	t->init_tgid = tgid;
 
 	struct kpleg_exec_event *e = event__reserve(sizeof(*e), KPLEG_EVENT_EXEC);

@@ -175,10 +175,6 @@ Status Daemon::start_ebpf() {
     health_changed();
   });
   reconciler_->set_on_view([this](const std::vector<pleg::RuntimeContainer>& view) {
-    if (!created_checked_) {
-      created_checked_ = true;
-      unseed_created(view);
-    }
     resync_kernel();
     check_coverage(view);
   });
@@ -318,20 +314,6 @@ api::HealthReport Daemon::health() {
                                 .tracker = tracker_.get(),
                                 .relist = relist_.get(),
                                 .fallback_reason = fallback_reason_});
-}
-
-void Daemon::unseed_created(const std::vector<pleg::RuntimeContainer>& view) {
-  // The start-up walk took every cgroup with processes for a started container; the runtime
-  // says which are only created (their runtime's init waits for StartContainer). Only a
-  // container started between the runtime's list and this look is misjudged.
-  size_t unseeded = 0;
-  for (const auto& rc : view) {
-    if (rc.state != pleg::ContainerState::kCreated) continue;
-    if (auto cgroup = index_->find_container(rc.id); cgroup && kernel_->mark_not_started(*cgroup))
-      ++unseeded;
-  }
-  if (unseeded > 0)
-    spdlog::info("{} created containers found at start wait for their start", unseeded);
 }
 
 void Daemon::on_over_budget(const kernel::CgroupMkdir& mk) {

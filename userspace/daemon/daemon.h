@@ -105,9 +105,6 @@ class Daemon : public api::StateProvider, public api::HealthProvider, public api
   void health_changed();
   // Which running containers of a reconcile's view the kernel path does not see.
   void check_coverage(const std::vector<pleg::RuntimeContainer>& view);
-  // After the first successful reconcile: the containers the runtime calls created get their
-  // start counted again (BpfKernelSource::mark_not_started).
-  void unseed_created(const std::vector<pleg::RuntimeContainer>& view);
   // A cgroup refused by its pod's budget (at most once a second per pod): counted, and the pod
   // named in the log (once per 30 s per pod).
   void on_over_budget(const kernel::CgroupMkdir& mk);
@@ -139,7 +136,6 @@ class Daemon : public api::StateProvider, public api::HealthProvider, public api
   std::unique_ptr<criendpoint::ContainerEventFeed> event_feed_;
   std::unique_ptr<criendpoint::CriEndpoint> cri_endpoint_;
   std::atomic<bool> stopped_{false};
-  bool created_checked_ = false;       // reconciler thread only
   uint64_t lost_at_last_resync_ = 0;   // reconciler thread only
   std::mutex over_budget_mu_;
   std::unordered_map<std::string, std::chrono::steady_clock::time_point> over_budget_logged_;

@@ -183,9 +183,9 @@ Status BpfKernelSource::walk_and_track(const std::string& root, Walk& out) {
             v.pod_id = at.parent_pod;
         }
         // Processes in it: its start happened before kpleg, its init's exit is still news. A
-        // created container whose runtime init waits for StartContainer looks the same here;
-        // the daemon tells it apart by the runtime's word (mark_not_started), not by what the
-        // processes call themselves, which any workload chooses.
+        // created container whose runtime init waits for StartContainer looks the same here,
+        // and nothing a process controls (its name) may tell them apart: the exec program
+        // still takes that init's own exec for the start (KPLEG_EXEC_SEEDED), anyone else's not.
         if (auto pids = read_procs(dir); !pids.empty()) {
           v.exec_seen = KPLEG_EXEC_SEEDED;
           v.init_tgid = find_init(pids);
@@ -218,16 +218,6 @@ Status BpfKernelSource::walk_and_track(const std::string& root, Walk& out) {
     if (ec && ec != std::errc::no_such_file_or_directory) out.complete = false;
   }
   return {};
-}
-
-bool BpfKernelSource::mark_not_started(uint64_t cgroup_id) {
-  if (!program_) return false;
-  auto v = program_->tracked_entry(cgroup_id);
-  // Only a seeded start: one the exec program claimed is the real one.
-  if (!v || v->exec_seen != KPLEG_EXEC_SEEDED) return false;
-  v->exec_seen = 0;
-  v->init_tgid = 0;
-  return bpf_map_update_elem(program_->tracked_map_fd(), &cgroup_id, &*v, BPF_EXIST) == 0;
 }
 
 std::optional<uint64_t> BpfKernelSource::tracked_parent(uint64_t cgroup_id) const {

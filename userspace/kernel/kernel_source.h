@@ -105,11 +105,6 @@ class BpfKernelSource final : public KernelSource {
   // entry the kernel adds during the walk is never removed. One resync at a time.
   Result<ResyncResult> resync_tracked();
 
-  // The runtime says the container in this cgroup is created, not started: the start-up walk
-  // took its runtime's waiting init for a started container (it cannot tell them apart without
-  // trusting names a workload picks), so its entrypoint's exec must count as the start. Only
-  // an entry the walk seeded changes; false otherwise.
-  bool mark_not_started(uint64_t cgroup_id);
   // The parent of a tracked cgroup, as the kernel saw it made (nullopt: untracked, or a root).
   std::optional<uint64_t> tracked_parent(uint64_t cgroup_id) const;
 
