@@ -217,34 +217,42 @@ static __always_inline void cgroup__emit(struct cgroup *cgrp, const char *path, 
 
 #define KPLEG_QOS_NAME_MAX 64
 
-/* Whether `s` (NUL-terminated, at most KPLEG_QOS_NAME_MAX) ends with `suffix` of length `n`. */
-static __always_inline bool name__ends_with(const char *s, long len, const char *suffix, long n)
+/* Whether the first `n` bytes of `a` and `b` are equal (n a constant: unrolled, fixed offsets). */
+static __always_inline bool bytes__equal(const char *a, const char *b, int n)
 {
-	if (len < n)
-		return false;
-	for (long i = 0; i < n && i < KPLEG_QOS_NAME_MAX; i++) {
-		if (s[(len - n + i) & (KPLEG_QOS_NAME_MAX - 1)] != suffix[i])
+	for (int i = 0; i < n; i++) {
+		if (a[i] != b[i])
 			return false;
 	}
 	return true;
 }
 
-/* A QoS level: burstable, besteffort (cgroupfs) or <root>-burstable.slice, ... (systemd). */
+/*
+ * A QoS level: burstable, besteffort (cgroupfs) or <root>-burstable.slice, ... (systemd). The
+ * suffix is read again from the name's end, at a computed kernel address: stack reads at a
+ * variable offset are refused by verifiers before 5.12.
+ */
 static __always_inline bool cgroup__name_is_qos(struct cgroup *cgrp)
 {
+	const char *kn_name = BPF_CORE_READ(cgrp, kn, name);
 	char name[KPLEG_QOS_NAME_MAX];
-	long n = bpf_probe_read_kernel_str(name, sizeof(name), BPF_CORE_READ(cgrp, kn, name));
+	long n = bpf_probe_read_kernel_str(name, sizeof(name), kn_name);
 
-	if (n <= 0)
+	if (n <= 0 || n == sizeof(name)) /* unreadable, or longer than any QoS level's name */
 		return false;
 	long len = n - 1;
 
-	if (len == 9 && name__ends_with(name, len, "burstable", 9))
+	if (len == 9)
+		return bytes__equal(name, "burstable", 9);
+	if (len == 10)
+		return bytes__equal(name, "besteffort", 10);
+	char tail[17];
+
+	if (len >= 17 && bpf_probe_read_kernel(tail, 17, kn_name + len - 17) == 0 &&
+	    bytes__equal(tail, "-besteffort.slice", 17))
 		return true;
-	if (len == 10 && name__ends_with(name, len, "besteffort", 10))
-		return true;
-	return name__ends_with(name, len, "-burstable.slice", 16) ||
-	       name__ends_with(name, len, "-besteffort.slice", 17);
+	return len >= 16 && bpf_probe_read_kernel(tail, 16, kn_name + len - 16) == 0 &&
+	       bytes__equal(tail, "-burstable.slice", 16);
 }
 
 /*

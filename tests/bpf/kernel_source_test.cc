@@ -483,6 +483,35 @@ TEST_F(KernelSourceTest, APodOverItsCgroupBudgetIsRefusedCountedAndNamedAnotherP
   for (int i = 9; i >= 1; --i) ASSERT_TRUE(nested[i].remove().ok());
 }
 
+// Which cgroup is a pod's (whose budget the cgroups below it count against): a child of a root
+// or of a QoS level, the QoS levels told by name, in both drivers' layouts.
+TEST_F(KernelSourceTest, QosLevelsAreToldApartFromPodsInBothLayouts) {
+  start();
+  const std::string uid_ = "0c1d2e3f_4a5b_4c6d_8e7f_000000000009";
+  for (const std::string& qos : {"/kubepods/burstable", "/kubepods/besteffort",
+                                  "/kubepods.slice/kubepods-burstable.slice",
+                                  "/kubepods.slice/kubepods-besteffort.slice"}) {
+    const bool systemd = qos.find(".slice") != std::string::npos;
+    const std::string pod_name = systemd ? qos.substr(qos.rfind('/') + 1, qos.size() - qos.rfind('/') - 7) +
+                                               "-pod" + uid_ + ".slice"
+                                         : "pod" + kPodUid;
+    auto ctr = make_tree(base_->path() + qos + "/" + pod_name + "/" + hex_id('9'));
+    ASSERT_TRUE(ctr.ok()) << qos;
+    const uint64_t pod = source_->tracked_parent(ctr->id()).value_or(0);
+    const uint64_t qos_id = source_->tracked_parent(pod).value_or(0);
+    ASSERT_NE(qos_id, 0u) << qos;
+    EXPECT_EQ(source_->program()->tracked_entry(qos_id)->kind, uint32_t(KPLEG_TRACKED_QOS)) << qos;
+    EXPECT_EQ(source_->program()->tracked_entry(qos_id)->pod_id, 0u) << qos;
+    EXPECT_EQ(source_->program()->tracked_entry(pod)->pod_id, pod) << pod_name;
+    EXPECT_EQ(source_->program()->tracked_entry(ctr->id())->pod_id, pod) << pod_name;
+  }
+  // A guaranteed pod sits right below the root.
+  auto guaranteed = make_tree(base_->path() + "/kubepods/pod" + kPodUid + "/" + hex_id('a'));
+  ASSERT_TRUE(guaranteed.ok());
+  const uint64_t pod = source_->tracked_parent(guaranteed->id()).value_or(0);
+  EXPECT_EQ(source_->program()->tracked_entry(pod)->pod_id, pod);
+}
+
 // A mkdir/rmdir loop below one pod: held to its mkdirs per second, the rest counted.
 TEST_F(KernelSourceTest, APodsMkdirLoopIsHeldToItsRatePerSecond) {
   KernelSourceOptions opts;
