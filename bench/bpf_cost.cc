@@ -242,6 +242,10 @@ kk::KernelSourceOptions source_options(const std::vector<std::string>& extra_roo
   kk::KernelSourceOptions o;
   for (const auto& r : extra_roots) o.bpf.root_names.push_back(r);
   o.bpf.removal_hint = true;  // measured too (kplegd --removal-hints kernel)
+  // The lifecycles run back to back in one pod, faster than a pod's default mkdirs a second:
+  // measured is the cost of the emitting paths, so the pod's budget must not refuse them.
+  o.bpf.max_mkdirs_per_pod_per_sec = 0;
+  o.bpf.max_cgroups_per_pod = 0;
   return o;
 }
 

@@ -4,6 +4,7 @@
  * the kernel so that only container transitions cost a ring-buffer record.
  *
  *  cgroup_mkdir   under a tracked root (kubepods, kubepods.slice, ...) -> track it, emit
+ *                 (below a pod cgroup: only within the pod's budget, see budget__admit)
  *  cgroup_rmdir   of a tracked cgroup                                  -> emit, untrack
  *  sched_process_exec  first exec in a tracked cgroup  ("container started")
  *  sched_process_exit  death of that process's group   ("container died")
@@ -27,6 +28,9 @@ const volatile __u32 root_name_count = 2;
 const volatile char root_names[KPLEG_MAX_ROOT_NAMES][KPLEG_ROOT_NAME_MAX] = {
 	"kubepods", "kubepods.slice",
 };
+/* A pod's budget (struct kpleg_pod_budget); 0 turns that part off. */
+const volatile __u32 max_cgroups_per_pod = 1024;
+const volatile __u32 max_mkdirs_per_pod_per_sec = 100;
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -60,6 +64,14 @@ struct {
 	__type(key, char[KPLEG_ID_LEN]);
 	__type(value, __u64);
 } removal_early SEC(".maps");
+
+/* Per pod-level cgroup: what its workload costs (struct kpleg_pod_budget). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384); /* resized by the loader, as tracked_cgroups */
+	__type(key, __u64);
+	__type(value, struct kpleg_pod_budget);
+} pod_budgets SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -203,6 +215,93 @@ static __always_inline void cgroup__emit(struct cgroup *cgrp, const char *path, 
 	event__submit(e, type != KPLEG_EVENT_CGROUP_MKDIR || (flags & KPLEG_FLAG_UNTRACKED));
 }
 
+#define KPLEG_QOS_NAME_MAX 64
+
+/* Whether the first `n` bytes of `a` and `b` are equal (n a constant: unrolled, fixed offsets). */
+static __always_inline bool bytes__equal(const char *a, const char *b, int n)
+{
+	for (int i = 0; i < n; i++) {
+		if (a[i] != b[i])
+			return false;
+	}
+	return true;
+}
+
+/*
+ * A QoS level: burstable, besteffort (cgroupfs) or <root>-burstable.slice, ... (systemd). The
+ * suffix is read again from the name's end, at a computed kernel address: stack reads at a
+ * variable offset are refused by verifiers before 5.12.
+ */
+static __always_inline bool cgroup__name_is_qos(struct cgroup *cgrp)
+{
+	const char *kn_name = BPF_CORE_READ(cgrp, kn, name);
+	char name[KPLEG_QOS_NAME_MAX];
+	long n = bpf_probe_read_kernel_str(name, sizeof(name), kn_name);
+
+	if (n <= 0 || n == sizeof(name)) /* unreadable, or longer than any QoS level's name */
+		return false;
+	long len = n - 1;
+
+	if (len == 9)
+		return bytes__equal(name, "burstable", 9);
+	if (len == 10)
+		return bytes__equal(name, "besteffort", 10);
+	char tail[17];
+
+	if (len >= 17 && bpf_probe_read_kernel(tail, 17, kn_name + len - 17) == 0 &&
+	    bytes__equal(tail, "-besteffort.slice", 17))
+		return true;
+	return len >= 16 && bpf_probe_read_kernel(tail, 16, kn_name + len - 16) == 0 &&
+	       bytes__equal(tail, "-burstable.slice", 16);
+}
+
+/*
+ * Whether the pod `pod_id` may have one more tracked cgroup below it: within its count and its
+ * mkdirs per second. When it may, the cgroup is counted; when not, the refusal is, and at most
+ * once a second it is worth a record (KPLEG_FLAG_OVER_BUDGET) that names the pod to userspace.
+ */
+static __always_inline bool budget__admit(__u64 pod_id, bool *notice)
+{
+	struct kpleg_pod_budget *b = bpf_map_lookup_elem(&pod_budgets, &pod_id);
+
+	if (!b) {
+		struct kpleg_pod_budget fresh = {};
+
+		bpf_map_update_elem(&pod_budgets, &pod_id, &fresh, BPF_NOEXIST);
+		b = bpf_map_lookup_elem(&pod_budgets, &pod_id);
+		if (!b)
+			return true; /* no room to account: the tracked map's own limit holds */
+	}
+	__u64 now = bpf_ktime_get_ns();
+
+	if (now - b->window_start_ns >= 1000000000ULL) {
+		b->window_start_ns = now;
+		b->window_mkdirs = 0;
+	}
+	if ((max_cgroups_per_pod && b->tracked >= max_cgroups_per_pod) ||
+	    (max_mkdirs_per_pod_per_sec && b->window_mkdirs >= max_mkdirs_per_pod_per_sec)) {
+		__sync_fetch_and_add(&b->refused, 1);
+		counter__inc(KPLEG_CNT_OVER_BUDGET);
+		if (now - b->noticed_ns >= 1000000000ULL) {
+			b->noticed_ns = now;
+			*notice = true;
+		}
+		return false;
+	}
+	__sync_fetch_and_add(&b->window_mkdirs, 1);
+	__sync_fetch_and_add(&b->tracked, 1);
+	return true;
+}
+
+/* A tracked cgroup below pod `pod_id` is gone (or was never tracked after all). */
+static __always_inline void budget__release(__u64 pod_id)
+{
+	struct kpleg_pod_budget *b = bpf_map_lookup_elem(&pod_budgets, &pod_id);
+
+	if (b && b->tracked > 0)
+		__sync_fetch_and_add(&b->tracked, -1);
+}
+
 SEC("tp_btf/cgroup_mkdir")
 int BPF_PROG(cgroup_mkdir, struct cgroup *cgrp, const char *path)
 {
@@ -211,18 +310,38 @@ int BPF_PROG(cgroup_mkdir, struct cgroup *cgrp, const char *path)
 
 	struct cgroup *parent = kpleg__cgroup_parent(cgrp);
 	__u64 parent_id = parent ? cgroup__id(parent) : 0;
+	__u64 id = cgroup__id(cgrp);
 	struct kpleg_tracked_cgroup t = {};
+	struct kpleg_tracked_cgroup *pt = bpf_map_lookup_elem(&tracked_cgroups, &parent_id);
 
-	if (bpf_map_lookup_elem(&tracked_cgroups, &parent_id))
+	if (pt) {
 		t.kind = KPLEG_TRACKED_DESCENDANT;
-	else if (cgroup__name_is_root(cgrp))
+		t.parent_id = parent_id;
+		if (pt->kind == KPLEG_TRACKED_ROOT && cgroup__name_is_qos(cgrp))
+			t.kind = KPLEG_TRACKED_QOS;
+		else if (pt->kind == KPLEG_TRACKED_ROOT || pt->kind == KPLEG_TRACKED_QOS)
+			t.pod_id = id; /* a pod-level cgroup: its own budget */
+		else
+			t.pod_id = pt->pod_id;
+	} else if (cgroup__name_is_root(cgrp)) {
 		t.kind = KPLEG_TRACKED_ROOT;
-	else {
+	} else {
 		counter__inc(KPLEG_CNT_FILTERED);
 		return 0;
 	}
 
-	__u64 id = cgroup__id(cgrp);
+	bool counted = t.pod_id != 0 && t.pod_id != id;
+
+	if (counted) {
+		bool notice = false;
+
+		if (!budget__admit(t.pod_id, &notice)) {
+			if (notice)
+				cgroup__emit(cgrp, path, KPLEG_EVENT_CGROUP_MKDIR, id, parent_id,
+					     KPLEG_FLAG_OVER_BUDGET | KPLEG_FLAG_UNTRACKED);
+			return 0;
+		}
+	}
 
 	__u16 flags = 0;
 
@@ -234,6 +353,8 @@ int BPF_PROG(cgroup_mkdir, struct cgroup *cgrp, const char *path)
 		counter__inc(KPLEG_CNT_TRACK_FULL);
 		helper__failed(KPLEG_PROG_CGROUP_MKDIR, err);
 		flags = KPLEG_FLAG_UNTRACKED;
+		if (counted)
+			budget__release(t.pod_id);
 	}
 	cgroup__emit(cgrp, path, KPLEG_EVENT_CGROUP_MKDIR, id, parent_id, flags);
 	return 0;
@@ -246,15 +367,21 @@ int BPF_PROG(cgroup_rmdir, struct cgroup *cgrp, const char *path)
 		return 0;
 
 	__u64 id = cgroup__id(cgrp);
+	struct kpleg_tracked_cgroup *t = bpf_map_lookup_elem(&tracked_cgroups, &id);
 
-	if (!bpf_map_lookup_elem(&tracked_cgroups, &id)) {
+	if (!t) {
 		counter__inc(KPLEG_CNT_FILTERED);
 		return 0;
 	}
+	__u64 pod_id = t->pod_id;
 	struct cgroup *parent = kpleg__cgroup_parent(cgrp);
 
 	cgroup__emit(cgrp, path, KPLEG_EVENT_CGROUP_RMDIR, id, parent ? cgroup__id(parent) : 0, 0);
 	bpf_map_delete_elem(&tracked_cgroups, &id);
+	if (pod_id == id)
+		bpf_map_delete_elem(&pod_budgets, &id); /* the pod is gone */
+	else if (pod_id != 0)
+		budget__release(pod_id);
 	return 0;
 }
 
@@ -301,21 +428,30 @@ int BPF_PROG(sched_process_exec, struct task_struct *task, pid_t old_pid,
 		counter__inc(KPLEG_CNT_FILTERED);
 		return 0;
 	}
-	if (!t->exec_seen && exec__is_runtime_reexec(bprm)) {
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	/*
+	 * A cgroup seeded by the loader (KPLEG_EXEC_SEEDED) had processes before kpleg: a running
+	 * container, or a created one whose runtime init waits for StartContainer. Only that
+	 * init's own exec can still be the start (the runtime's init execs the entrypoint in
+	 * place); anyone else's (a probe's, a child's) is not. A running container's init that
+	 * execs again is claimed too, and the runtime, asked, says it is nothing new.
+	 */
+	__u64 from = t->exec_seen == KPLEG_EXEC_SEEDED && t->init_tgid == tgid ? KPLEG_EXEC_SEEDED : 0;
+
+	if (t->exec_seen == from && exec__is_runtime_reexec(bprm)) {
 		counter__inc(KPLEG_CNT_EXEC_REEXEC);
 		return 0;
 	}
-	if (!t->exec_seen && exec__parent_in_same_cgroup(task, cgid)) {
+	if (t->exec_seen == from && exec__parent_in_same_cgroup(task, cgid)) {
 		counter__inc(KPLEG_CNT_EXEC_HOOK);
 		return 0;
 	}
 	/* Claim the first exec once, even when two CPUs exec in the same cgroup at once. */
-	if (t->exec_seen || __sync_val_compare_and_swap(&t->exec_seen, 0, 1) != 0) {
+	if (t->exec_seen != from ||
+	    __sync_val_compare_and_swap(&t->exec_seen, from, KPLEG_EXEC_CLAIMED) != from) {
 		counter__inc(KPLEG_CNT_EXEC_REPEATED);
 		return 0;
 	}
-	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
-
 	t->init_tgid = tgid;
 
 	struct kpleg_exec_event *e = event__reserve(sizeof(*e), KPLEG_EVENT_EXEC);

@@ -11,7 +11,7 @@
 #ifndef KPLEG_EVENTS_H
 #define KPLEG_EVENTS_H
 
-#define KPLEG_ABI_VERSION 6
+#define KPLEG_ABI_VERSION 7
 
 #define KPLEG_CGROUP_PATH_MAX 512 /* systemd paths of nested nodes exceed 256 */
 #define KPLEG_COMM_MAX 16
@@ -38,6 +38,10 @@ enum kpleg_event_flags {
 	KPLEG_FLAG_OOM_KILLED = 1 << 2,     /* exit: the OOM killer killed this process */
 	KPLEG_FLAG_UNTRACKED = 1 << 3,      /* mkdir: the cgroup belongs to a tracked root but the
 					     * tracked-cgroup map is full: nothing in it is seen */
+	KPLEG_FLAG_OVER_BUDGET = 1 << 4,    /* mkdir: the cgroup's pod is over its budget
+					     * (cgroups tracked, or mkdirs per second): the cgroup
+					     * is not tracked. At most one such record per pod and
+					     * second; the others are counted in `pod_budgets` */
 };
 
 /* Per-CPU counters, indices into the `counters` array map. */
@@ -58,7 +62,8 @@ enum kpleg_counter {
 	KPLEG_CNT_EXEC_HOOK = 13,      /* an exec by a child of a process in the same cgroup before
 					* the entrypoint (an OCI hook), not claimed */
 	KPLEG_CNT_DROPS_REMOVAL_HINT = 14,
-	KPLEG_CNT_MAX = 15,
+	KPLEG_CNT_OVER_BUDGET = 15,    /* mkdirs refused because their pod was over its budget */
+	KPLEG_CNT_MAX = 16,
 };
 
 /* The programs, for the `helper_failures` map: failures are counted by program and errno, at
@@ -77,14 +82,39 @@ enum kpleg_prog {
 /* Kind of a tracked cgroup, the value type of the `tracked_cgroups` map. */
 enum kpleg_tracked_kind {
 	KPLEG_TRACKED_ROOT = 1,       /* a tracked root (kubepods, kubepods.slice, ...) */
-	KPLEG_TRACKED_DESCENDANT = 2, /* any cgroup below a tracked root */
+	KPLEG_TRACKED_DESCENDANT = 2, /* any other cgroup below a tracked root */
+	KPLEG_TRACKED_QOS = 3,        /* a QoS level right below a root (burstable, besteffort,
+				       * *-burstable.slice, *-besteffort.slice) */
 };
+
+/* exec_seen: 0 not yet, 1 claimed by the exec program, 2 running before the loader (seeded). */
+#define KPLEG_EXEC_CLAIMED 1
+#define KPLEG_EXEC_SEEDED 2
 
 struct kpleg_tracked_cgroup {
 	__u32 kind;        /* enum kpleg_tracked_kind */
 	__u32 init_tgid;   /* tgid of the first exec'd process, 0 until then */
-	__u64 exec_seen;   /* 1 once the first exec was claimed (64-bit: BPF cmpxchg width) */
+	__u64 exec_seen;   /* KPLEG_EXEC_* once the start is known (64-bit: BPF cmpxchg width) */
 	__u64 exit_seen;   /* 1 once the init's death was claimed */
+	__u64 parent_id;   /* the parent cgroup's id (0 for a root): userspace finds a cgroup whose
+			    * mkdir record it lost from its parent's directory */
+	__u64 pod_id;      /* the pod-level cgroup (a child of a root or of a QoS level) this one
+			    * is, or is below: whose budget it counts against. 0 for roots and QoS
+			    * levels */
+};
+
+/*
+ * A pod's budget, the value type of the `pod_budgets` map (keyed by the pod-level cgroup's id):
+ * what one workload may cost the node's shared map and ring buffer. Only cgroups below the pod
+ * cgroup count; one over budget is not tracked (the pod's own containers, made before, stay
+ * tracked), and nothing in it costs a record.
+ */
+struct kpleg_pod_budget {
+	__u64 tracked;          /* cgroups below the pod cgroup in `tracked_cgroups` */
+	__u64 window_start_ns;  /* start of the current one-second window */
+	__u64 window_mkdirs;    /* mkdirs admitted in that window */
+	__u64 refused;          /* mkdirs refused since the pod cgroup was made */
+	__u64 noticed_ns;       /* when the last KPLEG_FLAG_OVER_BUDGET record was emitted */
 };
 
 struct kpleg_event_header {

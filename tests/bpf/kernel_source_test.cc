@@ -354,6 +354,9 @@ TEST_F(KernelSourceTest, AContainerCreatedBeforeTheLoaderStartsOnItsEntrypointsE
       kDeadline, 1ms))
       << "the init never named itself";
   start();
+  // Seeded like a running container (nothing the process controls tells them apart); its
+  // init's own exec is still the start.
+  EXPECT_EQ(source_->program()->tracked_entry(ctr->id())->exec_seen, uint64_t(KPLEG_EXEC_SEEDED));
   ASSERT_EQ(write(go[1], "g", 1), 1);  // StartContainer
   close(go[1]);
   auto status = wait_child(init);
@@ -364,6 +367,187 @@ TEST_F(KernelSourceTest, AContainerCreatedBeforeTheLoaderStartsOnItsEntrypointsE
   ASSERT_EQ(kinds_of(evs), (std::vector<std::string>{"exec", "exit"}))
       << "the entrypoint's exec must be the start, not a repeat of one before kpleg";
   EXPECT_EQ(std::get<ProcessExec>(evs[0].body).pid, uint32_t(init));
+}
+
+// A running workload whose processes call themselves "crun" (any process picks its name): seeded
+// as started, with its init. Its probe's exec is no start, and its probe's exit no death; only
+// the init's own exec and exit count (an init that execs again is claimed, and the runtime,
+// asked, says it is nothing new).
+TEST_F(KernelSourceTest, AWorkloadNamingItselfLikeARuntimeIsSeededAsStarted) {
+  auto ctr = make_tree(container_path('5'));
+  ASSERT_TRUE(ctr.ok());
+  int go[2];
+  ASSERT_EQ(pipe2(go, O_CLOEXEC), 0);
+  pid_t init = fork_init_in_cgroup(ctr->path(), nullptr, "crun", go[0], "exit 4");
+  close(go[0]);
+  ASSERT_GT(init, 0);
+  ASSERT_TRUE(eventually(
+      [&] {
+        std::ifstream comm("/proc/" + std::to_string(init) + "/comm");
+        std::string name;
+        std::getline(comm, name);
+        return name == "crun";
+      },
+      kDeadline, 1ms));
+  start();
+  auto seeded = source_->program()->tracked_entry(ctr->id());
+  ASSERT_TRUE(seeded.has_value());
+  EXPECT_EQ(seeded->exec_seen, uint64_t(KPLEG_EXEC_SEEDED)) << "seeded as not started";
+  EXPECT_EQ(seeded->init_tgid, uint32_t(init));
+  // A probe: exec'd into the cgroup from outside it, exits.
+  ASSERT_TRUE(run_in_cgroup(ctr->path(), {"/bin/true"}).ok());
+  ASSERT_EQ(write(go[1], "g", 1), 1);
+  close(go[1]);
+  auto status = wait_child(init);
+  ASSERT_TRUE(status.ok());
+  ASSERT_TRUE(wait_kinds(ctr->id(), {"exec", "exit"}));
+  auto evs = collector_.for_cgroups({ctr->id()});
+  ASSERT_EQ(kinds_of(evs), (std::vector<std::string>{"exec", "exit"}));
+  EXPECT_EQ(std::get<ProcessExec>(evs[0].body).pid, uint32_t(init))
+      << "the probe's exec was taken for the container's start";
+  EXPECT_EQ(std::get<ProcessExit>(evs[1].body).pid, uint32_t(init))
+      << "the probe's exit was taken for the container's death";
+  EXPECT_EQ(std::get<ProcessExit>(evs[1].body).exit_code, 4u);
+}
+
+// One pod making cgroups below its own (DinD, systemd in a container) is held to its budget:
+// what is over it is not tracked, is counted for that pod and named once a second; the map
+// keeps its room and another pod's container is seen as ever.
+TEST_F(KernelSourceTest, APodOverItsCgroupBudgetIsRefusedCountedAndNamedAnotherPodIsSeen) {
+  KernelSourceOptions opts;
+  opts.bpf.max_cgroups_per_pod = 4;
+  opts.bpf.max_mkdirs_per_pod_per_sec = 0;
+  std::mutex mu;
+  std::vector<CgroupMkdir> notices;
+  KernelSink sink = collector_.sink();
+  sink.on_over_budget = [&](const CgroupMkdir& mk) {
+    std::lock_guard lk(mu);
+    notices.push_back(mk);
+  };
+  source_ = std::make_unique<BpfKernelSource>(opts);
+  ASSERT_TRUE(source_->start(sink).ok());
+
+  auto noisy_ctr = make_tree(container_path('6'));  // the pod's container: 1 of its 4
+  ASSERT_TRUE(noisy_ctr.ok());
+  const uint64_t noisy_pod = source_->tracked_parent(noisy_ctr->id()).value_or(0);
+  ASSERT_NE(noisy_pod, 0u);
+  auto pod_entry = source_->program()->tracked_entry(noisy_pod);
+  ASSERT_TRUE(pod_entry.has_value());
+  EXPECT_EQ(pod_entry->pod_id, noisy_pod) << "a pod cgroup is its own budget";
+  EXPECT_EQ(source_->program()->tracked_entry(noisy_ctr->id())->pod_id, noisy_pod);
+  std::vector<ScratchCgroup> nested;
+  for (int i = 0; i < 10; ++i) {
+    auto n = ScratchCgroup::create(noisy_ctr->path() + "/n" + std::to_string(i));
+    ASSERT_TRUE(n.ok()) << n.error().message;
+    nested.push_back(std::move(*n));
+  }
+  for (int i = 0; i < 10; ++i)
+    EXPECT_EQ(source_->program()->is_tracked(nested[i].id()), i < 3) << nested[i].path();
+  EXPECT_EQ(source_->stats().bpf.over_budget, 7u);
+  uint64_t refused = 0, tracked = 0;
+  for (const auto& [pod, b] : source_->program()->pod_budgets()) {
+    if (pod != noisy_pod) continue;
+    refused = b.refused;
+    tracked = b.tracked;
+  }
+  EXPECT_EQ(refused, 7u);
+  EXPECT_EQ(tracked, 4u);
+  ASSERT_TRUE(eventually([&] {
+    std::lock_guard lk(mu);
+    return !notices.empty();
+  }));
+  {
+    std::lock_guard lk(mu);
+    EXPECT_LE(notices.size(), 2u) << "one notice per pod and second, not one per refusal";
+    EXPECT_TRUE(notices[0].over_budget && notices[0].untracked);
+    EXPECT_EQ(notices[0].cgroup_id, nested[3].id());
+    EXPECT_NE(notices[0].path.find("pod" + kPodUid), std::string::npos) << notices[0].path;
+  }
+  // Nothing that runs in a refused cgroup costs a record.
+  ASSERT_TRUE(run_in_cgroup(nested[9].path(), {"/bin/true"}).ok());
+
+  // Another pod: tracked, its container's start and death seen.
+  auto quiet = make_tree(base_->path() + "/kubepods/besteffort/pod" + std::string(8, '1') +
+                         "-2222-4333-8444-555555555555/" + hex_id('7'));
+  ASSERT_TRUE(quiet.ok());
+  ASSERT_TRUE(run_in_cgroup(quiet->path(), {"/bin/sh", "-c", "exit 3"}).ok());
+  ASSERT_TRUE(wait_kinds(quiet->id(), {"cgroup_mkdir", "exec", "exit"}));
+  EXPECT_TRUE(collector_.for_cgroups({nested[9].id()}).empty());
+
+  // Room in the budget again once a tracked cgroup goes.
+  ASSERT_TRUE(nested[0].remove().ok());
+  auto again = ScratchCgroup::create(noisy_ctr->path() + "/again");
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(source_->program()->is_tracked(again->id()));
+  ASSERT_TRUE(again->remove().ok());
+  for (int i = 9; i >= 1; --i) ASSERT_TRUE(nested[i].remove().ok());
+}
+
+// Which cgroup is a pod's (whose budget the cgroups below it count against): a child of a root
+// or of a QoS level, the QoS levels told by name, in both drivers' layouts.
+TEST_F(KernelSourceTest, QosLevelsAreToldApartFromPodsInBothLayouts) {
+  start();
+  const std::string uid_ = "0c1d2e3f_4a5b_4c6d_8e7f_000000000009";
+  for (const std::string& qos : {"/kubepods/burstable", "/kubepods/besteffort",
+                                  "/kubepods.slice/kubepods-burstable.slice",
+                                  "/kubepods.slice/kubepods-besteffort.slice"}) {
+    const bool systemd = qos.find(".slice") != std::string::npos;
+    const std::string pod_name = systemd ? qos.substr(qos.rfind('/') + 1, qos.size() - qos.rfind('/') - 7) +
+                                               "-pod" + uid_ + ".slice"
+                                         : "pod" + kPodUid;
+    auto ctr = make_tree(base_->path() + qos + "/" + pod_name + "/" + hex_id('9'));
+    ASSERT_TRUE(ctr.ok()) << qos;
+    const uint64_t pod = source_->tracked_parent(ctr->id()).value_or(0);
+    const uint64_t qos_id = source_->tracked_parent(pod).value_or(0);
+    ASSERT_NE(qos_id, 0u) << qos;
+    EXPECT_EQ(source_->program()->tracked_entry(qos_id)->kind, uint32_t(KPLEG_TRACKED_QOS)) << qos;
+    EXPECT_EQ(source_->program()->tracked_entry(qos_id)->pod_id, 0u) << qos;
+    EXPECT_EQ(source_->program()->tracked_entry(pod)->pod_id, pod) << pod_name;
+    EXPECT_EQ(source_->program()->tracked_entry(ctr->id())->pod_id, pod) << pod_name;
+  }
+  // A guaranteed pod sits right below the root.
+  auto guaranteed = make_tree(base_->path() + "/kubepods/pod" + kPodUid + "/" + hex_id('a'));
+  ASSERT_TRUE(guaranteed.ok());
+  const uint64_t pod = source_->tracked_parent(guaranteed->id()).value_or(0);
+  EXPECT_EQ(source_->program()->tracked_entry(pod)->pod_id, pod);
+}
+
+// A mkdir/rmdir loop below one pod: held to its mkdirs per second, the rest counted.
+TEST_F(KernelSourceTest, APodsMkdirLoopIsHeldToItsRatePerSecond) {
+  KernelSourceOptions opts;
+  opts.bpf.max_cgroups_per_pod = 0;
+  opts.bpf.max_mkdirs_per_pod_per_sec = 5;
+  start(opts);
+  auto ctr = make_tree(container_path('8'));
+  ASSERT_TRUE(ctr.ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 200; ++i) {
+    auto n = ScratchCgroup::create(ctr->path() + "/loop");
+    ASSERT_TRUE(n.ok());
+    ASSERT_TRUE(n->remove().ok());
+  }
+  const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(
+                           std::chrono::steady_clock::now() - t0).count() + 1;
+  // Every tracked mkdir has its rmdir: wait for the last rmdirs, then count.
+  ASSERT_TRUE(collector_.wait_for(
+      [&](const auto& evs) {
+        size_t mk = 0, rm = 0;
+        for (const auto& e : evs) {
+          if (auto* m = std::get_if<CgroupMkdir>(&e.body); m && m->parent_cgroup_id == ctr->id())
+            mk += !m->untracked;
+          if (auto* r = std::get_if<CgroupRmdir>(&e.body); r && r->parent_cgroup_id == ctr->id())
+            ++rm;
+        }
+        return mk > 0 && rm == mk;
+      },
+      kDeadline));
+  size_t admitted = 0;
+  for (const auto& e : collector_.events())
+    if (auto* m = std::get_if<CgroupMkdir>(&e.body); m && m->parent_cgroup_id == ctr->id() && !m->untracked)
+      ++admitted;
+  // The container's own mkdir counts in the first window too.
+  EXPECT_LE(admitted, size_t(5 * (seconds + 1))) << seconds << " s";
+  EXPECT_GE(source_->stats().bpf.over_budget, 200u - admitted);
 }
 
 TEST_F(KernelSourceTest, ExitBySignalReportsTheSignal) {
@@ -719,6 +903,9 @@ TEST_F(KernelSourceTest, TinyRingBufferReportsExactlyWhatWasLost) {
 
   KernelSourceOptions opts;
   opts.bpf.ringbuf_bytes = uint32_t(sysconf(_SC_PAGESIZE));
+  // One pod's burst of 300 cgroups: over its default budget, which is not what this tests.
+  opts.bpf.max_cgroups_per_pod = 0;
+  opts.bpf.max_mkdirs_per_pod_per_sec = 0;
   // The default: no timer; the loss is found by the check after the drain that follows it.
   ASSERT_EQ(opts.loss_check_interval.count(), 0);
   source_ = std::make_unique<BpfKernelSource>(opts);

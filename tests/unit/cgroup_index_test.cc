@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -175,6 +176,75 @@ TEST_F(CgroupTree, MkdirAndRmdirEventsKeepTheIndexCurrent) {
   index.on_rmdir(id);  // a repeated or unknown rmdir is harmless
   index.on_rmdir(123456789);
   EXPECT_EQ(index.size(), seeded);
+}
+
+// A lost mkdir record: the kernel knows the cgroup (and its parent), the index does not. It is
+// found by listing the directories between it and the nearest ancestor the index knows, and
+// nowhere else.
+TEST_F(CgroupTree, ACgroupWhoseMkdirWasMissedIsResolvedFromItsParentsDirectory) {
+  const std::string pod = "/kubepods/burstable/pod" + kUid;
+  const auto pod_id = mkdir(pod);
+  CgroupIndex index;
+  ASSERT_TRUE(index.seed(root_).ok());
+  // Made after the seed, its mkdir never reported: a container and a cgroup nested in it.
+  const auto ctr = mkdir(pod + "/" + kId);
+  const auto nested = mkdir(pod + "/" + kId + "/init.scope");
+  mkdir("/kubepods/burstable/pod" + kUid2 + "/" + kId2);  // elsewhere: must not be listed
+  ASSERT_FALSE(index.lookup(nested).has_value());
+  std::map<std::uint64_t, std::uint64_t> parents{{nested, ctr}, {ctr, pod_id}};
+  int asked = 0;
+  auto parent_of = [&](std::uint64_t id) -> std::optional<std::uint64_t> {
+    ++asked;
+    auto it = parents.find(id);
+    if (it == parents.end()) return std::nullopt;
+    return it->second;
+  };
+  auto entry = index.resolve(nested, parent_of);
+  ASSERT_TRUE(entry.has_value());
+  EXPECT_EQ(entry->identity.kind, Kind::kNested);
+  EXPECT_EQ(entry->identity.container_id, kId);
+  EXPECT_EQ(entry->path, pod + "/" + kId + "/init.scope");
+  // The container on the way is indexed too, as its mkdir would have.
+  EXPECT_EQ(index.find_container(kId), ctr);
+  EXPECT_FALSE(index.find_container(kId2).has_value()) << "the resolve walked the tree";
+  EXPECT_LE(asked, 3);
+
+  // Not resolvable: no known ancestor, or gone.
+  EXPECT_FALSE(index.resolve(987654321, parent_of).has_value());
+  const auto gone = mkdir(pod + "/" + kId3);
+  fs::remove(root_ + pod + "/" + kId3);
+  parents[gone] = pod_id;
+  EXPECT_FALSE(index.resolve(gone, parent_of).has_value());
+}
+
+// A lost rmdir record: without a look at the tree the entry stays forever.
+TEST_F(CgroupTree, EntriesOfCgroupsThatNoLongerExistAreDropped) {
+  const std::string pod = "/kubepods/burstable/pod" + kUid;
+  mkdir(pod);
+  const auto kept = mkdir(pod + "/" + kId);
+  const auto gone = mkdir(pod + "/" + kId2);
+  const auto reused = mkdir(pod + "/" + kId3);
+  CgroupIndex index;
+  ASSERT_TRUE(index.seed(root_).ok());
+  const std::size_t seeded = index.size();
+  ASSERT_EQ(index.find_container(kId2), gone);
+  fs::remove(root_ + pod + "/" + kId2);  // no on_rmdir: its record was lost
+  // The same path made again is another cgroup (another inode): the old entry is stale too.
+  const std::string tmp = pod + "/placeholder";
+  mkdir(tmp);  // keeps the old inode number from being reused at once
+  fs::remove(root_ + pod + "/" + kId3);
+  // (A filesystem may hand the freed inode number straight back: then it is the same id.)
+  const bool replaced = mkdir(pod + "/" + kId3) != reused;
+  EXPECT_EQ(index.size(), seeded) << "nothing drops them on its own";
+
+  const std::size_t stale = replaced ? 2u : 1u;
+  EXPECT_EQ(index.drop_vanished(), stale);
+  EXPECT_FALSE(index.lookup(gone).has_value());
+  EXPECT_FALSE(index.find_container(kId2).has_value());
+  EXPECT_EQ(index.lookup(reused).has_value(), !replaced);
+  EXPECT_EQ(index.find_container(kId), kept);
+  EXPECT_EQ(index.size(), seeded - stale);
+  EXPECT_EQ(index.drop_vanished(), 0u);
 }
 
 TEST_F(CgroupTree, MkdirOfAPathThatDoesNotParseIsNotIndexedAndDropsAStaleEntry) {

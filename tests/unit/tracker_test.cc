@@ -12,6 +12,9 @@
 #include <sstream>
 #include <thread>
 #include <vector>
+#include <filesystem>
+#include <sys/stat.h>
+#include <cstdlib>
 
 #include <grpcpp/support/status_code_enum.h>
 #include <spdlog/sinks/ostream_sink.h>
@@ -367,6 +370,93 @@ TEST_F(TrackerTest, AStormOfSignalsForUnknownCgroupsWritesOneWarning) {
   size_t warnings = 0;
   for (size_t at = 0; (at = text.find("unknown cgroup", at)) != std::string::npos; ++at) ++warnings;
   EXPECT_EQ(warnings, 1u) << text;
+}
+
+// Every later exec or exit in a cgroup the index cannot resolve is a signal for an unknown
+// cgroup: one reconcile for it, not one per signal (a workload's exec loop there).
+TEST_F(TrackerTest, RepeatedSignalsOfOneUnknownCgroupAskForOneReconcile) {
+  int requests = 0;
+  tracker_->set_inconsistency_handler([&](const std::string&) { ++requests; });
+  for (int i = 0; i < 1000; ++i) {
+    kernel::KernelEvent ev;
+    ev.body = kernel::ProcessExec{777001, uint32_t(1000 + i), 1, 1, "x", "/x"};
+    tracker_->on_kernel_event(ev);
+  }
+  EXPECT_EQ(requests, 1);
+  EXPECT_EQ(tracker_->stats().unresolved_signals, 1000u);
+  EXPECT_EQ(tracker_->stats().unresolved_repeats, 999u);
+  // Its rmdir forgets it: a new cgroup that reuses the id asks again.
+  kernel_rmdir(777001);
+  kernel::KernelEvent ev;
+  ev.body = kernel::ProcessExec{777001, 1, 1, 1, "x", "/x"};
+  tracker_->on_kernel_event(ev);
+  EXPECT_EQ(requests, 2);
+}
+
+// A lost mkdir record: the kernel tracks the container's cgroup, the index never heard of it.
+// Its exec is resolved from its parent (the kernel's record) and is the container's start: no
+// reconcile, no lost start.
+TEST_F(TrackerTest, TheExecOfACgroupWhoseMkdirWasLostIsResolvedAndCostsNoReconcile) {
+  namespace fs = std::filesystem;
+  std::string tmpl = (fs::temp_directory_path() / "kpleg-tracker-XXXXXX").string();
+  ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+  const std::string pod = "/kubepods/burstable/pod" + kUid;
+  fs::create_directories(tmpl + pod);
+  ASSERT_TRUE(index_.seed(tmpl).ok());
+  auto ino = [&](const std::string& rel) {
+    struct stat st {};
+    EXPECT_EQ(::stat((tmpl + rel).c_str(), &st), 0);
+    return uint64_t(st.st_ino);
+  };
+  // The container, made and started in the runtime; its cgroup's mkdir record was lost.
+  v1::ContainerConfig c;
+  c.mutable_metadata()->set_name("lost");
+  (*c.mutable_labels())["io.kubernetes.pod.uid"] = kUid;
+  (*c.mutable_labels())["io.kubernetes.container.name"] = "lost";
+  auto id = *cri_.create_container(sandbox_, c, sandbox_cfg_);
+  ASSERT_TRUE(cri_.start_container(id).ok());
+  fs::create_directories(tmpl + pod + "/" + id);
+  const uint64_t cgroup = ino(pod + "/" + id);
+  const uint64_t pod_cgroup = ino(pod);
+  tracker_->set_cgroup_parents([&](uint64_t child) -> std::optional<uint64_t> {
+    if (child == cgroup) return pod_cgroup;
+    return std::nullopt;
+  });
+  int requests = 0;
+  tracker_->set_inconsistency_handler([&](const std::string&) { ++requests; });
+  kernel::KernelEvent ev;
+  ev.ktime_ns = 1;
+  ev.body = kernel::ProcessExec{cgroup, 100, 100, 1, "sh", "/bin/sh"};
+  tracker_->on_kernel_event(ev);
+  EXPECT_TRUE(wait_types(id, {"ContainerStarted"}));
+  EXPECT_EQ(requests, 0);
+  EXPECT_EQ(tracker_->stats().resolved_cgroups, 1u);
+  EXPECT_EQ(index_.find_container(id), cgroup);
+  std::error_code ec;
+  fs::remove_all(tmpl, ec);
+}
+
+// Requests for a reconcile are coalesced and spaced: a storm of them (a workload's cgroup
+// loop, repeated losses) relists the node at most once per spacing, not back to back.
+TEST_F(TrackerTest, ReconcileRequestsAreSpacedAndCoalesced) {
+  Reconciler rec(cri_, *tracker_, 1h, 200ms);
+  ASSERT_TRUE(rec.start().ok());
+  const auto t0 = std::chrono::steady_clock::now();
+  uint64_t asked = 0;
+  while (std::chrono::steady_clock::now() - t0 < 1s) {
+    rec.request("storm");
+    ++asked;
+    std::this_thread::sleep_for(1ms);
+  }
+  const auto elapsed = std::chrono::steady_clock::now() - t0;
+  ASSERT_TRUE(eventually([&] { return rec.stats().requested == asked; }));
+  const auto runs = rec.stats().runs;
+  rec.stop();
+  // The start-up run, then one per 200 ms of the storm (and the one still due at its end).
+  const auto spaced = uint64_t(elapsed / 200ms) + 2;
+  EXPECT_LE(runs, spaced + 1) << asked << " requests";
+  EXPECT_GE(runs, 3u) << "requests must still be served";
+  EXPECT_GE(rec.stats().coalesced + runs + 1, asked);
 }
 
 // Polls f until it holds or 5 s pass.

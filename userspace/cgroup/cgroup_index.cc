@@ -155,6 +155,7 @@ Status CgroupIndex::seed(const std::string& cgroup2_mount) {
     std::unique_lock lock(mu_);
     seeding_ = true;
     pending_.clear();
+    mount_ = cgroup2_mount;
   }
 
   std::vector<std::pair<std::uint64_t, Entry>> found;
@@ -230,6 +231,84 @@ bool CgroupIndex::on_mkdir(std::uint64_t id, std::string_view path, std::uint64_
 }
 
 void CgroupIndex::on_rmdir(std::uint64_t id) { apply(id, std::nullopt); }
+
+std::optional<CgroupIndex::Entry> CgroupIndex::resolve(std::uint64_t id,
+                                                       const ParentOf& parent_of) {
+  std::string mount;
+  {
+    std::shared_lock lock(mu_);
+    if (auto it = tables_.by_id.find(id); it != tables_.by_id.end()) return it->second;
+    mount = mount_;
+  }
+  if (mount.empty()) return std::nullopt;
+  // Up to the first ancestor the index knows: the cgroup's chain of ids, nearest first.
+  constexpr int kMaxDepth = 64;
+  std::vector<std::uint64_t> chain{id};
+  std::optional<Entry> known;
+  while (!known) {
+    if (chain.size() > kMaxDepth) return std::nullopt;
+    auto parent = parent_of(chain.back());
+    if (!parent) return std::nullopt;
+    known = lookup(*parent);
+    if (!known) chain.push_back(*parent);
+  }
+  // Down again, one listing per level: the child of `path` whose inode is the next id.
+  std::string path = known->path;
+  std::uint64_t parent_id = parent_of(chain.back()).value_or(0);
+  for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
+    const std::string dir_path = mount + (path == "/" ? "" : path);
+    DIR* dir = ::opendir(dir_path.c_str());
+    if (dir == nullptr) return std::nullopt;
+    std::optional<std::string> child;
+    while (const dirent* de = ::readdir(dir)) {
+      if (de->d_ino != *it) continue;
+      const std::string_view name = de->d_name;
+      if (name == "." || name == "..") continue;
+      struct stat st {};
+      if (::fstatat(::dirfd(dir), de->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+          S_ISDIR(st.st_mode) && st.st_ino == *it) {
+        child = child_path(path, name);
+        break;
+      }
+    }
+    ::closedir(dir);
+    if (!child) return std::nullopt;  // gone meanwhile
+    on_mkdir(*it, *child, parent_id);  // indexes it when it parses or is nested
+    path = *child;
+    parent_id = *it;
+  }
+  return lookup(id);
+}
+
+std::size_t CgroupIndex::drop_vanished() {
+  std::vector<std::pair<std::uint64_t, std::string>> entries;
+  std::string mount;
+  {
+    std::shared_lock lock(mu_);
+    mount = mount_;
+    entries.reserve(tables_.by_id.size());
+    for (const auto& [id, e] : tables_.by_id) entries.emplace_back(id, e.path);
+  }
+  if (mount.empty()) return 0;
+  std::size_t dropped = 0;
+  for (const auto& [id, path] : entries) {
+    struct stat st {};
+    const std::string full = mount + path;
+    if (::stat(full.c_str(), &st) == 0) {
+      if (st.st_ino == id) continue;
+    } else if (errno != ENOENT && errno != ENOTDIR) {
+      continue;  // unreadable now, not known to be gone
+    }
+    // Gone, or the path is another (younger) cgroup's now: this id exists no more.
+    std::unique_lock lock(mu_);
+    auto it = tables_.by_id.find(id);
+    if (it == tables_.by_id.end() || it->second.path != path) continue;
+    if (seeding_) pending_.push_back(PendingEvent{id, std::nullopt});
+    tables_.erase(id);
+    ++dropped;
+  }
+  return dropped;
+}
 
 std::optional<CgroupIndex::Entry> CgroupIndex::lookup(std::uint64_t id) const {
   std::shared_lock lock(mu_);

@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
@@ -55,6 +56,20 @@ class CgroupIndex {
   // From the cgroup_rmdir (or cgroup_release) event.
   void on_rmdir(std::uint64_t id);
 
+  // A cgroup the index never heard of, though the kernel reports processes in it: its mkdir
+  // record was lost (a ring-buffer overflow). Finds it without walking the tree: `parent_of`
+  // names a cgroup's parent (the kernel's tracked map remembers it), up to the first ancestor
+  // the index knows; then one directory listing per missing level finds each child by its id,
+  // and indexes it as its mkdir would have. Returns the cgroup's entry when its path parses (or
+  // it is nested in a container), nullopt otherwise (not a pod's cgroup, gone, or no ancestor
+  // known). Needs a seed first (the mount).
+  using ParentOf = std::function<std::optional<std::uint64_t>(std::uint64_t id)>;
+  std::optional<Entry> resolve(std::uint64_t id, const ParentOf& parent_of);
+
+  // Drops every entry whose directory no longer exists or now belongs to another cgroup (a
+  // missed rmdir: a lost record). One stat per entry, no walk. Returns how many were dropped.
+  std::size_t drop_vanished();
+
   std::optional<Entry> lookup(std::uint64_t id) const;
   // Reverse lookup for Kind::kContainerOrSandbox entries (conmon cgroups are not containers).
   // When several cgroups claim one container id, the oldest (the smallest id: cgroup2 ids grow
@@ -85,6 +100,7 @@ class CgroupIndex {
   void apply(std::uint64_t id, std::optional<Entry> entry);
 
   std::mutex seed_mu_;  // one seed at a time
+  std::string mount_;   // of the last seed; set under seed_mu_ and mu_
   mutable std::shared_mutex mu_;
   Tables tables_;
   bool seeding_ = false;

@@ -180,6 +180,9 @@ Status Daemon::start_ebpf() {
   });
   tracker_->set_inconsistency_handler(
       [this](const std::string& why) { reconciler_->request("tracker: " + why); });
+  // A signal for a cgroup the index missed is resolved from the kernel's record of its parent
+  // before it costs a reconcile.
+  tracker_->set_cgroup_parents([this](uint64_t id) { return kernel_->tracked_parent(id); });
 
   kernel::KernelSourceOptions ko = opts_.kernel;
   ko.bpf.removal_hint = opts_.removal_hints == RemovalHintSource::kKernel;
@@ -198,6 +201,7 @@ Status Daemon::start_ebpf() {
     reconciler_->request("cgroup " + path + " not tracked: the tracked-cgroup map is full");
     if (health_policy_.note_untracked(true)) health_changed();
   };
+  sink.on_over_budget = [this](const kernel::CgroupMkdir& mk) { on_over_budget(mk); };
   sink.on_stopped = [this] { health_changed(); };
   if (auto st = kernel_->start(sink); !st) return st;
   // The index is seeded after the kernel source attached, so that no mkdir falls between.
@@ -323,22 +327,92 @@ api::HealthReport Daemon::liveness() {
                                   .fallback_reason = fallback_reason_});
 }
 
+void Daemon::on_over_budget(const kernel::CgroupMkdir& mk) {
+  // The pod: from the refused cgroup's parent (tracked, so the pod's or below it), else from
+  // the path's own prefixes.
+  std::string pod_uid;
+  if (auto parent = index_->lookup(mk.parent_cgroup_id)) pod_uid = parent->identity.pod_uid;
+  for (std::string p = mk.path; pod_uid.empty() && !p.empty();) {
+    if (auto id = cgroup::parse_cgroup_path(p); id && !id->pod_uid.empty()) pod_uid = id->pod_uid;
+    const auto slash = p.rfind('/');
+    if (slash == std::string::npos || slash == 0) break;
+    p.resize(slash);
+  }
+  const std::string key = pod_uid.empty() ? mk.path : pod_uid;
+  const auto now = std::chrono::steady_clock::now();
+  {
+    // One line per pod per 30 s: a pod stays over its budget as long as its loop runs.
+    std::lock_guard lk(over_budget_mu_);
+    if (over_budget_logged_.size() > 1024) over_budget_logged_.clear();
+    auto [it, fresh] = over_budget_logged_.try_emplace(key, now);
+    if (!fresh) {
+      if (now - it->second < std::chrono::seconds(30)) return;
+      it->second = now;
+    }
+  }
+  std::string name;
+  if (tracker_ && !pod_uid.empty()) {
+    for (const auto& tc : tracker_->containers()) {
+      if (tc.identity.pod_uid != pod_uid) continue;
+      name = tc.identity.pod_namespace + "/" + tc.identity.pod_name + " ";
+      break;
+    }
+  }
+  uint64_t refused = 0;
+  if (auto parent = kernel_->program()->tracked_entry(mk.parent_cgroup_id)) {
+    for (const auto& [pod, budget] : kernel_->program()->pod_budgets())
+      if (pod == parent->pod_id) refused = budget.refused;
+  }
+  const auto& b = opts_.kernel.bpf;
+  spdlog::warn("pod {}({}) is over its cgroup budget ({} cgroups tracked below it, {} mkdirs a "
+               "second): {} of its cgroups not tracked so far, e.g. {}; what runs in them is "
+               "not seen, every other pod is",
+               name, pod_uid.empty() ? "pod uid not found" : "uid " + pod_uid,
+               b.max_cgroups_per_pod, b.max_mkdirs_per_pod_per_sec, refused, mk.path);
+}
+
 void Daemon::check_coverage(const std::vector<pleg::RuntimeContainer>& view) {
   // A running container is covered when its cgroup is indexed and tracked in the kernel. One
   // that is not either lives under a root the BPF programs do not track (--cgroup-root), or
   // has no cgroup of its own on this host (a VM-based or user-space kernel runtime: kata,
-  // gVisor), so no exec or exit of it will ever be seen.
+  // gVisor), so no exec or exit of it will ever be seen; or the map had no room for it, or
+  // its pod was over its budget when it was made.
   size_t uncovered = 0;
   std::string example;
+  const auto ks = kernel_->stats();
   for (const auto& rc : view) {
     if (rc.state != pleg::ContainerState::kRunning) continue;
     auto cgroup = index_->find_container(rc.id);
     if (cgroup && kernel_->program()->is_tracked(*cgroup)) continue;
     if (uncovered++ > 0) continue;
+    std::string why;
+    if (!cgroup) {
+      why = "no cgroup of it on this host matches the kubelet's layout";
+    } else {
+      // Below a tracked root? Then the map was full or its pod over budget when it was made.
+      bool below_root = false;
+      if (auto entry = index_->lookup(*cgroup)) {
+        const std::string& p = entry->path;
+        for (const auto& root : opts_.kernel.bpf.root_names) {
+          for (size_t at = p.find("/" + root); at != std::string::npos;
+               at = p.find("/" + root, at + 1)) {
+            const size_t end = at + 1 + root.size();
+            if (end == p.size() || p[end] == '/') below_root = true;
+          }
+        }
+      }
+      if (!below_root)
+        why = "its cgroup is not below a tracked root (--cgroup-root)";
+      else if (ks.untracked_cgroups > 0)
+        why = "the tracked-cgroup map was full when its cgroup was made (--max-tracked-cgroups)";
+      else if (ks.bpf.over_budget > 0)
+        why = "its cgroup was made while its pod was over its budget (--max-cgroups-per-pod)";
+      else
+        why = "its cgroup is below a tracked root but not tracked";
+    }
     example = std::string(rc.sandbox ? "sandbox " : "container ") + rc.pod_namespace + "/" +
               rc.pod_name + (rc.sandbox ? "" : "/" + rc.name) + " (" + rc.id.substr(0, 12) + "): " +
-              (cgroup ? "its cgroup is not below a tracked root (--cgroup-root)"
-                      : "no cgroup of it on this host matches the kubelet's layout");
+              why;
   }
   metrics_.on_coverage(uncovered);
   const size_t before = health_policy_.note_uncovered(uncovered, example);
@@ -355,11 +429,18 @@ void Daemon::check_coverage(const std::vector<pleg::RuntimeContainer>& view) {
 void Daemon::resync_kernel() {
   if (!kernel_ || !kernel_->live()) return;
   const auto ks = kernel_->stats();
-  if (ks.untracked_cgroups > 0) {
-    // The hook reported no mkdir below an untracked cgroup: the index learns those from the
-    // tree, before the kernel starts reporting their execs and exits.
+  const bool lost = ks.lost_reported != lost_at_last_resync_;
+  lost_at_last_resync_ = ks.lost_reported;
+  if (ks.untracked_cgroups > 0 || lost) {
+    // The hook reported no mkdir below an untracked cgroup, and a lost record may have been
+    // any mkdir or rmdir: the index learns those from the tree, before the kernel starts
+    // reporting their execs and exits. One walk per reconcile, and reconciles are spaced.
     if (auto st = index_->seed(ks.cgroup2_mount); !st)
       spdlog::warn("resync: re-reading the cgroup tree: {}", st.error().message);
+  } else if (const size_t dropped = index_->drop_vanished(); dropped > 0) {
+    // Their rmdir records never came (lost, or the cgroup was not tracked then).
+    spdlog::info("resync: {} cgroup index entries of cgroups that no longer exist dropped",
+                 dropped);
   }
   auto r = kernel_->resync_tracked();
   if (!r) {

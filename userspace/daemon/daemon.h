@@ -10,6 +10,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "api/providers.h"
@@ -105,6 +106,9 @@ class Daemon : public api::StateProvider, public api::HealthProvider, public api
   void health_changed();
   // Which running containers of a reconcile's view the kernel path does not see.
   void check_coverage(const std::vector<pleg::RuntimeContainer>& view);
+  // A cgroup refused by its pod's budget (at most once a second per pod): counted, and the pod
+  // named in the log (once per 30 s per pod).
+  void on_over_budget(const kernel::CgroupMkdir& mk);
   // At each reconcile: the kernel's tracked-cgroup map catches up with the tree (cgroups it
   // had no room for, entries of vanished cgroups), the index first when cgroups went untracked.
   void resync_kernel();
@@ -133,6 +137,9 @@ class Daemon : public api::StateProvider, public api::HealthProvider, public api
   std::unique_ptr<criendpoint::ContainerEventFeed> event_feed_;
   std::unique_ptr<criendpoint::CriEndpoint> cri_endpoint_;
   std::atomic<bool> stopped_{false};
+  uint64_t lost_at_last_resync_ = 0;   // reconciler thread only
+  std::mutex over_budget_mu_;
+  std::unordered_map<std::string, std::chrono::steady_clock::time_point> over_budget_logged_;
   std::mutex health_listener_mu_;  // held while the listener runs: unset means never called
   std::function<void()> health_listener_;
 };

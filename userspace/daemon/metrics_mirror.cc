@@ -104,6 +104,14 @@ void MetricsMirror::mirror_kernel(kernel::BpfKernelSource& kernel) {
   metrics_.bpf_not_claimed.with({"exec_hook"}).set(double(b.exec_hook));
   metrics_.bpf_not_claimed.with({"exit_not_init"}).set(double(b.exit_ignored));
   metrics_.bpf_track_full.set(double(b.track_full));
+  metrics_.bpf_over_budget.set(double(b.over_budget));
+  if (b.over_budget > 0) {  // one map walk per scrape only once a pod went over
+    if (auto* p = kernel.program()) {
+      size_t over = 0;
+      for (const auto& [pod, budget] : p->pod_budgets()) over += budget.refused > 0;
+      metrics_.pods_over_budget.set(double(over));
+    }
+  }
   if (auto* p = kernel.program()) metrics_.bpf_tracked_cgroups.set(double(p->tracked_count()));
   metrics_.bpf_tracked_cgroups_capacity.set(double(ks.map_capacity));
   metrics_.untracked_cgroups.set(double(ks.untracked_cgroups));

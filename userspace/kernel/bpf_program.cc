@@ -121,6 +121,10 @@ Result<std::unique_ptr<BpfProgram>> BpfProgram::load(const BpfOptions& opts) {
                 opts.root_names[i].size());
   }
   skel->rodata->root_name_count = opts.root_names.size();
+  skel->rodata->max_cgroups_per_pod = opts.max_cgroups_per_pod;
+  skel->rodata->max_mkdirs_per_pod_per_sec = opts.max_mkdirs_per_pod_per_sec;
+  // At most one budget per tracked cgroup (a pod cgroup is tracked).
+  bpf_map__set_max_entries(skel->maps.pod_budgets, opts.max_tracked_cgroups);
   bpf_map__set_max_entries(skel->maps.events, opts.ringbuf_bytes);
   // The OOM hook is a classic tracepoint (see core_fixes.bpf.h) and needs tracefs; it is
   // attached on its own so that its absence costs only the OOMKilled hint.
@@ -242,7 +246,21 @@ Status BpfProgram::track(uint64_t cgroup_id, const kpleg_tracked_cgroup& value) 
 }
 
 Result<bool> BpfProgram::untrack(uint64_t cgroup_id) {
-  if (bpf_map_delete_elem(tracked_map_fd(), &cgroup_id) == 0) return true;
+  const auto entry = tracked_entry(cgroup_id);
+  if (bpf_map_delete_elem(tracked_map_fd(), &cgroup_id) == 0) {
+    // Its pod's budget: as the rmdir program does.
+    const int fd = bpf_map__fd(skel_->maps.pod_budgets);
+    if (entry && entry->pod_id == cgroup_id) {
+      bpf_map_delete_elem(fd, &cgroup_id);
+    } else if (entry && entry->pod_id != 0) {
+      kpleg_pod_budget b{};
+      if (bpf_map_lookup_elem(fd, &entry->pod_id, &b) == 0 && b.tracked > 0) {
+        --b.tracked;
+        bpf_map_update_elem(fd, &entry->pod_id, &b, BPF_EXIST);
+      }
+    }
+    return true;
+  }
   if (errno == ENOENT) return false;
   return Error::from_errno(errno, "untracking cgroup " + std::to_string(cgroup_id));
 }
@@ -251,6 +269,40 @@ std::vector<uint64_t> BpfProgram::tracked_ids() const {
   std::vector<uint64_t> ids;
   for_each_key<uint64_t>(tracked_map_fd(), [&ids](uint64_t id) { ids.push_back(id); });
   return ids;
+}
+
+std::optional<kpleg_tracked_cgroup> BpfProgram::tracked_entry(uint64_t cgroup_id) const {
+  kpleg_tracked_cgroup v{};
+  if (bpf_map_lookup_elem(tracked_map_fd(), &cgroup_id, &v) != 0) return std::nullopt;
+  return v;
+}
+
+bool BpfProgram::charge_pod(uint64_t pod_id) {
+  // Read, add, write: the program may count a mkdir of the same pod in between, and one of
+  // the two counts is then lost. The loader charges only cgroups the hook never reported, so
+  // this undercounts a pod at most by what it made during a walk.
+  const int fd = bpf_map__fd(skel_->maps.pod_budgets);
+  kpleg_pod_budget b{};
+  if (bpf_map_lookup_elem(fd, &pod_id, &b) != 0) b = {};
+  const uint32_t max = skel_->rodata->max_cgroups_per_pod;
+  if (max != 0 && b.tracked >= max) {
+    ++b.refused;
+    bpf_map_update_elem(fd, &pod_id, &b, BPF_ANY);
+    return false;
+  }
+  ++b.tracked;
+  bpf_map_update_elem(fd, &pod_id, &b, BPF_ANY);
+  return true;
+}
+
+std::vector<std::pair<uint64_t, kpleg_pod_budget>> BpfProgram::pod_budgets() const {
+  std::vector<std::pair<uint64_t, kpleg_pod_budget>> out;
+  const int fd = bpf_map__fd(skel_->maps.pod_budgets);
+  for_each_key<uint64_t>(fd, [&](uint64_t id) {
+    kpleg_pod_budget b{};
+    if (bpf_map_lookup_elem(fd, &id, &b) == 0) out.emplace_back(id, b);
+  });
+  return out;
 }
 
 uint32_t BpfProgram::tracked_capacity() const {
@@ -290,6 +342,7 @@ Result<BpfCounters> BpfProgram::counters() const {
   c.track_full = sums[KPLEG_CNT_TRACK_FULL];
   c.exec_reexec = sums[KPLEG_CNT_EXEC_REEXEC];
   c.exec_hook = sums[KPLEG_CNT_EXEC_HOOK];
+  c.over_budget = sums[KPLEG_CNT_OVER_BUDGET];
   for (int t = 0; t < 5; ++t) c.drops_by_type[t] = sums[KPLEG_CNT_DROPS_MKDIR + t];
   c.drops_by_type[5] = sums[KPLEG_CNT_DROPS_REMOVAL_HINT];
   return c;

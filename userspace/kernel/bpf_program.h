@@ -6,6 +6,8 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -28,6 +30,12 @@ struct BpfOptions {
   // (flagged mkdir records, KernelSink::on_untracked) until a resync finds room.
   uint32_t max_tracked_cgroups = 16384;
   std::vector<std::string> root_names = {"kubepods", "kubepods.slice"};
+  // A pod's budget in the kernel (struct kpleg_pod_budget): cgroups tracked below its pod
+  // cgroup, and mkdirs there per second. A mkdir over either is not tracked (and costs no
+  // record but one a second per pod, KPLEG_FLAG_OVER_BUDGET), so that one workload making
+  // cgroups cannot fill the map for every other pod or the ring buffer. 0: no limit.
+  uint32_t max_cgroups_per_pod = 1024;
+  uint32_t max_mkdirs_per_pod_per_sec = 100;
   std::string btf_path;  // empty: the running kernel's /sys/kernel/btf/vmlinux
   // Attach the removal hint (syscalls:sys_enter_unlinkat and sys_enter_rmdir). Off by
   // default: while any syscall tracepoint is attached, every syscall of every process on the
@@ -46,6 +54,7 @@ struct BpfCounters {
   uint64_t track_full = 0;
   uint64_t exec_reexec = 0;  // runtime self re-execs in a container cgroup, not claimed
   uint64_t exec_hook = 0;    // execs by a child of the cgroup's own process before its first (hooks)
+  uint64_t over_budget = 0;  // mkdirs refused because their pod was over its budget
   uint64_t drops_by_type[kKernelEventKinds] = {};  // by kKernelEventKindNames
 };
 
@@ -104,6 +113,14 @@ class BpfProgram {
   Result<bool> untrack(uint64_t cgroup_id);
   // The ids in the tracked map, in the map's order (a walk of the whole map).
   std::vector<uint64_t> tracked_ids() const;
+  // The entry of a tracked cgroup, nullopt when it is not tracked.
+  std::optional<kpleg_tracked_cgroup> tracked_entry(uint64_t cgroup_id) const;
+  // Counts a cgroup below pod cgroup `pod_id` that the loader tracked (the start-up walk, a
+  // resync) against the pod's budget; false when the pod is over its count (not tracked then).
+  bool charge_pod(uint64_t pod_id);
+  // The budget of every pod cgroup that has one (pods that made no cgroup below theirs have
+  // none), keyed by the pod cgroup's id.
+  std::vector<std::pair<uint64_t, kpleg_pod_budget>> pod_budgets() const;
   bool is_tracked(uint64_t cgroup_id) const;
   size_t tracked_count() const;
   // The map's capacity (BpfOptions::max_tracked_cgroups).

@@ -101,6 +101,7 @@ Result<KernelEvent> decode_event(std::span<const std::byte> rec, DecodeStats* st
       if (hdr.type == KPLEG_EVENT_CGROUP_MKDIR) {
         auto mk = cgroup_event<CgroupMkdir>(raw);
         mk.untracked = (hdr.flags & KPLEG_FLAG_UNTRACKED) != 0;
+        mk.over_budget = (hdr.flags & KPLEG_FLAG_OVER_BUDGET) != 0;
         ev.body = std::move(mk);
       } else {
         ev.body = cgroup_event<CgroupRmdir>(raw);
@@ -164,6 +165,7 @@ std::string to_json_line(const KernelEvent& ev) {
           if (b.path_truncated) j["path_truncated"] = true;
           if constexpr (std::is_same_v<T, CgroupMkdir>) {
             if (b.untracked) j["untracked"] = true;
+            if (b.over_budget) j["over_budget"] = true;
           }
         } else if constexpr (std::is_same_v<T, ProcessExec>) {
           j["pid"] = b.pid;

@@ -40,7 +40,10 @@ static_assert(offsetof(kpleg_exit_event, signal) == 32);
 static_assert(sizeof(kpleg_oom_event) == 16 + 8 + 8);
 static_assert(sizeof(kpleg_removal_hint_event) == 16 + KPLEG_ID_LEN);
 static_assert(offsetof(kpleg_removal_hint_event, id) == 16);
-static_assert(sizeof(kpleg_tracked_cgroup) == 24);
+static_assert(sizeof(kpleg_tracked_cgroup) == 40);
+static_assert(offsetof(kpleg_tracked_cgroup, parent_id) == 24);
+static_assert(offsetof(kpleg_tracked_cgroup, pod_id) == 32);
+static_assert(sizeof(kpleg_pod_budget) == 40);
 static_assert(sizeof(kpleg_cgroup_event) % 8 == 0 && sizeof(kpleg_exec_event) % 8 == 0 &&
               sizeof(kpleg_exit_event) % 8 == 0 && sizeof(kpleg_oom_event) % 8 == 0);
 
@@ -53,6 +56,9 @@ struct CgroupMkdir {
   // Under a tracked root, but the kernel's tracked-cgroup map was full: nothing that happens in
   // this cgroup (or below it) reaches userspace until a resync tracks it.
   bool untracked = false;
+  // Not tracked because its pod is over its budget (then untracked is set too): the cost of
+  // that pod's cgroups stays with it. At most one such record per pod and second.
+  bool over_budget = false;
 };
 
 struct CgroupRmdir {

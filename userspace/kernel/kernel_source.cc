@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <string_view>
 #include <fstream>
 #include <set>
 #include <vector>
@@ -52,14 +53,14 @@ uint32_t find_init(const std::vector<uint32_t>& pids) {
   return best;
 }
 
-// A runtime's init that has not exec'd the entrypoint yet: the container is created, not
-// started (runc's `runc:[2:INIT]`, or the runtime binary itself waiting for `start`). Its
-// entrypoint's exec is then the start still to come, not one that happened before kpleg.
-bool is_runtime_init(uint32_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/comm");
-  std::string comm;
-  if (!std::getline(in, comm)) return false;
-  return comm.rfind("runc:[", 0) == 0 || comm == "runc" || comm == "crun" || comm == "youki";
+// A QoS level right below a root, by name, as the mkdir program decides (cgroup__name_is_qos).
+bool is_qos_name(const std::string& name) {
+  auto ends_with = [&](std::string_view suffix) {
+    return name.size() >= suffix.size() &&
+           name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  return name == "burstable" || name == "besteffort" || ends_with("-burstable.slice") ||
+         ends_with("-besteffort.slice");
 }
 
 std::vector<uint32_t> read_procs(const fs::path& dir) {
@@ -144,29 +145,59 @@ Status BpfKernelSource::start(KernelSink sink) {
 
 Status BpfKernelSource::walk_and_track(const std::string& root, Walk& out) {
   const auto& names = opts_.bpf.root_names;
-  // Depth-first, parent before children; `tracked` says whether the dir is at/below a root.
-  std::vector<std::pair<fs::path, bool>> stack{{fs::path(root), false}};
+  // Depth-first, parent before children. What a directory's children inherit: whether they are
+  // at or below a root, and the parent's id, kind and pod (as the mkdir program derives them).
+  struct Visit {
+    fs::path dir;
+    bool parent_tracked = false;
+    uint64_t parent_id = 0;
+    uint32_t parent_kind = 0;
+    uint64_t parent_pod = 0;
+  };
+  std::vector<Visit> stack{{fs::path(root)}};
   while (!stack.empty()) {
-    auto [dir, parent_tracked] = stack.back();
+    Visit at = std::move(stack.back());
     stack.pop_back();
-    bool tracked = parent_tracked;
+    const fs::path& dir = at.dir;
+    bool tracked = at.parent_tracked;
+    uint64_t id = 0;
+    kpleg_tracked_cgroup v{};
     if (dir != fs::path(root)) {
-      bool is_root = std::find(names.begin(), names.end(), dir.filename().string()) != names.end();
-      if (parent_tracked || is_root) {
+      const std::string name = dir.filename().string();
+      bool is_root = std::find(names.begin(), names.end(), name) != names.end();
+      if (at.parent_tracked || is_root) {
         struct stat st;
         if (stat(dir.c_str(), &st) != 0) continue;  // removed meanwhile
-        uint64_t id = st.st_ino;
+        id = st.st_ino;
         out.seen.push_back(id);
-        kpleg_tracked_cgroup v{};
-        v.kind = parent_tracked ? KPLEG_TRACKED_DESCENDANT : KPLEG_TRACKED_ROOT;
-        auto pids = read_procs(dir);
-        if (!pids.empty() && !std::all_of(pids.begin(), pids.end(), is_runtime_init)) {
-          // Already running: its start happened before kpleg; its init's exit is still news.
-          v.exec_seen = 1;
+        if (!at.parent_tracked) {
+          v.kind = KPLEG_TRACKED_ROOT;
+        } else {
+          v.kind = KPLEG_TRACKED_DESCENDANT;
+          v.parent_id = at.parent_id;
+          if (at.parent_kind == KPLEG_TRACKED_ROOT && is_qos_name(name))
+            v.kind = KPLEG_TRACKED_QOS;
+          else if (at.parent_kind == KPLEG_TRACKED_ROOT || at.parent_kind == KPLEG_TRACKED_QOS)
+            v.pod_id = id;
+          else
+            v.pod_id = at.parent_pod;
+        }
+        // Processes in it: its start happened before kpleg, its init's exit is still news. A
+        // created container whose runtime init waits for StartContainer looks the same here,
+        // and nothing a process controls (its name) may tell them apart: the exec program
+        // still takes that init's own exec for the start (KPLEG_EXEC_SEEDED), anyone else's not.
+        if (auto pids = read_procs(dir); !pids.empty()) {
+          v.exec_seen = KPLEG_EXEC_SEEDED;
           v.init_tgid = find_init(pids);
         }
-        // BPF_NOEXIST: an entry the kernel wrote meanwhile (with what it saw) stays as it is.
-        if (bpf_map_update_elem(program_->tracked_map_fd(), &id, &v, BPF_NOEXIST) == 0) {
+        const bool counted = v.pod_id != 0 && v.pod_id != id;
+        if (counted && program_->is_tracked(id)) {
+          // Already there (the hook, or an earlier walk): counted then.
+        } else if (counted && !program_->charge_pod(v.pod_id)) {
+          ++out.over_budget;
+          continue;  // over its pod's budget: neither it nor anything below it is tracked
+        } else if (bpf_map_update_elem(program_->tracked_map_fd(), &id, &v, BPF_NOEXIST) == 0) {
+          // BPF_NOEXIST: an entry the kernel wrote meanwhile (with what it saw) stays as it is.
           ++out.added;
         } else if (errno == E2BIG) {
           ++out.full;  // the map is full: the walk goes on, a later resync may find room
@@ -174,18 +205,26 @@ Status BpfKernelSource::walk_and_track(const std::string& root, Walk& out) {
           return Error::from_errno(errno, "tracking cgroup " + dir.string());
         }
         tracked = true;
+        if (auto in_map = program_->tracked_entry(id)) v = *in_map;
       }
     }
     std::error_code ec;
     for (const auto& entry : fs::directory_iterator(dir, ec)) {
       std::error_code ec2;
       if (entry.is_directory(ec2) && !entry.is_symlink(ec2))
-        stack.emplace_back(entry.path(), tracked);
+        stack.push_back({entry.path(), tracked, id, v.kind, v.pod_id});
     }
     // A directory that vanished is fine; one that could not be read hides its subtree.
     if (ec && ec != std::errc::no_such_file_or_directory) out.complete = false;
   }
   return {};
+}
+
+std::optional<uint64_t> BpfKernelSource::tracked_parent(uint64_t cgroup_id) const {
+  if (!program_) return std::nullopt;
+  auto v = program_->tracked_entry(cgroup_id);
+  if (!v || v->parent_id == 0) return std::nullopt;
+  return v->parent_id;
 }
 
 Result<ResyncResult> BpfKernelSource::resync_tracked() {
@@ -232,6 +271,13 @@ int BpfKernelSource::on_record(void* ctx, void* data, size_t size) {
     return 0;
   }
   self->received_.fetch_add(1, std::memory_order_relaxed);
+  if (const auto* mk = std::get_if<CgroupMkdir>(&ev->body); mk != nullptr && mk->over_budget) {
+    // Its pod's own cost, not the map's: no resync can make room for it, and no other pod is
+    // short of anything.
+    self->over_budget_notices_.fetch_add(1, std::memory_order_relaxed);
+    if (self->sink_.on_over_budget) self->sink_.on_over_budget(*mk);
+    return 0;
+  }
   if (const auto* mk = std::get_if<CgroupMkdir>(&ev->body); mk != nullptr && mk->untracked) {
     self->untracked_.fetch_add(1);
     uint64_t left_out = 0;
@@ -327,6 +373,7 @@ KernelSourceStats BpfKernelSource::stats() const {
   s.untracked_cgroups = untracked_.load();
   s.stale_removed = stale_removed_.load();
   s.map_capacity = opts_.bpf.max_tracked_cgroups;
+  s.over_budget_notices = over_budget_notices_.load(std::memory_order_relaxed);
   s.cgroup2_mount = cgroup2_mount_;
   return s;
 }

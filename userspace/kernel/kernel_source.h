@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -40,6 +41,9 @@ struct KernelSink {
   // A cgroup under a tracked root was made while the kernel's tracked-cgroup map was full:
   // nothing in it is seen until resync_tracked() finds room. Called on the consumer thread.
   std::function<void(const std::string& path)> on_untracked;
+  // A cgroup was not tracked because its pod is over its budget (BpfOptions): at most once a
+  // second per pod, on the consumer thread. The record is not handed to on_event.
+  std::function<void(const CgroupMkdir&)> on_over_budget;
 };
 
 // What one resync_tracked() did.
@@ -63,6 +67,7 @@ struct KernelSourceStats {
   uint64_t untracked_cgroups = 0;
   uint64_t stale_removed = 0;    // entries removed by resyncs
   uint32_t map_capacity = 0;     // BpfOptions::max_tracked_cgroups
+  uint64_t over_budget_notices = 0;  // KPLEG_FLAG_OVER_BUDGET records received
   std::string cgroup2_mount;
 };
 
@@ -100,10 +105,14 @@ class BpfKernelSource final : public KernelSource {
   // entry the kernel adds during the walk is never removed. One resync at a time.
   Result<ResyncResult> resync_tracked();
 
+  // The parent of a tracked cgroup, as the kernel saw it made (nullopt: untracked, or a root).
+  std::optional<uint64_t> tracked_parent(uint64_t cgroup_id) const;
+
  private:
   struct Walk {
     size_t added = 0;
     size_t full = 0;
+    size_t over_budget = 0;  // not tracked: their pod is over its count
     bool complete = true;
     std::vector<uint64_t> seen;  // every cgroup at or below a tracked root
   };
@@ -129,6 +138,7 @@ class BpfKernelSource final : public KernelSource {
   std::mutex resync_mu_;
   std::atomic<uint64_t> untracked_{0};        // since the last resync
   std::atomic<uint64_t> stale_removed_{0};
+  std::atomic<uint64_t> over_budget_notices_{0};
   LogLimiter untracked_log_{std::chrono::seconds(10)};
 };
 

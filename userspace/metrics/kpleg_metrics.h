@@ -105,6 +105,11 @@ struct KplegMetrics {
   // kpleg_untracked_cgroups: cgroups under a tracked root not tracked now (0 after a resync
   //   placed them all); kpleg_stale_tracked_cgroups_removed_total: entries of vanished cgroups
   //   removed at reconcile.
+  // kpleg_bpf_over_budget_total: mkdirs not tracked because their pod was over its budget
+  //   (--max-cgroups-per-pod, --max-cgroup-mkdirs-per-pod); kpleg_pods_over_budget: pods that
+  //   have had a cgroup refused (the log names them).
+  Counter& bpf_over_budget;
+  Gauge& pods_over_budget;
   Counter& bpf_emitted;
   Counter& bpf_filtered;
   Family<Counter>& bpf_ringbuf_drops;

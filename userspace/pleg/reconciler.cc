@@ -6,8 +6,9 @@
 
 namespace kpleg::pleg {
 
-Reconciler::Reconciler(cri::CriClient& cri, Tracker& tracker, std::chrono::milliseconds period)
-    : cri_(cri), tracker_(tracker), period_(period) {}
+Reconciler::Reconciler(cri::CriClient& cri, Tracker& tracker, std::chrono::milliseconds period,
+                       std::chrono::milliseconds min_spacing)
+    : cri_(cri), tracker_(tracker), period_(period), min_spacing_(min_spacing) {}
 
 Reconciler::~Reconciler() { stop(); }
 
@@ -17,6 +18,7 @@ Status Reconciler::start(std::chrono::milliseconds wait) {
     auto st = run_once("start", true);
     {
       std::lock_guard lk(mu_);
+      last_end_ = std::chrono::steady_clock::now();
       initial_finished_ = true;
       initial_status_ = st;
     }
@@ -43,7 +45,10 @@ void Reconciler::stop() {
 void Reconciler::request(const std::string& reason) {
   {
     std::lock_guard lk(mu_);
-    if (!requested_) requested_ = reason;
+    if (!requested_)
+      requested_ = reason;
+    else
+      ++stats_.coalesced;
     ++stats_.requested;
   }
   cv_.notify_all();
@@ -99,12 +104,18 @@ void Reconciler::loop() {
                    : std::min(next, std::chrono::steady_clock::now() + std::chrono::seconds(1));
     cv_.wait_until(lk, due, [&] { return stopping_ || requested_.has_value(); });
     if (stopping_) break;
+    if (requested_ && last_end_) {
+      // Asked for: not before min_spacing_ after the last run; asks meanwhile join this one.
+      cv_.wait_until(lk, *last_end_ + min_spacing_, [&] { return stopping_; });
+      if (stopping_) break;
+    }
     std::string reason = requested_ ? *requested_ : "period";
     requested_.reset();
     if (std::chrono::steady_clock::now() >= next) next = std::chrono::steady_clock::now() + period_;
     lk.unlock();
     (void)run_once(reason, false);
     lk.lock();
+    last_end_ = std::chrono::steady_clock::now();
   }
 }
 

@@ -23,6 +23,7 @@ struct ReconcilerStats {
   uint64_t runs = 0;
   uint64_t failures = 0;
   uint64_t requested = 0;  // runs asked for out of schedule
+  uint64_t coalesced = 0;  // requests that found one pending and joined it
   std::optional<std::chrono::system_clock::time_point> last_success;  // for people
   // The same on the monotonic clock, for ages: a step of the wall clock (NTP, a VM resumed)
   // must not make the last success look an hour old, or from the future.
@@ -37,7 +38,11 @@ struct ReconcilerStats {
 
 class Reconciler {
  public:
-  Reconciler(cri::CriClient& cri, Tracker& tracker, std::chrono::milliseconds period);
+  // Runs asked for (request()) start at least `min_spacing` after the previous run ended:
+  // whatever asks meanwhile is coalesced into that one run, so no signal, however frequent
+  // (a workload's cgroup storm, repeated losses), relists the node back to back.
+  Reconciler(cri::CriClient& cri, Tracker& tracker, std::chrono::milliseconds period,
+             std::chrono::milliseconds min_spacing = std::chrono::seconds(1));
   ~Reconciler();
 
   // Starts the thread, whose first run is the initial sync, and waits up to `wait` for it: its
@@ -63,6 +68,8 @@ class Reconciler {
   cri::CriClient& cri_;
   Tracker& tracker_;
   std::chrono::milliseconds period_;
+  std::chrono::milliseconds min_spacing_;
+  std::optional<std::chrono::steady_clock::time_point> last_end_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;

@@ -58,24 +58,17 @@ void Tracker::on_kernel_event(const kernel::KernelEvent& ev) {
     return;
   }
   const bool rmdir = std::holds_alternative<kernel::CgroupRmdir>(ev.body);
-  auto entry = index_.lookup(ev.cgroup_id());
+  auto entry = rmdir ? index_.lookup(ev.cgroup_id()) : entry_of(ev);
   // The container's own cgroup is the oldest that claims its id; a younger one is a look-alike
   // (found before an rmdir drops the claim).
   std::optional<uint64_t> holder;
   if (entry && entry->identity.kind == cgroup::Kind::kContainerOrSandbox)
     holder = index_.find_container(entry->identity.container_id);
-  if (rmdir) index_.on_rmdir(ev.cgroup_id());
-  if (!entry) {
-    if (!rmdir) {
-      {
-        std::lock_guard lk(core_.mu);
-        ++core_.stats.unresolved_signals;
-      }
-      core_.inconsistent("kernel " + std::string(ev.kind()) + " for unknown cgroup " +
-                         std::to_string(ev.cgroup_id()));
-    }
-    return;
+  if (rmdir) {
+    index_.on_rmdir(ev.cgroup_id());
+    unresolved_.erase(ev.cgroup_id());
   }
+  if (!entry) return;
   // A cgroup below a container's (nested) belongs to that container and costs nothing.
   if (entry->identity.kind != cgroup::Kind::kContainerOrSandbox) return;
   if (holder && *holder != ev.cgroup_id()) {
@@ -108,6 +101,36 @@ void Tracker::on_kernel_event(const kernel::KernelEvent& ev) {
   }
   confirmer_.on_signal(entry->identity.container_id, entry->identity.pod_uid, signal,
                        kernel::monotonic_to_realtime_ns(ev.ktime_ns));
+}
+
+std::optional<cgroup::CgroupIndex::Entry> Tracker::entry_of(const kernel::KernelEvent& ev) {
+  const uint64_t id = ev.cgroup_id();
+  if (auto entry = index_.lookup(id)) return entry;
+  {
+    std::lock_guard lk(core_.mu);
+    ++core_.stats.unresolved_signals;
+  }
+  // Asked once already: a workload's exec loop in such a cgroup must not relist the node on
+  // every exec.
+  if (unresolved_.count(id) > 0) {
+    std::lock_guard lk(core_.mu);
+    ++core_.stats.unresolved_repeats;
+    return std::nullopt;
+  }
+  // Most likely its mkdir record was lost: the kernel tracks it, the index never heard of it.
+  // Found from its parent, it is indexed, and this signal is an ordinary one.
+  if (parent_of_) {
+    if (auto entry = index_.resolve(id, parent_of_)) {
+      std::lock_guard lk(core_.mu);
+      ++core_.stats.resolved_cgroups;
+      return entry;
+    }
+  }
+  if (unresolved_.size() >= kMaxUnresolved) unresolved_.clear();
+  unresolved_.insert(id);
+  core_.inconsistent("kernel " + std::string(ev.kind()) + " for unknown cgroup " +
+                     std::to_string(id));
+  return std::nullopt;
 }
 
 void Tracker::reconcile(const std::vector<RuntimeContainer>& view, bool initial) {

@@ -19,6 +19,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
+#include <unordered_set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -65,6 +67,11 @@ class Tracker {
   // Called when the tracker finds itself inconsistent (a signal for an unknown cgroup): the
   // daemon reconciles at once.
   void set_inconsistency_handler(std::function<void(const std::string& reason)> fn);
+  // How a signal for a cgroup the index does not know is resolved before anything else: the
+  // kernel's record of the cgroup's parent (CgroupIndex::resolve). Set before events flow.
+  void set_cgroup_parents(cgroup::CgroupIndex::ParentOf parent_of) {
+    parent_of_ = std::move(parent_of);
+  }
 
   TrackerStats stats() const;
   std::vector<TrackedContainer> containers() const;
@@ -76,7 +83,16 @@ class Tracker {
   void stop();
 
  private:
+  // The index entry of an event's cgroup; resolves one the index missed (a lost mkdir record).
+  std::optional<cgroup::CgroupIndex::Entry> entry_of(const kernel::KernelEvent& ev);
+
   cgroup::CgroupIndex& index_;
+  cgroup::CgroupIndex::ParentOf parent_of_;
+  // Cgroups that the index could not resolve and that have asked for their reconcile already:
+  // their further signals cost a counter, not another reconcile each (until their rmdir). Only
+  // the ring-buffer thread uses it. Bounded: forgotten all at once when full.
+  static constexpr size_t kMaxUnresolved = 4096;
+  std::unordered_set<uint64_t> unresolved_;
   LogLimiter lookalike_log_{std::chrono::seconds(10)};  // on the ring-buffer thread: rare lines
   TrackerCore core_;
   Confirmer confirmer_;

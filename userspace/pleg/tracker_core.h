@@ -65,6 +65,8 @@ struct TrackerOptions {
 struct TrackerStats {
   uint64_t kernel_signals = 0;      // kernel events that mapped to a container
   uint64_t unresolved_signals = 0;  // kernel events for cgroups the index does not know
+  uint64_t resolved_cgroups = 0;     // ... that it then found (their mkdir record was lost)
+  uint64_t unresolved_repeats = 0;   // ... for one that asked for its reconcile already
   uint64_t confirmations = 0;       // targeted CRI confirmations that changed state
   uint64_t confirm_retries = 0;
   uint64_t confirm_failures = 0;    // still unsettled after the budget (it keeps looking)

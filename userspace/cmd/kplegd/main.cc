@@ -289,6 +289,15 @@ int main(int argc, char** argv) {
                  "until a reconcile finds room, and health says so")
       ->check(CLI::Range(kernel::kMinTrackedCgroups, kernel::kMaxTrackedCgroups))
       ->capture_default_str();
+  app.add_option("--max-cgroups-per-pod", opts.kernel.bpf.max_cgroups_per_pod,
+                 "A pod's budget of tracked cgroups below its pod cgroup (what its containers "
+                 "nest: DinD, systemd in a container); a cgroup over it is not tracked, counted "
+                 "and the pod named in the log, so that one pod cannot fill the map (0: none)")
+      ->capture_default_str();
+  app.add_option("--max-cgroup-mkdirs-per-pod", opts.kernel.bpf.max_mkdirs_per_pod_per_sec,
+                 "A pod's budget of cgroups made per second below its pod cgroup; one over it "
+                 "is not tracked, counted and the pod named (0: none)")
+      ->capture_default_str();
   app.add_option("--kernel-btf", opts.kernel.bpf.btf_path,
                  "BTF file of the running kernel (default: /sys/kernel/btf/vmlinux)");
   app.add_option("--cgroup-fs", opts.kernel.cgroup_base,
