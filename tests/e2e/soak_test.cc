@@ -18,6 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -30,6 +31,7 @@
 
 #include "e2e/e2e_support.h"
 #include "e2e/node_probes.h"
+#include "pleg/event.h"
 #include "support/scratch_cgroup.h"
 
 namespace kpleg::testing {
@@ -109,6 +111,7 @@ TEST_F(SoakTest, ChurnBesideANoisyPodManyConsumersTrickledProbesAndAFrozenRuntim
       {run_for / 4, run_for / 6}, {run_for * 3 / 5, run_for / 6}};
   size_t freeze = 0;
   std::optional<Clock::time_point> thaw_at;
+  std::vector<std::pair<int64_t, int64_t>> frozen;  // CLOCK_REALTIME ns, as kpleg-load logs
   auto containerd = TestBed::instance().containerd_pid();
   ASSERT_TRUE(containerd.ok()) << containerd.error().message;
   struct Thaw {
@@ -126,11 +129,13 @@ TEST_F(SoakTest, ChurnBesideANoisyPodManyConsumersTrickledProbesAndAFrozenRuntim
     if (freeze < freezes.size() && !thaw_at && now - t0 >= freezes[freeze].first) {
       ASSERT_EQ(kill(*containerd, SIGSTOP), 0);
       thaw_at = now + freezes[freeze].second;
+      frozen.push_back({int64_t(pleg::realtime_now_ns()), 0});
       std::printf("soak: runtime frozen at %lld s\n",
                   (long long)std::chrono::duration_cast<std::chrono::seconds>(now - t0).count());
     }
     if (thaw_at && now >= *thaw_at) {
       kill(*containerd, SIGCONT);
+      frozen.back().second = int64_t(pleg::realtime_now_ns());
       thaw_at.reset();
       ++freeze;
     }
@@ -172,16 +177,27 @@ TEST_F(SoakTest, ChurnBesideANoisyPodManyConsumersTrickledProbesAndAFrozenRuntim
     }
   }
   ASSERT_TRUE(result.ok()) << result.error().message;
-  EXPECT_EQ(result->exit_code, 0) << result->err.substr(0, 2000);
+  EXPECT_LE(result->exit_code, 1) << result->err.substr(0, 2000);
   EXPECT_EQ(kill(kplegd.pid(), 0), 0) << "kplegd died";
 
-  // What the churn did, from its log of CRI calls.
+  // What the churn did, from its log of CRI calls. Its calls fail while the runtime is frozen
+  // (their deadline passes), and only then: it exits 1 for those, never gives up.
   std::map<std::string, std::pair<bool, bool>> lives;  // id -> (started, stopped)
+  int failed_calls = 0;
   for (const auto& line : lines_of(result->out)) {
     auto j = json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.contains("call") || !j.value("ok", false) ||
-        !j.contains("container_id"))
+    if (j.is_discarded()) continue;
+    if (j.value("op", "") == "churn") EXPECT_EQ(j.value("teardown_failures", -1), 0) << line;
+    if (j.contains("call") && !j.value("ok", true)) {
+      ++failed_calls;
+      const int64_t end = j.value("t_end_ns", int64_t(0));
+      const bool in_freeze = std::any_of(frozen.begin(), frozen.end(), [&](const auto& f) {
+        return end >= f.first && end <= f.second + 5'000'000'000;
+      });
+      EXPECT_TRUE(in_freeze) << "a CRI call failed outside the runtime's freezes: " << line;
       continue;
+    }
+    if (!j.contains("call") || !j.contains("container_id")) continue;
     auto& life = lives[j["container_id"].get<std::string>()];
     if (j["call"] == "StartContainer") life.first = true;
     if (j["call"] == "StopContainer") life.second = true;
@@ -221,10 +237,10 @@ TEST_F(SoakTest, ChurnBesideANoisyPodManyConsumersTrickledProbesAndAFrozenRuntim
   for (size_t i = rss.size() * 2 / 3; i < rss.size(); ++i) late_peak = std::max(late_peak, rss[i]);
   EXPECT_LE(late_peak, base * 13 / 10 + 16 * 1024) << "RSS grew from " << base << " to "
                                                    << late_peak << " KiB";
-  std::printf("soak: %d s, %d churn containers: %d missed, %d duplicated; liveness %d/%d answered "
+  std::printf("soak: %d s, %d churn containers (%d CRI calls failed while frozen): %d missed, %d duplicated; liveness %d/%d answered "
               "(worst run of failures %d); RSS %ld -> %ld KiB (last third's peak); %ld cgroup "
               "storm loops; %d trickling connections cut off\n",
-              seconds, checked, missed, duplicated, live_asked - live_failed, live_asked, worst_run,
+              seconds, checked, failed_calls, missed, duplicated, live_asked - live_failed, live_asked, worst_run,
               base, late_peak, cgroup_loops.load(), tricklers.cut_off());
   EXPECT_EQ(kplegd.stop(), 0);
 }
