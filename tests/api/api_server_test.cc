@@ -895,6 +895,13 @@ extendedKeyUsage=serverAuth"
   }
   bool ok() const { return ok_; }
   std::string file(const std::string& name) const { return dir_.path() + "/" + name; }
+  // A client of the server at `addr` that trusts "ca" and presents `who`'s certificate.
+  api::ClientOptions client(const std::string& addr, const std::string& who) const {
+    return {.address = addr,
+            .tls_ca_file = file("ca.crt"),
+            .tls_cert_file = file(who + ".crt"),
+            .tls_key_file = file(who + ".key")};
+  }
 
  private:
   TempDir dir_;
@@ -962,12 +969,7 @@ TEST(ApiServerTls, OnlyAllowedClientIdentitiesGetIn) {
   auto st = h.start();
   ASSERT_TRUE(st.ok()) << st.error().message;
   const std::string addr = "127.0.0.1:" + std::to_string(h.server->tcp_port());
-  auto as = [&](const std::string& who) {
-    return api::ClientOptions{.address = addr,
-                              .tls_ca_file = certs.file("ca.crt"),
-                              .tls_cert_file = certs.file(who + ".crt"),
-                              .tls_key_file = certs.file(who + ".key")};
-  };
+  auto as = [&](const std::string& who) { return certs.client(addr, who); };
   EXPECT_EQ(stats_over(as("client")), grpc::StatusCode::OK) << "allowed by CN:";
   EXPECT_EQ(stats_over(as("agent")), grpc::StatusCode::OK) << "allowed by subjectAltName DNS";
   EXPECT_EQ(stats_over(as("byip")), grpc::StatusCode::OK) << "allowed by subjectAltName IP";
@@ -995,10 +997,7 @@ TEST(ApiServerTls, EachCertificateIdentityHoldsAtMostItsShareOfWatchers) {
   ASSERT_TRUE(h.start().ok());
   const std::string addr = "127.0.0.1:" + std::to_string(h.server->tcp_port());
   auto channel_as = [&](const std::string& who) {
-    auto ch = api::connect_channel({.address = addr,
-                                    .tls_ca_file = certs.file("ca.crt"),
-                                    .tls_cert_file = certs.file(who + ".crt"),
-                                    .tls_key_file = certs.file(who + ".key")});
+    auto ch = api::connect_channel(certs.client(addr, who));
     EXPECT_TRUE(ch.ok());
     return *ch;
   };

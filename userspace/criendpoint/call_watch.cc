@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "criforward/forwarder.h"
+
 #include "criendpoint/request_subject.h"
 
 namespace kpleg::criendpoint {
@@ -34,21 +36,11 @@ class WatchedCall final : public criforward::CallHooks {
   cri::InflightCalls::Ticket ticket_;
 };
 
-namespace {
-
-class Refuse final : public grpc::ServerGenericBidiReactor {
- public:
-  explicit Refuse(grpc::Status st) { Finish(std::move(st)); }
-  void OnDone() override { delete this; }
-};
-
-}  // namespace
-
 grpc::ServerGenericBidiReactor* CallWatch::admit(std::string_view who) {
   if (max_calls_ > 0 && in_flight_.fetch_add(1) >= max_calls_) {
     in_flight_.fetch_sub(1);
     refused_.fetch_add(1, std::memory_order_relaxed);
-    return new Refuse(grpc::Status(
+    return criforward::refuse_call(grpc::Status(
         grpc::StatusCode::RESOURCE_EXHAUSTED,
         std::string(who) + ": " + std::to_string(max_calls_) + " calls in flight already"));
   }

@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include "criforward/forwarder.h"
+
 #include <deque>
 #include <optional>
 
@@ -129,16 +131,6 @@ class EventStream final : public grpc::ServerGenericBidiReactor {
   grpc::ByteBuffer request_;
 };
 
-namespace {
-
-class Refuse final : public grpc::ServerGenericBidiReactor {
- public:
-  explicit Refuse(grpc::Status st) { Finish(std::move(st)); }
-  void OnDone() override { delete this; }
-};
-
-}  // namespace
-
 EventStreams::EventStreams(ContainerEventFeed& feed, std::string who, size_t max_queued_events,
                            size_t max_streams)
     : feed_(feed),
@@ -153,10 +145,11 @@ grpc::ServerGenericBidiReactor* EventStreams::open() {
   {
     std::lock_guard lk(mu_);
     if (ended_)
-      return new Refuse(grpc::Status(grpc::StatusCode::UNAVAILABLE, who_ + " is stopping"));
+      return criforward::refuse_call(
+          grpc::Status(grpc::StatusCode::UNAVAILABLE, who_ + " is stopping"));
     if (streams_.size() >= max_streams_) {
       ++stats_.refused;
-      return new Refuse(grpc::Status(
+      return criforward::refuse_call(grpc::Status(
           grpc::StatusCode::RESOURCE_EXHAUSTED,
           who_ + ": " + std::to_string(max_streams_) + " GetContainerEvents streams open already"));
     }

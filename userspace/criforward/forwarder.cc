@@ -488,4 +488,18 @@ void Forwarder::stop() {
   bound_.reset();  // removes the socket file if it is still this forwarder's
 }
 
+namespace {
+
+class Refuse final : public grpc::ServerGenericBidiReactor {
+ public:
+  explicit Refuse(grpc::Status st) { Finish(std::move(st)); }
+  void OnDone() override { delete this; }
+};
+
+}  // namespace
+
+grpc::ServerGenericBidiReactor* refuse_call(grpc::Status status) {
+  return new Refuse(std::move(status));
+}
+
 }  // namespace kpleg::criforward

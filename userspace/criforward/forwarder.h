@@ -151,5 +151,8 @@ class Forwarder {
 std::string flatten(const grpc::ByteBuffer& buffer);
 // A message as a ByteBuffer (for sending it).
 grpc::ByteBuffer to_buffer(const std::string& bytes);
+// A reactor that ends its call at once with `status` (a call refused before it is forwarded);
+// it deletes itself when done.
+grpc::ServerGenericBidiReactor* refuse_call(grpc::Status status);
 
 }  // namespace kpleg::criforward

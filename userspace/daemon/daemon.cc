@@ -305,27 +305,20 @@ api::StateSnapshot Daemon::snapshot() {
   return snap;
 }
 
-api::HealthReport Daemon::health() {
-  return health_policy_.health({.cri = *cri_,
-                                .inflight = *inflight_,
-                                .ebpf = active_ == Mode::kEbpf,
-                                .kernel = kernel_.get(),
-                                .reconciler = reconciler_.get(),
-                                .tracker = tracker_.get(),
-                                .relist = relist_.get(),
-                                .fallback_reason = fallback_reason_});
+HealthPolicy::Components Daemon::health_components() {
+  return {.cri = *cri_,
+          .inflight = *inflight_,
+          .ebpf = active_ == Mode::kEbpf,
+          .kernel = kernel_.get(),
+          .reconciler = reconciler_.get(),
+          .tracker = tracker_.get(),
+          .relist = relist_.get(),
+          .fallback_reason = fallback_reason_};
 }
 
-api::HealthReport Daemon::liveness() {
-  return health_policy_.liveness({.cri = *cri_,
-                                  .inflight = *inflight_,
-                                  .ebpf = active_ == Mode::kEbpf,
-                                  .kernel = kernel_.get(),
-                                  .reconciler = reconciler_.get(),
-                                  .tracker = tracker_.get(),
-                                  .relist = relist_.get(),
-                                  .fallback_reason = fallback_reason_});
-}
+api::HealthReport Daemon::health() { return health_policy_.health(health_components()); }
+
+api::HealthReport Daemon::liveness() { return health_policy_.liveness(health_components()); }
 
 void Daemon::on_over_budget(const kernel::CgroupMkdir& mk) {
   // The pod: from the refused cgroup's parent (tracked, so the pod's or below it), else from

@@ -104,6 +104,8 @@ class Daemon : public api::StateProvider, public api::HealthProvider, public api
   void start_removal_hints();
   // An input of health() changed: tells the health listener.
   void health_changed();
+  // What the health policy reads, for readiness and liveness alike.
+  HealthPolicy::Components health_components();
   // Which running containers of a reconcile's view the kernel path does not see.
   void check_coverage(const std::vector<pleg::RuntimeContainer>& view);
   // A cgroup refused by its pod's budget (at most once a second per pod): counted, and the pod
