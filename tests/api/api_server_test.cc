@@ -895,6 +895,14 @@ extendedKeyUsage=serverAuth"
   }
   bool ok() const { return ok_; }
   std::string file(const std::string& name) const { return dir_.path() + "/" + name; }
+  // A server on a free loopback port with the "server" certificate, requiring certificates from
+  // "ca".
+  api::ApiServerOptions mutual_tls_server() const {
+    return {.listen_address = "127.0.0.1:0",
+            .tls_cert_file = file("server.crt"),
+            .tls_key_file = file("server.key"),
+            .tls_client_ca_file = file("ca.crt")};
+  }
   // A client of the server at `addr` that trusts "ca" and presents `who`'s certificate.
   api::ClientOptions client(const std::string& addr, const std::string& who) const {
     return {.address = addr,
@@ -922,10 +930,7 @@ TEST(ApiServerTls, ClientCertificateIsRequiredWhenAClientCaIsGiven) {
                         "openssl CLI not installed (Debian package openssl)");
   Certs certs;
   ASSERT_TRUE(certs.ok()) << "openssl failed to make the test certificates";
-  ServerHarness h(api::ApiServerOptions{.listen_address = "127.0.0.1:0",
-                                        .tls_cert_file = certs.file("server.crt"),
-                                        .tls_key_file = certs.file("server.key"),
-                                        .tls_client_ca_file = certs.file("ca.crt")});
+  ServerHarness h(certs.mutual_tls_server());
   auto st = h.start();
   ASSERT_TRUE(st.ok()) << st.error().message;
   const std::string addr = "127.0.0.1:" + std::to_string(h.server->tcp_port());
@@ -960,10 +965,7 @@ TEST(ApiServerTls, OnlyAllowedClientIdentitiesGetIn) {
                         "openssl CLI not installed (Debian package openssl)");
   Certs certs;
   ASSERT_TRUE(certs.ok());
-  api::ApiServerOptions o{.listen_address = "127.0.0.1:0",
-                          .tls_cert_file = certs.file("server.crt"),
-                          .tls_key_file = certs.file("server.key"),
-                          .tls_client_ca_file = certs.file("ca.crt")};
+  api::ApiServerOptions o = certs.mutual_tls_server();
   o.tls_client_allow = {"node-agent.kpleg", "CN:client", "IP:10.1.2.3", "URI:spiffe://kpleg/reader"};
   ServerHarness h(o);
   auto st = h.start();
@@ -987,12 +989,9 @@ TEST(ApiServerTls, EachCertificateIdentityHoldsAtMostItsShareOfWatchers) {
                         "openssl CLI not installed (Debian package openssl)");
   Certs certs;
   ASSERT_TRUE(certs.ok());
-  api::ApiServerOptions o{.listen_address = "127.0.0.1:0",
-                          .tls_cert_file = certs.file("server.crt"),
-                          .tls_key_file = certs.file("server.key"),
-                          .tls_client_ca_file = certs.file("ca.crt"),
-                          .max_watchers = 4,
-                          .max_watchers_per_client = 2};
+  api::ApiServerOptions o = certs.mutual_tls_server();
+  o.max_watchers = 4;
+  o.max_watchers_per_client = 2;
   ServerHarness h(o);
   ASSERT_TRUE(h.start().ok());
   const std::string addr = "127.0.0.1:" + std::to_string(h.server->tcp_port());
