@@ -22,7 +22,7 @@
 #   KPLEG_BUILD_DIR        build directory (default <repo>/build)
 #   CTEST_ARGS             run these ctest arguments instead of the selection (e.g. "-L unit");
 #                          no other runtime's pass then
-#   FUZZ_SECONDS           fuzzing time per target (default 15, 30 with --all; 0 skips fuzzing)
+#   FUZZ_SECONDS           fuzzing time per target (default 15; 0 skips fuzzing)
 #   KPLEG_TEST_RUNTIMES    the runtimes of the passes after containerd 1.6's (default: none, and
 #                          "containerd-2 crio" with --all)
 set -euo pipefail
@@ -231,7 +231,7 @@ else
   fi
 fi
 
-fuzz_seconds=${FUZZ_SECONDS:-$([ "$all" = 1 ] && echo 30 || echo 15)}
+fuzz_seconds=${FUZZ_SECONDS:-15}
 if [ "$fuzz_seconds" != 0 ]; then
   FUZZ_SECONDS=$fuzz_seconds FUZZ_BUILD_DIR=$build phase "fuzz: 6 targets x ${fuzz_seconds}s" \
     bash scripts/fuzz.sh || status=1
