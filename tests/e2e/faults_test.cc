@@ -475,6 +475,24 @@ TEST_F(FaultsTest, AutoFallsBackToRelistWhenBpfCannotLoad) {
   ASSERT_TRUE(pod.ok());
   EXPECT_TRUE(wait_types(kplegd, pod->container_ids[0], {"ContainerStarted", "ContainerDied"}));
   for (const auto& e : kplegd.events()) EXPECT_EQ(e["source"], "relist");
+  // Stats says relist mode, and health names why (a reason, not a failure).
+  const std::string mark = "api: serving kpleg.v1.PodLifecycle on unix:";
+  log = kplegd.log();
+  auto at = log.find(mark);
+  ASSERT_NE(at, std::string::npos) << log;
+  at += mark.size();
+  auto r = run_process({KPLEGCTL_BIN, "--socket", log.substr(at, log.find(' ', at) - at), "stats",
+                        "-o", "json"},
+                       10s);
+  ASSERT_TRUE(r.ok() && r->exit_code == 0) << (r.ok() ? r->err : r.error().message);
+  auto stats = nlohmann::json::parse(r->out, nullptr, false);
+  EXPECT_EQ(stats.value("mode", ""), "relist") << r->out;
+  EXPECT_TRUE(stats.value("healthy", false)) << r->out;
+  bool named = false;
+  for (const auto& reason : stats.value("health_reasons", nlohmann::json::array()))
+    named |= reason.get<std::string>().starts_with("relist mode because: ") &&
+             reason.get<std::string>().find("BTF") != std::string::npos;
+  EXPECT_TRUE(named) << r->out;
   EXPECT_EQ(kplegd.stop(), 0);
 }
 

@@ -60,7 +60,8 @@ class HealthPolicy {
   };
   static constexpr std::chrono::seconds kRuntimeRefusedFor{60};
 
-  // What a report reads. ebpf mode: kernel, reconciler and tracker are set; relist mode: relist.
+  // What a report reads: the daemon's runtime client and call registry, and the pipeline's parts
+  // (Pipeline::describe). ebpf mode: kernel, reconciler and tracker are set; relist mode: relist.
   struct Components {
     cri::GrpcCriClient& cri;
     const cri::InflightCalls& inflight;
@@ -69,7 +70,7 @@ class HealthPolicy {
     pleg::Reconciler* reconciler = nullptr;
     pleg::Tracker* tracker = nullptr;
     pleg::GenericRelist* relist = nullptr;
-    const std::string& fallback_reason;  // why auto mode runs relist mode; "" when it does not
+    std::string fallback_reason = {};  // why auto mode runs relist mode; "" when it does not
   };
 
   explicit HealthPolicy(Settings settings) : settings_(std::move(settings)) {}
