@@ -186,6 +186,7 @@ Status Daemon::start_ebpf() {
 
   kernel::KernelSourceOptions ko = opts_.kernel;
   ko.bpf.removal_hint = opts_.removal_hints == RemovalHintSource::kKernel;
+  ko.own_thread = false;  // the ring buffer is read on the tracker's loop (below)
   kernel_ = std::make_unique<kernel::BpfKernelSource>(ko);
   kernel::KernelSink sink;
   sink.on_event = [this](const kernel::KernelEvent& ev) { on_kernel_event(ev); };
@@ -206,6 +207,7 @@ Status Daemon::start_ebpf() {
   if (auto st = kernel_->start(sink); !st) return st;
   // The index is seeded after the kernel source attached, so that no mkdir falls between.
   if (auto st = index_->seed(kernel_->stats().cgroup2_mount); !st) return st;
+  tracker_->watch(kernel_->ring_fd(), [k = kernel_.get()] { k->consume(); });
   // Nothing fails after this (no fallback leaves it behind), and before the initial sync, so
   // that the exited containers it finds are armed.
   start_removal_hints();
@@ -214,7 +216,9 @@ Status Daemon::start_ebpf() {
   }
   if (opts_.runtime_events) {
     // After the initial sync: the stream's backlog then finds the records it may confirm.
-    runtime_events_ = std::make_unique<pleg::RuntimeEvents>(
+    // Read on the tracker's loop where the client can; else on a thread of its own.
+    runtime_events_ = tracker_->runtime_events();
+    if (!runtime_events_) runtime_events_ = std::make_unique<pleg::RuntimeEvents>(
         [this](cri::CancelToken& cancel, const pleg::RuntimeEvents::OnEvent& on_event) {
           return cri_->container_events(cancel, on_event);
         },
@@ -252,8 +256,8 @@ void Daemon::stop() {
   if (reconciler_) reconciler_->stop();
   if (tracker_) tracker_->set_removal_hints(nullptr);  // the program goes with the kernel source
   removal_dirs_.reset();  // its thread calls into the tracker
+  if (tracker_) tracker_->stop();  // its loop reads the kernel source's ring buffer
   if (kernel_) kernel_->stop();
-  if (tracker_) tracker_->stop();
   if (relist_) relist_->stop();
   if (bus_) bus_->close("kplegd shutting down");
 }
