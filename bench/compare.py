@@ -884,8 +884,9 @@ def write_summary(cfg, results):
                  f"{fmt(d.get('lists_per_lifecycle'), 2)} | {fmt(per_tr, 2)} |")
     L.append("\n### Where ebpf's daemon CPU goes (churn windows)\n")
     L.append("Per thread of the ebpf daemon, from /proc/<pid>/task/*/schedstat over the window: CPU ms per "
-             "minute and times scheduled in per second (the four busiest thread names; `kpleg-ringbuf` the "
-             "kernel's records, `kpleg-cri-event` the runtime's event stream, `kpleg-work` CRI looks, "
+             "minute and times scheduled in per second (the four busiest thread names; `kpleg-loop` the "
+             "tracker's event loop: the kernel's records, the looks and the runtime's event stream, "
+             "`kpleg-offload` the removal sweep's lists, "
              "`grpcpp_sync_ser` the Watch consumer's stream).\n")
     for c, mode, d in churn_rows(results):
         th = d.get("threads") or {}

@@ -414,7 +414,7 @@ TEST_F(ApiE2eTest, CgroupsNestedInAContainerCostNothingAndItsDeathIsStillSeen) {
            execs_before + kChildren;
   }, 10s));
   // ... and they cost nothing.
-  EXPECT_EQ(calls(), calls_before);
+  EXPECT_EQ(calls(), calls_before) << scrape(port);
   EXPECT_EQ(reconciles(), reconciles_before) << kplegd.log();
   EXPECT_EQ(kplegd.types_for(id), kStarted);
 

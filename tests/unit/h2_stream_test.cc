@@ -1,7 +1,8 @@
 // The nghttp2 reader of a server stream against a real grpc++ server on a unix socket: every
 // message in order (large ones spanning frames included), the server's status and message,
 // UNIMPLEMENTED for a server without the method, cancellation of a read that waits, a server
-// that is not there or never answers, and the message size limit.
+// that is not there or never answers, and the message size limit. The same read on an event
+// loop (H2StreamReader): every message and the end, on the loop's thread, none of it blocking it.
 #include <gtest/gtest.h>
 #include <grpcpp/grpcpp.h>
 #include <sys/socket.h>
@@ -14,6 +15,7 @@
 
 #include "cri/api.grpc.pb.h"
 #include "cri/h2_stream.h"
+#include "pleg/event_loop.h"
 #include "support/eventually.h"
 
 namespace kpleg::cri {
@@ -245,6 +247,49 @@ TEST(H2StreamTest, AMessageThatDoesNotParseEndsTheCall) {
   EXPECT_EQ(seen, 3);
   ASSERT_FALSE(st.ok());
   EXPECT_EQ(st.error().code, int(grpc::StatusCode::INTERNAL));
+}
+
+TEST(H2StreamTest, OnAnEventLoopEveryMessageAndTheEndArriveOnTheLoop) {
+  Script s;
+  s.events = 500;
+  s.big_label_bytes = 200 * 1024;
+  s.end = grpc::Status(grpc::StatusCode::UNAVAILABLE, "going away");
+  Server server(s);
+  pleg::EventLoop loop;
+  loop.start("test-loop");
+  std::unique_ptr<H2StreamReader> reader;
+  std::atomic<int> received{0};
+  std::atomic<bool> on_loop{true}, ended{false};
+  Status end;
+  loop.call([&] {
+    reader = std::make_unique<H2StreamReader>(loop);
+    reader->start(
+        server.path, kMethod, v1::GetEventsRequest{}.SerializeAsString(),
+        [&](std::string_view m) {
+          v1::ContainerEventResponse ev;
+          if (!ev.ParseFromArray(m.data(), int(m.size()))) return false;
+          if (ev.container_id() != "c" + std::to_string(received.load()) && received < 500)
+            return false;
+          if (!loop.in_loop()) on_loop = false;
+          ++received;
+          return true;
+        },
+        [&](Status st) {
+          if (!loop.in_loop()) on_loop = false;
+          end = st;
+          ended = true;
+        });
+  });
+  // The loop stays free meanwhile: a call made now is answered.
+  EXPECT_EQ(loop.call([] { return 1; }), 1);
+  ASSERT_TRUE(testing::eventually([&] { return ended.load(); }, 10s));
+  EXPECT_EQ(received.load(), 501);
+  EXPECT_TRUE(on_loop.load());
+  ASSERT_FALSE(end.ok());
+  EXPECT_EQ(end.error().code, int(grpc::StatusCode::UNAVAILABLE));
+  EXPECT_EQ(end.error().message, "going away");
+  loop.call([&] { reader.reset(); });
+  loop.stop();
 }
 
 }  // namespace

@@ -8,7 +8,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -20,6 +22,35 @@
 namespace kpleg::cri {
 
 namespace v1 = ::runtime::v1;
+
+class Reactor;  // reactor.h
+
+// The read-only status looks made without blocking, on an event loop: each answer (or failure,
+// within the client's call deadline) is handed to `done` on the loop's thread.
+class AsyncStatusCalls {
+ public:
+  template <typename T>
+  using Done = std::function<void(Result<T>)>;
+  virtual ~AsyncStatusCalls() = default;
+  virtual void container_status(const std::string& container_id,
+                                Done<v1::ContainerStatus> done) = 0;
+  virtual void pod_sandbox_status(const std::string& pod_sandbox_id,
+                                  Done<v1::PodSandboxStatus> done) = 0;
+  // The runtime's GetContainerEvents stream on the loop (as GrpcCriClient::container_events):
+  // each event to `on_event`, then how it ended to `on_end` (once). The stream ends, without
+  // on_end, when the handle returned is destroyed. nullptr: not served this way.
+  class Stream {
+   public:
+    virtual ~Stream() = default;
+  };
+  virtual std::unique_ptr<Stream> container_events(
+      std::function<void(v1::ContainerEventResponse&)> on_event,
+      std::function<void(Status)> on_end) {
+    (void)on_event;
+    (void)on_end;
+    return nullptr;
+  }
+};
 
 class CriClient {
  public:
@@ -33,6 +64,14 @@ class CriClient {
   // JSON document with its "rootDir" and "stateDir"). Runtimes may answer with nothing.
   virtual Result<std::map<std::string, std::string>> status_info() {
     return Error{grpc::StatusCode::UNIMPLEMENTED, "Status(verbose): not implemented"};
+  }
+
+  // The status looks on `reactor`'s loop, used on its thread only, for as long as the loop
+  // runs (destroyed before it, or after it stopped). nullptr: this client has none (the caller
+  // makes the blocking calls off its loop).
+  virtual std::unique_ptr<AsyncStatusCalls> async_status_calls(Reactor& reactor) {
+    (void)reactor;
+    return nullptr;
   }
 
   // Pass a default-constructed filter to list everything.

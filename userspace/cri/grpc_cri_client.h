@@ -98,6 +98,9 @@ class GrpcCriClient final : public CriClient {
   Result<v1::PodSandboxStatus> pod_sandbox_status(const std::string& pod_sandbox_id) override;
   Result<std::vector<v1::Container>> list_containers(const v1::ContainerFilter& filter) override;
   Result<v1::ContainerStatus> container_status(const std::string& container_id) override;
+  // With h2_read_calls: the status looks over one HTTP/2 connection of their own on the loop
+  // (h2_unary_mux.h), counted in call_stats() and registered in flight like every call.
+  std::unique_ptr<AsyncStatusCalls> async_status_calls(Reactor& reactor) override;
 
   Result<std::string> run_pod_sandbox(const v1::PodSandboxConfig& config,
                                       const std::string& runtime_handler = {}) override;

@@ -4,6 +4,7 @@
 #include <grpcpp/support/status_code_enum.h>
 #include <nghttp2/nghttp2.h>
 #include <poll.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -125,17 +126,10 @@ struct SessionGuard {
   }
 };
 
-}  // namespace
-
-Status h2_server_stream(const std::string& socket_path, std::string_view method,
-                        std::string_view request, CancelToken& cancel,
-                        const std::function<bool(std::string_view message)>& on_message,
-                        const H2StreamOptions& opts) {
-  Call c;
-  SessionGuard guard{c};
+// Connects to `socket_path` and submits the call: the start both ways of reading share.
+Status open_stream(Call& c, const std::string& socket_path, std::string_view method,
+                   std::string_view request, const H2StreamOptions& opts) {
   c.max_message = opts.max_message_bytes;
-  c.on_message = &on_message;
-
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (socket_path.size() >= sizeof(addr.sun_path))
@@ -187,14 +181,59 @@ Status h2_server_stream(const std::string& socket_path, std::string_view method,
   if (c.stream_id < 0) {
     return Error{StatusCode::INTERNAL, std::string("nghttp2: ") + nghttp2_strerror(c.stream_id)};
   }
+  return {};
+}
 
+// Everything the socket has, in as few reads as it takes, into nghttp2 (and the messages it
+// completes to on_message).
+void read_available(Call& c) {
   char buf[64 * 1024];
   while (!c.response.closed && !c.failure) {
-    if (cancel.cancelled()) return Error{StatusCode::CANCELLED, "cancelled"};
-    if (int r = nghttp2_session_send(c.session); r != 0) {
-      c.fail(StatusCode::UNAVAILABLE, std::string("sending to the runtime: ") + nghttp2_strerror(r));
+    ssize_t got = recv(c.fd, buf, sizeof(buf), MSG_DONTWAIT);
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      c.fail(StatusCode::UNAVAILABLE, std::string("reading from the runtime: ") + std::strerror(errno));
       break;
     }
+    if (got == 0) {
+      if (!c.response.closed) c.fail(StatusCode::UNAVAILABLE, "the runtime closed the connection");
+      break;
+    }
+    ssize_t used = nghttp2_session_mem_recv(c.session, reinterpret_cast<const uint8_t*>(buf), size_t(got));
+    if (used < 0) {
+      c.fail(StatusCode::INTERNAL,
+             std::string("HTTP/2 from the runtime: ") + nghttp2_strerror(int(used)));
+      break;
+    }
+    if (size_t(got) < sizeof(buf)) break;  // drained (a full buffer may have more behind it)
+  }
+}
+
+// What nghttp2 has to send (the request, window updates, PING answers), as far as the socket
+// takes it; false (and a failure) when it cannot.
+bool send_pending(Call& c) {
+  if (int r = nghttp2_session_send(c.session); r != 0) {
+    c.fail(StatusCode::UNAVAILABLE, std::string("sending to the runtime: ") + nghttp2_strerror(r));
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+Status h2_server_stream(const std::string& socket_path, std::string_view method,
+                        std::string_view request, CancelToken& cancel,
+                        const std::function<bool(std::string_view message)>& on_message,
+                        const H2StreamOptions& opts) {
+  Call c;
+  SessionGuard guard{c};
+  c.on_message = &on_message;
+  if (auto st = open_stream(c, socket_path, method, request, opts); !st) return st;
+
+  while (!c.response.closed && !c.failure) {
+    if (cancel.cancelled()) return Error{StatusCode::CANCELLED, "cancelled"};
+    if (!send_pending(c)) break;
     pollfd fds[2] = {{c.fd, short(POLLIN | (nghttp2_session_want_write(c.session) ? POLLOUT : 0)), 0},
                      {cancel.fd(), POLLIN, 0}};
     int n = poll(fds, cancel.fd() >= 0 ? 2 : 1, -1);
@@ -205,29 +244,69 @@ Status h2_server_stream(const std::string& socket_path, std::string_view method,
     }
     if (cancel.fd() >= 0 && (fds[1].revents & POLLIN)) return Error{StatusCode::CANCELLED, "cancelled"};
     if ((fds[0].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
-    // Everything the socket has, in as few reads as it takes.
-    while (!c.response.closed && !c.failure) {
-      ssize_t got = recv(c.fd, buf, sizeof(buf), MSG_DONTWAIT);
-      if (got < 0) {
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-        c.fail(StatusCode::UNAVAILABLE, std::string("reading from the runtime: ") + std::strerror(errno));
-        break;
-      }
-      if (got == 0) {
-        if (!c.response.closed) c.fail(StatusCode::UNAVAILABLE, "the runtime closed the connection");
-        break;
-      }
-      ssize_t used = nghttp2_session_mem_recv(c.session, reinterpret_cast<const uint8_t*>(buf), size_t(got));
-      if (used < 0) {
-        c.fail(StatusCode::INTERNAL,
-               std::string("HTTP/2 from the runtime: ") + nghttp2_strerror(int(used)));
-        break;
-      }
-      if (size_t(got) < sizeof(buf)) break;  // drained (a full buffer may have more behind it)
-    }
+    read_available(c);
   }
   return outcome(c);
+}
+
+struct H2StreamReader::State {
+  Call call;
+  std::function<bool(std::string_view)> on_message;
+  ~State() {
+    if (call.session) nghttp2_session_del(call.session);
+    if (call.fd >= 0) close(call.fd);
+  }
+};
+
+H2StreamReader::H2StreamReader(Reactor& reactor) : reactor_(reactor) {}
+
+H2StreamReader::~H2StreamReader() { end(); }
+
+void H2StreamReader::end() {
+  if (state_ && state_->call.fd >= 0) reactor_.unwatch(state_->call.fd);
+  state_.reset();
+}
+
+void H2StreamReader::start(const std::string& socket_path, std::string_view method,
+                           std::string_view request,
+                           std::function<bool(std::string_view message)> on_message,
+                           std::function<void(Status)> on_end, const H2StreamOptions& opts) {
+  end();
+  state_ = std::make_unique<State>();
+  state_->on_message = std::move(on_message);
+  state_->call.on_message = &state_->on_message;
+  on_end_ = std::move(on_end);
+  if (auto st = open_stream(state_->call, socket_path, method, request, opts); !st) {
+    state_.reset();
+    auto on_end_now = std::move(on_end_);
+    on_end_now(st);
+    return;
+  }
+  reactor_.watch(state_->call.fd, EPOLLIN, [this](uint32_t events) { on_ready(events); });
+  pump();
+}
+
+void H2StreamReader::on_ready(uint32_t events) {
+  if (!state_) return;
+  if (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) read_available(state_->call);
+  pump();
+}
+
+void H2StreamReader::pump() {
+  Call& c = state_->call;
+  if (!c.response.closed && !c.failure && send_pending(c)) {
+    const bool want = nghttp2_session_want_write(c.session) != 0;
+    if (want != want_write_) {
+      want_write_ = want;
+      reactor_.modify(c.fd, want ? EPOLLIN | EPOLLOUT : EPOLLIN);
+    }
+    return;
+  }
+  const Status st = outcome(c);
+  end();
+  want_write_ = false;
+  auto on_end = std::move(on_end_);
+  if (on_end) on_end(st);
 }
 
 }  // namespace kpleg::cri

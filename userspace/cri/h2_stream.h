@@ -15,11 +15,13 @@
 
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 
 #include "common/result.h"
 #include "cri/cancel_token.h"
+#include "cri/reactor.h"
 
 namespace kpleg::cri {
 
@@ -44,5 +46,33 @@ Status h2_server_stream(const std::string& socket_path, std::string_view method,
                         std::string_view request, CancelToken& cancel,
                         const std::function<bool(std::string_view message)>& on_message,
                         const H2StreamOptions& opts = {});
+
+// The same call read on an event loop (reactor.h) without blocking it: each message to
+// `on_message` and the end to `on_end` (once; at once when it cannot start), on the loop's
+// thread. Destroyed or end()ed, it stops without calling on_end. Used on the loop's thread only.
+class H2StreamReader {
+ public:
+  explicit H2StreamReader(Reactor& reactor);
+  ~H2StreamReader();
+  H2StreamReader(const H2StreamReader&) = delete;
+  H2StreamReader& operator=(const H2StreamReader&) = delete;
+
+  void start(const std::string& socket_path, std::string_view method, std::string_view request,
+             std::function<bool(std::string_view message)> on_message,
+             std::function<void(Status)> on_end, const H2StreamOptions& opts = {});
+  void end();
+  bool open() const { return state_ != nullptr; }
+
+ private:
+  struct State;
+  void on_ready(uint32_t events);
+  // Sends what is due; hands the end over once the call ended.
+  void pump();
+
+  Reactor& reactor_;
+  std::unique_ptr<State> state_;
+  std::function<void(Status)> on_end_;
+  bool want_write_ = false;
+};
 
 }  // namespace kpleg::cri

@@ -23,6 +23,7 @@ namespace {
 kernel::KernelSourceOptions kernel_options(const DaemonOptions& opts) {
   kernel::KernelSourceOptions ko = opts.kernel;
   ko.bpf.removal_hint = opts.removal_hints == RemovalHintSource::kKernel;
+  ko.own_thread = false;  // the ring buffer is read on the tracker's loop (start())
   return ko;
 }
 
@@ -129,6 +130,7 @@ Status EbpfPipeline::start() {
   if (auto st = kernel_.start(sink()); !st) return st;
   // The index is seeded after the kernel source attached, so that no mkdir falls between.
   if (auto st = index_.seed(kernel_.stats().cgroup2_mount); !st) return st;
+  tracker_.watch(kernel_.ring_fd(), [this] { kernel_.consume(); });
   // Nothing fails after this (no fallback leaves it behind), and before the initial sync, so
   // that the exited containers it finds are armed.
   start_removal_hints();
@@ -165,12 +167,16 @@ void EbpfPipeline::start_removal_hints() {
 }
 
 void EbpfPipeline::start_runtime_events() {
-  runtime_events_ = std::make_unique<pleg::RuntimeEvents>(
-      [this](cri::CancelToken& cancel, const pleg::RuntimeEvents::OnEvent& on_event) {
-        return ctx_.cri.container_events(cancel, on_event);
-      },
-      [this](cri::v1::ContainerEventResponse& ev) { tracker_.on_runtime_event(ev); },
-      [this] { tracker_.runtime_events_stopped(); });
+  // Read on the tracker's loop where the client can; else on a thread of its own.
+  runtime_events_ = tracker_.runtime_events();
+  if (!runtime_events_) {
+    runtime_events_ = std::make_unique<pleg::RuntimeEvents>(
+        [this](cri::CancelToken& cancel, const pleg::RuntimeEvents::OnEvent& on_event) {
+          return ctx_.cri.container_events(cancel, on_event);
+        },
+        [this](cri::v1::ContainerEventResponse& ev) { tracker_.on_runtime_event(ev); },
+        [this] { tracker_.runtime_events_stopped(); });
+  }
   runtime_events_->start();
 }
 
@@ -182,8 +188,8 @@ void EbpfPipeline::stop() {
   reconciler_.stop();
   tracker_.set_removal_hints(nullptr);  // the program goes with the kernel source
   removal_dirs_.reset();                // its thread calls into the tracker
+  tracker_.stop();                      // its loop reads the kernel source's ring buffer
   kernel_.stop();
-  tracker_.stop();
 }
 
 void EbpfPipeline::add_stats(api::DaemonStats& s) {

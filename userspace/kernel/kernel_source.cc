@@ -134,10 +134,12 @@ Status BpfKernelSource::start(KernelSink sink) {
   if (stop_fd_ < 0) return Error::from_errno(errno, "eventfd");
   if (auto d = program_->ringbuf_drops()) drops_seen_ = *d;
   consuming_ = true;
-  thread_ = std::thread([this] {
-    set_thread_name("kpleg-ringbuf");
-    consume_loop();
-  });
+  if (opts_.own_thread) {
+    thread_ = std::thread([this] {
+      set_thread_name("kpleg-ringbuf");
+      consume_loop();
+    });
+  }
   spdlog::info("kernel source attached: cgroup2 at {}, {} cgroups tracked, ring buffer {} KiB",
                cgroup2_mount_, seeded_, opts_.bpf.ringbuf_bytes / 1024);
   return {};
@@ -340,6 +342,21 @@ void BpfKernelSource::consume_loop() {
   close(ep);
   consuming_ = false;
   if (running && sink_.on_stopped) sink_.on_stopped();
+}
+
+int BpfKernelSource::ring_fd() const { return rb_ ? ring_buffer__epoll_fd(rb_) : -1; }
+
+void BpfKernelSource::consume() {
+  if (!rb_ || !consuming_) return;
+  const int err = ring_buffer__consume(rb_);
+  if (err < 0 && err != -EINTR) {
+    spdlog::error("kernel source: consuming the ring buffer: {}", std::strerror(-err));
+    consuming_ = false;
+    if (sink_.on_stopped) sink_.on_stopped();
+    return;
+  }
+  // Loss is checked after each drain: the kernel drops a record only while the ring is full.
+  if (err > 0) check_loss();
 }
 
 void BpfKernelSource::stop() {

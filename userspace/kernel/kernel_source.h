@@ -1,8 +1,9 @@
 // KernelSource: the kernel's container start/stop signals as typed events.
 //
 // The BPF implementation loads kpleg's programs, attaches them, seeds the tracked cgroups from
-// the existing cgroup2 tree, and consumes the ring buffer on its own thread (epoll), handing
-// every decoded event to the sink in ring-buffer order. Loss (the BPF drop counter moved) is
+// the existing cgroup2 tree, and consumes the ring buffer on its own thread (epoll), or, with
+// KernelSourceOptions::own_thread off, on the caller's event loop (ring_fd() and consume()),
+// handing every decoded event to the sink in ring-buffer order. Loss (the BPF drop counter moved) is
 // reported to the sink so that the daemon can reconcile at once.
 #pragma once
 
@@ -32,6 +33,9 @@ struct KernelSourceOptions {
   // every loss (a record is dropped only while the ring is full, so a drain follows). A
   // positive interval adds a periodic check; 0: no timer, the thread sleeps until records come.
   std::chrono::milliseconds loss_check_interval{0};
+  // false: no thread; the owner's event loop polls ring_fd() and calls consume() whenever it is
+  // readable (the sink's callbacks then run on that loop). loss_check_interval is not used.
+  bool own_thread = true;
 };
 
 struct KernelSink {
@@ -104,6 +108,12 @@ class BpfKernelSource final : public KernelSource {
   // the start-up walk ran, before their entry was written). Safe while the programs run: an
   // entry the kernel adds during the walk is never removed. One resync at a time.
   Result<ResyncResult> resync_tracked();
+
+  // Without own_thread: the descriptor that is readable when records wait (epoll), and the
+  // drain of the ring buffer that hands them to the sink, on the loop's thread. Between
+  // start() and stop() only.
+  int ring_fd() const;
+  void consume();
 
   // The parent of a tracked cgroup, as the kernel saw it made (nullopt: untracked, or a root).
   std::optional<uint64_t> tracked_parent(uint64_t cgroup_id) const;

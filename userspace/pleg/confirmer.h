@@ -3,7 +3,9 @@
 // caught up (learned per signal, lag_learner.h), retries briefly while it has not,
 // and keeps looking, backing off, past its budget: a confirmation is never dropped. Only a
 // state the runtime reports is emitted. A started container the runtime never learns of is
-// someone else's (foreign): its later signals are ignored.
+// someone else's (foreign): its later signals are ignored. It lives on the tracker's event loop
+// (tracker_core.h): a look is a timer, a call made off the loop, and its answer back on it.
+// confirmer.cc: the signals and their looks; confirmer_events.cc: the runtime's event stream.
 #pragma once
 
 #include <chrono>
@@ -27,14 +29,13 @@ class Confirmer {
   explicit Confirmer(TrackerCore& core) : core_(core) {}
 
   // A kernel signal for container/sandbox `id` of pod `pod_uid` at `ts_ns` (realtime).
-  // Never blocks on the runtime.
   void on_signal(const std::string& id, const std::string& pod_uid, Signal signal, uint64_t ts_ns);
 
   // What the runtime's event stream said of container/sandbox `id` (runtime_events.h): taken
   // like a look's answer, for a record the tracker holds; the looks of the signals it settles
   // then find nothing to do. Any report makes the stream live (see set_live()).
   void on_report(const std::string& id, const Observation& obs);
-  // The event stream started or stopped delivering. Caller holds core_.mu.
+  // The event stream started or stopped delivering.
   void set_live(bool live);
 
  private:
@@ -45,41 +46,42 @@ class Confirmer {
   // time from the rmdir to that record varies half as much as the time from the exit, so the
   // rmdir's chain takes over from the exit's (Record::death_chain).
   enum class Anchor { kExec = 0, kExit = 1, kRmdir = 2 };
-
-  // One look at the runtime for a kernel signal received at `signal_at`; `last_miss` is when
-  // (after the signal) the previous look still saw the old state, negative for none. A death's
-  // look whose `chain` is no longer the record's makes no call.
-  void confirm(const std::string& id, Anchor anchor, uint32_t chain,
-               std::chrono::milliseconds delay, Clock::time_point deadline,
-               Clock::time_point signal_at, Clock::duration last_miss);
-  // Queues the first look of a new chain, in pod `pod_uid`'s queue, or, while the runtime's
-  // event stream is live, waits for its event. Caller holds core_.mu.
-  // An early report (see early_) that settles the chain is applied into `out` instead.
-  void start_chain(Record& rec, const std::string& pod_uid, Anchor anchor, Events& out);
-  void post_look(const std::string& id, const std::string& pod_uid, Anchor anchor,
-                 uint32_t chain, Clock::time_point signal_at, Clock::time_point at,
-                 Clock::time_point deadline);
-  // Not settled yet: the next look, backing off past the budget (logged once). Caller holds mu.
-  std::chrono::milliseconds next_delay(Record& rec, Want want, std::chrono::milliseconds delay,
-                                       Clock::time_point deadline, Clock::time_point signal_at,
-                                       bool unknown_start, const Result<Observation>& obs);
-  // A signal whose runtime event is awaited (the stream is live): one check for all of them,
-  // at most every runtime_event_check, posts a look for those whose event is overdue. A look
-  // per signal would wake a worker per signal only to find the event there.
-  struct Awaiting {
-    std::string id, pod_uid;
+  // One look of a chain: for a kernel signal received at `signal_at`; `last_miss` is when
+  // (after the signal) the previous look still saw the old state, negative for none; `delay`
+  // the wait before the next look if this one misses. A death's look whose `chain` is no longer
+  // the record's makes no call.
+  struct Look {
+    std::string id;
     Anchor anchor;
     uint32_t chain;
-    Clock::time_point signal_at, first_look, deadline;
+    std::chrono::milliseconds delay;
+    Clock::time_point deadline, signal_at;
+    Clock::duration last_miss;
   };
-  void await_event(Record& rec, const std::string& pod_uid, Anchor anchor, uint32_t chain,
-                   Clock::time_point signal_at, Clock::duration first_look,
-                   Clock::time_point deadline);
-  void check_awaiting(Clock::time_point due);
-  void schedule_check(Clock::time_point at);  // caller holds core_.mu
-  // Keeps a death chain's queued look on its record, for the chain that may replace it.
-  void note_death_look(const std::string& id, Anchor anchor, uint32_t chain,
-                       const PodWorkTicket& ticket);
+
+  // The look's timer fired: the call, unless another path settled the chain meanwhile.
+  void confirm(const Look& look);
+  // The runtime's answer to `look`, made `look_at` after the signal; `known`: the runtime had
+  // reported the record before the call.
+  void on_answer(const Look& look, Clock::duration look_at, bool known, Result<Observation> obs);
+  // Starts a new chain: its first look, or, while the runtime's event stream is live, a wait
+  // for its event. An early report (see early_) that settles the chain is applied into `out`.
+  void start_chain(Record& rec, const std::string& pod_uid, Anchor anchor, Events& out);
+  // Sets the timer of `look` at `at` (kept on the record for a death's chain, which a later
+  // chain cancels).
+  void schedule(const Look& look, Clock::time_point at);
+  // Not settled yet: the next look, backing off past the budget (logged once).
+  std::chrono::milliseconds next_delay(Record& rec, const Look& look, bool unknown_start,
+                                       const Result<Observation>& obs);
+  // A signal whose runtime event is awaited (the stream is live): one check for all of them,
+  // at most every runtime_event_check, starts a look for those whose event is overdue. A look
+  // per signal would wake the loop per signal only to find the event there.
+  struct Awaiting {
+    Look look;
+    Clock::time_point first_look;
+  };
+  void check_awaiting();
+  void schedule_check(Clock::time_point at);
   bool settled_or_superseded(const Record& rec, Anchor anchor, uint32_t chain) const;
   static Want want_of(Anchor a) { return a == Anchor::kExec ? Want::kRunning : Want::kExited; }
   LagLearner& learner(Anchor anchor, bool sandbox) {
@@ -94,24 +96,25 @@ class Confirmer {
     if (sandbox && own.samples() == 0) return learner(anchor, false).first_look();
     return own.first_look();
   }
+  // The learners learn when the runtime's event had what a pending signal waits for.
+  void learn_from_report(const Record& rec, const Observation& obs);
 
   TrackerCore& core_;
   // How long after each anchor the runtime reports the transition, for containers [.][0] and
   // sandboxes [.][1] apart (containerd lists a sandbox tens of milliseconds after its pause
-  // started). Under core_.mu.
+  // started).
   LagLearner lag_[3][2];
   LogLimiter late_log_{std::chrono::seconds(10)};
-  // Under core_.mu:
   std::deque<Awaiting> awaiting_;
   std::optional<Clock::time_point> check_due_;
+  TrackerCore::TimerId check_timer_ = 0;
   Clock::time_point last_check_{};
-  // The runtime's events for containers the tracker has no record of yet. The event stream and
-  // the kernel's records are read on different threads, so a container's STARTED event can be
-  // taken before the exec signal that makes its record; unmatched, the signal then waited the
-  // whole grace for an event that had come and went to a look (a Started 100 ms late). Kept
-  // for kEarlyFor, at most kMaxEarly, and taken as the runtime's word by the signal's chain
-  // when it settles it. A container id is never reused, so an old report can only be behind
-  // the container's state, never ahead of it.
+  // The runtime's events for containers the tracker has no record of yet: a container's
+  // STARTED event can come before the exec signal that makes its record (the ring buffer and
+  // the stream are read apart); unmatched, the signal then waited the whole grace for an event
+  // that had come and gone (a Started 100 ms late). Kept for kEarlyFor, at most kMaxEarly, and
+  // taken as the runtime's word by the signal's chain when it settles it. A container id is
+  // never reused, so an old report can only be behind the container's state, never ahead.
   struct Early {
     Observation obs;
     Clock::time_point at;
@@ -119,6 +122,8 @@ class Confirmer {
   static constexpr size_t kMaxEarly = 1024;
   static constexpr std::chrono::seconds kEarlyFor{2};
   void remember_early(const std::string& id, const Observation& obs, Clock::time_point now);
+  // The early report of `rec`, if it settles `anchor`'s chain: applied into `out`.
+  bool take_early(Record& rec, Anchor anchor, Clock::time_point now, Events& out);
   std::unordered_map<std::string, Early> early_;
 };
 

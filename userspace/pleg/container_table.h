@@ -1,6 +1,6 @@
 // ContainerTable: the kernel-driven path's record of every container and sandbox, and the
 // kubelet's transition table over it. Pure: no lock, no clock, no runtime call, no publishing.
-// The owner (TrackerCore) holds the lock, passes the time in, and publishes the events that
+// The owner (TrackerCore, on the tracker's event loop) passes the time in, and publishes the events that
 // advance() returns; unit tests drive every transition directly.
 //
 // A container id moves forward only: created/unknown -> running -> exited -> non-existent.
@@ -19,7 +19,6 @@
 #include <vector>
 
 #include "pleg/event.h"
-#include "pleg/pod_work_queue.h"
 #include "pleg/runtime_looks.h"
 
 namespace kpleg::pleg {
@@ -46,7 +45,7 @@ struct Record {
   int pending = 0;               // kernel confirmations queued or running
   bool confirm_overdue = false;  // a pending confirmation is past its budget
   uint32_t death_chain = 0;      // the death's current chain of looks (Confirmer)
-  PodWorkTicket death_look;      // that chain's queued look, if any
+  uint64_t death_look = 0;       // that chain's look's timer on the event loop, if any
   std::chrono::steady_clock::time_point exit_signal_at{};  // when the init's exit came in
   bool removal_swept = false;    // exited: the removal watcher watches it
   bool foreign = false;          // the runtime does not know it (see foreign_after)

@@ -60,65 +60,70 @@ class RemovalWatcher {
   // the hints stand for the periodic sweep at once (until one is missed). `after_removal`: a
   // hint comes once the directory is gone (inotify's), not at the rmdir's entry (the kernel's):
   // its sweep goes removal_dir_hint_delay after it instead of removal_hint_delay; a hinted id
-  // the sweep still finds is looked for again removal_hint_delay apart. Caller holds core.mu.
+  // the sweep still finds is looked for again removal_hint_delay apart.
   void set_hints(RemovalHints* hints, bool trusted, bool after_removal = false) {
     hints_ = hints;
     hints_trusted_ = hints != nullptr && trusted;
     hints_after_removal_ = after_removal;
   }
-  // The kernel's hint: a directory named by `id` is being removed. Caller holds core.mu.
+  // The kernel's hint: a directory named by `id` is being removed.
   void on_hint(const std::string& id);
   // A hinted removal has been confirmed, and no removal has been found without its hint since.
   bool hints_trusted() const { return hints_trusted_; }
 
-  // An exited record joins the sweep. Caller holds core.mu.
+  // An exited record joins the sweep.
   void join(Record& rec);
   // The runtime's event stream started or stopped confirming removals (its DELETED events):
-  // while it does, sweeps are rare; when it stops, one goes soon. Caller holds core.mu.
+  // while it does, sweeps are rare; when it stops, one goes soon.
   void on_runtime_events_live(bool live);
   // The runtime's stream reported `id` removed (its DELETED event), whether or not a sweep had
-  // found it first. Caller holds core.mu.
+  // found it first.
   void on_deleted_event(const std::string& id);
   // One targeted look at exited `id` (a reconcile no longer lists it): removed if the runtime
   // does not know it any more; otherwise the sweep goes on.
   void check(const std::string& id);
-  // The live stream left a removal out (until it stops). Caller holds core.mu.
+  // The live stream left a removal out (until it stops).
   bool events_miss_removals() const { return events_miss_removals_; }
 
  private:
   using Clock = std::chrono::steady_clock;
-  // Plans the sweep at `at` unless one is due earlier. Caller holds core.mu.
+  // Plans the sweep at `at` unless one is due earlier.
   void schedule(Clock::time_point at);
-  void sweep(Clock::time_point due);
+  // The sweep's timer fired: the records it judges, and its lists made off the loop.
+  void sweep();
+  // The lists' answer (`still_there`, unless !listed) for the kinds listed.
+  void judge(bool containers, bool sandboxes, bool joined, bool listed,
+             const std::set<std::string>& still_there);
   // Whether the runtime's DELETED events stand for the sweep, for sandboxes' removals or for
-  // containers'. Caller holds core.mu.
+  // containers'.
   bool events_cover_removals(bool sandbox) const {
-    return core_.runtime_events_live && !events_miss_removals_ &&
+    return core_.runtime_events_live() && !events_miss_removals_ &&
            (!sandbox || sandbox_deleted_seen_);
   }
   // Removals a sweep found while the events covered them, whose DELETED has not come for
   // removal_event_grace, are ones the stream left out: counted, and from then on the sweep runs
-  // as without it. Caller holds core.mu.
+  // as without it.
   void find_missed_deleted_events(Clock::time_point now);
   // Takes the removals whose grace (removal_event_grace) is over out of `awaiting`, and
-  // returns their ids. Caller holds core.mu.
+  // returns their ids.
   std::vector<std::string> take_overdue(std::map<std::string, Clock::time_point>& awaiting,
                                         Clock::time_point now) const;
   // A hinted removal was confirmed: the hints stand for the periodic sweep (logged once).
   void trust_hints(const std::string& hinted_id);
   // Same as find_missed_deleted_events for removals of armed ids a sweep found before their
-  // hint came; their ids are disarmed at the source. Caller holds core.mu.
+  // hint came; their ids are disarmed at the source.
   void find_missed_hints(Clock::time_point now);
   // How long the sweep may wait for `rec` because something else announces its removal (the
-  // runtime's events, a trusted hint); zero when nothing does. Caller holds core.mu.
+  // runtime's events, a trusted hint); zero when nothing does.
   std::chrono::milliseconds sweep_wait_allowed(const Record& rec) const;
-  // The record left the sweep: its id is disarmed in the kernel. Caller holds core.mu.
+  // The record left the sweep: its id is disarmed in the kernel.
   void forget(const std::string& id);
 
   TrackerCore& core_;
-  // Under core_.mu:
   std::set<std::string> watched_;          // ids of the records that joined (a sweep walks these, not every record)
   std::optional<Clock::time_point> due_;  // the next sweep
+  TrackerCore::TimerId sweep_timer_ = 0;  // its timer
+  bool sweeping_ = false;                 // a sweep's lists are being made
   std::optional<Clock::time_point> last_sweep_;  // when the last one began
   std::chrono::milliseconds interval_{0};  // after that one
   bool joined_ = false;                    // a record joined since the last sweep
@@ -130,12 +135,15 @@ class RemovalWatcher {
   RemovalHints* hints_ = nullptr;
   std::set<std::string> armed_;   // watched ids armed in the kernel
   std::set<std::string> hinted_;  // of those, the ones whose hint came
+  // Sweeps (the first the hint's delay after it, then removal_hint_delay apart) that look for
+  // a hinted container the runtime still lists.
+  static constexpr int kHintRechecks = 3;
   std::map<std::string, int> rechecks_;  // hinted ids the sweep looks for soon, and how often more
   std::map<std::string, Clock::time_point> awaiting_hint_;  // removals found before their hint
   bool hints_trusted_ = false;
   bool hints_after_removal_ = false;
   std::chrono::milliseconds hint_delay() const {
-    return hints_after_removal_ ? core_.opts.removal_dir_hint_delay : core_.opts.removal_hint_delay;
+    return hints_after_removal_ ? core_.opts().removal_dir_hint_delay : core_.opts().removal_hint_delay;
   }
 };
 

@@ -9,10 +9,16 @@
 // until the next event; the looks then go at their usual time. A stream that ends or fails is
 // subscribed again, backing off; a runtime without it (UNIMPLEMENTED: containerd 1.6) is asked
 // again only after it reconnected (it may have been upgraded).
+//
+// It runs on a thread of its own (`kpleg-cri-event`, reading the stream with a blocking call),
+// or, built with an event loop, on that loop (Tracker::runtime_events(): the stream's socket is
+// one more descriptor of the tracker's loop, and an event reaches the tracker without a hand-off
+// to another thread).
 #pragma once
 
 #include <chrono>
 #include <condition_variable>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -23,6 +29,7 @@
 #include "common/result.h"
 #include "cri/cancel_token.h"
 #include "cri/cri_client.h"
+#include "pleg/event_loop.h"
 
 namespace kpleg::pleg {
 
@@ -51,6 +58,12 @@ class RuntimeEvents {
   RuntimeEvents(Subscribe subscribe, OnEvent on_event, std::function<void()> on_stopped)
       : RuntimeEvents(std::move(subscribe), std::move(on_event), std::move(on_stopped),
                       Options{}) {}
+  // On `loop`: `open` starts the stream there (cri::AsyncStatusCalls::container_events), and
+  // `on_event` and `on_stopped` run on the loop.
+  using Open = std::function<std::unique_ptr<cri::AsyncStatusCalls::Stream>(
+      OnEvent on_event, std::function<void(Status)> on_end)>;
+  RuntimeEvents(EventLoop& loop, Open open, OnEvent on_event, std::function<void()> on_stopped,
+                Options opts);
   ~RuntimeEvents();
 
   void start();
@@ -62,6 +75,11 @@ class RuntimeEvents {
 
  private:
   void loop();
+  // The loop's way (the constructor with an event loop), on that loop.
+  void subscribe_on_loop();
+  void ended_on_loop(const Status& st);
+  // How a stream ended, in the log and the stats; whether the runtime has no stream at all.
+  bool note_end(const Status& st);
 
   const Subscribe subscribe_;
   const OnEvent on_event_;
@@ -74,6 +92,16 @@ class RuntimeEvents {
   cri::CancelToken* cancel_ = nullptr;  // the open stream's, for stop()
   RuntimeEventsStats stats_;
   std::thread thread_;
+  // With an event loop (the loop's own, no lock; events_ is read by stats()):
+  EventLoop* event_loop_ = nullptr;
+  const Open open_;
+  std::unique_ptr<cri::AsyncStatusCalls::Stream> stream_;
+  std::atomic<uint64_t> events_{0};
+  uint64_t received_ = 0;  // on the open stream
+  std::chrono::milliseconds backoff_{0};
+  EventLoop::TimerId retry_timer_ = 0;
+  bool waiting_ = false;   // for retry_now() (no stream, retry_timer_ or an unimplemented runtime)
+  bool loop_stopping_ = false;
 };
 
 }  // namespace kpleg::pleg

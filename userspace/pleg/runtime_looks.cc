@@ -46,6 +46,13 @@ Result<Observation> look_sandbox(cri::CriClient& cri, const std::string& id) {
   return observe(*ps);
 }
 
+Observation nonexistent(bool sandbox) {
+  Observation obs;
+  obs.state = obs.snapshot.state = ContainerState::kNonExistent;
+  obs.sandbox = sandbox;
+  return obs;
+}
+
 }  // namespace
 
 Result<std::vector<RuntimeContainer>> list_runtime(cri::CriClient& cri) {
@@ -72,10 +79,32 @@ Result<Observation> look(cri::CriClient& cri, const std::string& id, bool kind_k
     auto obs = as_sandbox ? look_sandbox(cri, id) : look_container(cri, id);
     if (obs || !is_not_found(obs.error())) return obs;
   }
-  Observation gone;
-  gone.state = gone.snapshot.state = ContainerState::kNonExistent;
-  gone.sandbox = sandbox;
-  return gone;
+  return nonexistent(sandbox);
+}
+
+void look_async(cri::AsyncStatusCalls& calls, const std::string& id, bool kind_known,
+                bool sandbox, std::function<void(Result<Observation>)> done) {
+  // As look(): the other kind only when the guessed one is not found.
+  auto then = [&calls, id, kind_known, sandbox, done](auto r) mutable {
+    if (r) return done(observe(*r));
+    if (!is_not_found(r.error())) return done(r.error());
+    if (kind_known) return done(nonexistent(sandbox));
+    auto last = [sandbox, done = std::move(done)](auto r2) {
+      if (r2) return done(observe(*r2));
+      if (!is_not_found(r2.error())) return done(r2.error());
+      done(nonexistent(sandbox));
+    };
+    if (sandbox) {
+      calls.container_status(id, std::move(last));
+    } else {
+      calls.pod_sandbox_status(id, std::move(last));
+    }
+  };
+  if (sandbox) {
+    calls.pod_sandbox_status(id, std::move(then));
+  } else {
+    calls.container_status(id, std::move(then));
+  }
 }
 
 std::optional<std::pair<std::string, Observation>> observation_of(

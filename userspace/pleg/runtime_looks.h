@@ -3,6 +3,7 @@
 // judged by the tracker.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <utility>
@@ -42,6 +43,10 @@ struct Observation {
 // reported kNonExistent.
 Result<Observation> look(cri::CriClient& cri, const std::string& id, bool kind_known,
                          bool sandbox);
+
+// look() without blocking, on an event loop: `done` gets the outcome there.
+void look_async(cri::AsyncStatusCalls& calls, const std::string& id, bool kind_known,
+                bool sandbox, std::function<void(Result<Observation>)> done);
 
 // What one event of the runtime's GetContainerEvents stream says of the container or sandbox it
 // names (`container_id`; a sandbox's events name the sandbox itself): the same as a look at it

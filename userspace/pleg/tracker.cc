@@ -2,6 +2,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include <sys/epoll.h>
+
+#include <unordered_map>
 #include <variant>
 
 namespace kpleg::pleg {
@@ -9,47 +12,94 @@ namespace kpleg::pleg {
 Tracker::Tracker(cri::CriClient& cri, cgroup::CgroupIndex& index, EventSink& sink,
                  TrackerOptions opts)
     : index_(index),
-      core_(cri, sink, opts),
+      core_(cri, sink, opts, loop_),
       confirmer_(core_),
       removal_(core_),
       diff_(core_, removal_) {
-  core_.on_exited = [this](Record& rec) { removal_.join(rec); };
-  core_.on_runtime_events_live = [this](bool live) { removal_.on_runtime_events_live(live); };
-  core_.on_deleted_event = [this](const std::string& id) { removal_.on_deleted_event(id); };
+  core_.set_hooks({
+      .exited = [this](Record& rec) { removal_.join(rec); },
+      .runtime_events_live = [this](bool live) { removal_.on_runtime_events_live(live); },
+      .deleted_event = [this](const std::string& id) { removal_.on_deleted_event(id); },
+  });
+  loop_.start("kpleg-loop");
+}
+
+Tracker::~Tracker() { stop(); }
+
+void Tracker::stop() {
+  core_.stop();  // the looks in flight end (their answers are dropped)
+  loop_.stop();
 }
 
 void Tracker::on_runtime_event(const cri::v1::ContainerEventResponse& ev) {
+  // Decoded where it was read; the loop takes what it says.
   auto report = observation_of(ev);
+  if (loop_.in_loop()) return take_runtime_event(report);
+  loop_.post([this, report = std::move(report)] { take_runtime_event(report); });
+}
+
+void Tracker::take_runtime_event(const std::optional<std::pair<std::string, Observation>>& report) {
   if (!report) {
-    std::lock_guard lk(core_.mu);
     confirmer_.set_live(true);
-    ++core_.stats.runtime_events_unmatched;
+    ++core_.stats().runtime_events_unmatched;
     return;
   }
   confirmer_.on_report(report->first, report->second);
 }
 
-void Tracker::runtime_events_stopped() {
-  std::lock_guard lk(core_.mu);
-  confirmer_.set_live(false);
+std::unique_ptr<RuntimeEvents> Tracker::runtime_events(RuntimeEvents::Options opts) {
+  if (!loop_.call([this] { return core_.async_calls() != nullptr; })) return nullptr;
+  return std::make_unique<RuntimeEvents>(
+      loop_,
+      [this](RuntimeEvents::OnEvent on_event, std::function<void(Status)> on_end)
+          -> std::unique_ptr<cri::AsyncStatusCalls::Stream> {
+        if (core_.async_calls() == nullptr) return nullptr;  // stopped
+        return core_.async_calls()->container_events(std::move(on_event), std::move(on_end));
+      },
+      [this](cri::v1::ContainerEventResponse& ev) { on_runtime_event(ev); },
+      [this] { confirmer_.set_live(false); }, opts);
 }
 
-Tracker::~Tracker() { stop(); }
-
-void Tracker::stop() { core_.queue.stop(); }
+void Tracker::runtime_events_stopped() {
+  loop_.post([this] { confirmer_.set_live(false); });
+}
 
 void Tracker::set_inconsistency_handler(std::function<void(const std::string&)> fn) {
-  core_.set_inconsistency_handler(std::move(fn));
+  loop_.call([&] { core_.set_inconsistency_handler(std::move(fn)); });
+}
+
+void Tracker::set_cgroup_parents(cgroup::CgroupIndex::ParentOf parent_of) {
+  loop_.call([&] { parent_of_ = std::move(parent_of); });
 }
 
 void Tracker::set_removal_hints(RemovalHints* hints, bool trusted, bool after_removal) {
-  std::lock_guard lk(core_.mu);
-  removal_.set_hints(hints, trusted, after_removal);
+  loop_.call([&] { removal_.set_hints(hints, trusted, after_removal); });
+}
+
+void Tracker::on_removal_hint(const std::string& id) {
+  if (loop_.in_loop()) {
+    removal_.on_hint(id);
+    return;
+  }
+  loop_.post([this, id] { removal_.on_hint(id); });
+}
+
+void Tracker::watch(int fd, std::function<void()> on_readable) {
+  loop_.call([&] {
+    loop_.watch(fd, EPOLLIN, [f = std::move(on_readable)](uint32_t) { f(); });
+  });
 }
 
 void Tracker::on_kernel_event(const kernel::KernelEvent& ev) {
+  if (loop_.in_loop()) {
+    handle(ev);
+    return;
+  }
+  loop_.post([this, ev] { handle(ev); });
+}
+
+void Tracker::handle(const kernel::KernelEvent& ev) {
   if (auto* hint = std::get_if<kernel::RemovalHint>(&ev.body)) {
-    std::lock_guard lk(core_.mu);
     removal_.on_hint(hint->id);
     return;
   }
@@ -73,10 +123,7 @@ void Tracker::on_kernel_event(const kernel::KernelEvent& ev) {
   if (entry->identity.kind != cgroup::Kind::kContainerOrSandbox) return;
   if (holder && *holder != ev.cgroup_id()) {
     // Costs nothing either: no look, no retry for the real container, no reconcile.
-    {
-      std::lock_guard lk(core_.mu);
-      ++core_.stats.lookalike_signals;
-    }
+    ++core_.stats().lookalike_signals;
     uint64_t left_out = 0;
     if (lookalike_log_.allow(left_out)) {
       spdlog::warn("cgroup {} claims container {} of pod {}, whose cgroup is older: its {} is "
@@ -106,23 +153,18 @@ void Tracker::on_kernel_event(const kernel::KernelEvent& ev) {
 std::optional<cgroup::CgroupIndex::Entry> Tracker::entry_of(const kernel::KernelEvent& ev) {
   const uint64_t id = ev.cgroup_id();
   if (auto entry = index_.lookup(id)) return entry;
-  {
-    std::lock_guard lk(core_.mu);
-    ++core_.stats.unresolved_signals;
-  }
+  ++core_.stats().unresolved_signals;
   // Asked once already: a workload's exec loop in such a cgroup must not relist the node on
   // every exec.
   if (unresolved_.count(id) > 0) {
-    std::lock_guard lk(core_.mu);
-    ++core_.stats.unresolved_repeats;
+    ++core_.stats().unresolved_repeats;
     return std::nullopt;
   }
   // Most likely its mkdir record was lost: the kernel tracks it, the index never heard of it.
   // Found from its parent, it is indexed, and this signal is an ordinary one.
   if (parent_of_) {
     if (auto entry = index_.resolve(id, parent_of_)) {
-      std::lock_guard lk(core_.mu);
-      ++core_.stats.resolved_cgroups;
+      ++core_.stats().resolved_cgroups;
       return entry;
     }
   }
@@ -134,30 +176,46 @@ std::optional<cgroup::CgroupIndex::Entry> Tracker::entry_of(const kernel::Kernel
 }
 
 void Tracker::reconcile(const std::vector<RuntimeContainer>& view, bool initial) {
-  diff_.apply(view, initial);
+  ReconcileDiff::Inspected inspected;
+  if (initial) {
+    // The start-up sync's looks, one per container, are made here, off the loop.
+    auto reported = loop_.call([&] {
+      std::unordered_map<std::string, int> out;
+      for (const auto& rc : view)
+        if (const Record* rec = core_.table().find(rc.id)) out.emplace(rc.id, rank(rec->reported));
+      return out;
+    });
+    inspected = ReconcileDiff::inspect(core_.cri(), view, [&](const std::string& id) {
+      auto it = reported.find(id);
+      return it == reported.end() ? -1 : it->second;
+    });
+  }
+  loop_.call([&] { diff_.apply(view, initial, inspected); });
 }
 
 TrackerStats Tracker::stats() const {
-  std::lock_guard lk(core_.mu);
-  TrackerStats st = core_.stats;
-  st.records = core_.table.size();
-  st.runtime_events_live = core_.runtime_events_live;
-  st.runtime_events_cover_removals = !removal_.events_miss_removals();
-  st.removal_hints_trusted = removal_.hints_trusted();
-  return st;
+  return loop_.call([this] {
+    TrackerStats st = core_.stats();
+    st.records = core_.table().size();
+    st.runtime_events_live = core_.runtime_events_live();
+    st.runtime_events_cover_removals = !removal_.events_miss_removals();
+    st.removal_hints_trusted = removal_.hints_trusted();
+    return st;
+  });
 }
 
 std::vector<TrackedContainer> Tracker::containers() const {
-  std::lock_guard lk(core_.mu);
-  return core_.table.confirmed();
+  return loop_.call([this] { return core_.table().confirmed(); });
 }
 
 std::pair<uint64_t, std::vector<TrackedContainer>> Tracker::containers_at(
     const std::function<uint64_t()>& seq_now) const {
-  return core_.with_published_state(
-      [&] { return std::make_pair(seq_now(), core_.table.confirmed()); });
+  // On the loop, every event of the state read has been published, and none after it.
+  return loop_.call([&] { return std::make_pair(seq_now(), core_.table().confirmed()); });
 }
 
-std::vector<PodTrouble> Tracker::troubled_pods() const { return core_.troubled_pods(); }
+std::vector<PodTrouble> Tracker::troubled_pods() const {
+  return loop_.call([this] { return core_.troubled_pods(); });
+}
 
 }  // namespace kpleg::pleg

@@ -12,61 +12,69 @@ uint64_t TrackerStats::corrections_total() const {
   return n;
 }
 
-TrackerCore::TrackerCore(cri::CriClient& cri, EventSink& sink, TrackerOptions opts)
-    : cri(cri), opts(opts), queue(opts.workers), sink_(sink) {}
+TrackerCore::TrackerCore(cri::CriClient& cri, EventSink& sink, TrackerOptions opts,
+                         EventLoop& loop)
+    : cri_(cri),
+      opts_(opts),
+      loop_(loop),
+      async_looks_(cri.async_status_calls(loop)),
+      offload_(async_looks_ ? 1 : opts.workers),
+      sink_(sink) {}
 
-Result<Observation> TrackerCore::look(const std::string& id, bool kind_known, bool sandbox) {
-  auto obs = pleg::look(cri, id, kind_known, sandbox);
-  note_call(id, obs.ok() ? nullptr : &obs.error());
-  // Checked first: the arguments would cost a copy or two per look even with tracing off.
-  if (spdlog::should_log(spdlog::level::trace)) {
-    spdlog::trace("tracker: look at {} ({}{}): {}", std::string_view(id).substr(0, 12),
-                  sandbox ? "sandbox" : "container", kind_known ? "" : ", kind guessed",
-                  obs.ok() ? std::string_view(to_string(obs->state))
-                           : std::string_view(obs.error().message));
+void TrackerCore::stop() {
+  loop_.call([this] {
+    stopping_ = true;  // no more looks: what the cancelled ones retry is dropped
+    async_looks_.reset();
+  });
+  offload_.stop();
+}
+
+void TrackerCore::look(const std::string& pod_uid, const std::string& id, bool kind_known,
+                       bool sandbox, OnLook done) {
+  if (stopping_) return;
+  if (async_looks_) {
+    look_async(*async_looks_, id, kind_known, sandbox,
+               [this, id, done = std::move(done)](Result<Observation> obs) {
+                 note_call(id, obs.ok() ? nullptr : &obs.error());
+                 done(std::move(obs));
+               });
+    return;
   }
-  return obs;
+  offload_.run(pod_uid.empty() ? id : pod_uid, [this, id, kind_known, sandbox,
+                                                done = std::move(done)]() mutable {
+    auto obs = pleg::look(cri_, id, kind_known, sandbox);
+    // Checked first: the arguments would cost a copy or two per look even with tracing off.
+    if (spdlog::should_log(spdlog::level::trace)) {
+      spdlog::trace("tracker: look at {} ({}{}): {}", std::string_view(id).substr(0, 12),
+                    sandbox ? "sandbox" : "container", kind_known ? "" : ", kind guessed",
+                    obs.ok() ? std::string_view(to_string(obs->state))
+                             : std::string_view(obs.error().message));
+    }
+    loop_.post([this, id, obs = std::move(obs), done = std::move(done)]() mutable {
+      note_call(id, obs.ok() ? nullptr : &obs.error());
+      done(std::move(obs));
+    });
+  });
 }
 
 int TrackerCore::advance(Record& rec, ContainerState target, const ContainerSnapshot& snap,
                          EventSource source, bool correction, Events& out) {
   const size_t first = out.size();
   const int n =
-      table.advance(rec, target, snap, source, correction, Clock::now(), realtime_now_ns(), out);
+      table_.advance(rec, target, snap, source, correction, Clock::now(), realtime_now_ns(), out);
   if (correction) {
-    for (size_t i = first; i < out.size(); ++i) ++stats.corrections[to_string(out[i].type)];
+    for (size_t i = first; i < out.size(); ++i) ++stats_.corrections[to_string(out[i].type)];
   }
-  if (n > 0 && target == ContainerState::kExited && on_exited) on_exited(rec);
+  if (n > 0 && target == ContainerState::kExited && hooks_.exited) hooks_.exited(rec);
   return n;
 }
 
-void TrackerCore::publish(Lock& lk, Events& out) {
-  if (out.empty()) {
-    lk.unlock();
-    return;
-  }
-  std::lock_guard pub(publish_mu_);
-  lk.unlock();
+void TrackerCore::publish(Events& out) {
   for (auto& ev : out) sink_.publish(std::move(ev));
   out.clear();
 }
 
-PodWorkTicket TrackerCore::post(const std::string& pod_uid, const std::string& id,
-                           PodWorkQueue::Task task, Clock::time_point at) {
-  return queue.post(pod_uid.empty() ? id : pod_uid, std::move(task), at);
-}
-
-void TrackerCore::set_inconsistency_handler(std::function<void(const std::string&)> fn) {
-  std::lock_guard lk(mu);
-  on_inconsistency_ = std::move(fn);
-}
-
 void TrackerCore::inconsistent(const std::string& reason) {
-  std::function<void(const std::string&)> fn;
-  {
-    std::lock_guard lk(mu);
-    fn = on_inconsistency_;
-  }
   uint64_t left_out = 0;
   if (inconsistency_log_.allow(left_out)) {
     if (left_out > 0) {
@@ -76,12 +84,11 @@ void TrackerCore::inconsistent(const std::string& reason) {
       spdlog::warn("tracker: {}; reconciling", reason);
     }
   }
-  if (fn) fn(reason);
+  if (on_inconsistency_) on_inconsistency_(reason);
 }
 
 void TrackerCore::note_call(const std::string& id, const Error* error) {
-  std::lock_guard lk(mu);
-  const Record* rec = table.find(id);
+  const Record* rec = table_.find(id);
   const std::string& pod = rec == nullptr || rec->identity.pod_uid.empty() ? id
                                                                            : rec->identity.pod_uid;
   if (!error) {
@@ -95,7 +102,6 @@ void TrackerCore::note_call(const std::string& id, const Error* error) {
 }
 
 std::vector<PodTrouble> TrackerCore::troubled_pods() const {
-  std::lock_guard lk(mu);
   std::vector<PodTrouble> out;
   auto now = Clock::now();
   for (const auto& [pod, t] : troubles_)

@@ -1,20 +1,19 @@
-// TrackerCore: what the kernel-driven path's parts share, and the rules for sharing it.
+// TrackerCore: what the kernel-driven path's parts share. All of it belongs to the tracker's
+// event loop (event_loop.h) and is used on that thread only, so it has no lock:
 //
-//   - one state lock (`mu`) over the ContainerTable, the counters and the pods' troubles;
-//   - CRI calls are made without it (look());
-//   - events are computed under it and published after it is released, in the order the state
-//     changed (publish(): the publish lock is taken before the state lock is let go, so the
-//     next emitter waits for these events to be out, and a snapshot read under both locks is
-//     exactly the state after the events published so far);
-//   - all timed work goes through the pod work queue (one pod's work in order, a hung pod
-//     holding at most one worker).
+//   - the ContainerTable, the counters and the pods' troubles;
+//   - timers on the loop for all timed work (a look that is due, a back-off, a sweep);
+//   - the CRI looks, made off the loop (offload.h: one pod's looks in order, a hung pod
+//     holding at most one thread) and answered on it;
+//   - publishing: events go out on the loop in the order the state changed, so a reader that
+//     asks the loop (EventLoop::call) sees exactly the state after the events published so far.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <mutex>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -22,7 +21,8 @@
 #include "cri/cri_client.h"
 #include "pleg/container_table.h"
 #include "pleg/event.h"
-#include "pleg/pod_work_queue.h"
+#include "pleg/event_loop.h"
+#include "pleg/offload.h"
 #include "pleg/runtime_looks.h"
 
 namespace kpleg::pleg {
@@ -32,7 +32,7 @@ namespace kpleg::pleg {
 // kernel event marks, are found by one sweep for all exited containers (removal_watcher.h).
 // Each default trades event latency against CRI calls on a busy node.
 struct TrackerOptions {
-  size_t workers = 4;  // pods confirmed in parallel: a hung pod holds one worker, not all
+  size_t workers = 4;  // threads for the looks (offload.h): a hung pod holds one, not all
   // Retries double from this up to 20 ms; the first look waits the learned lag (lag_learner.h).
   std::chrono::milliseconds confirm_retry_first{5};
   // Unsettled after this (a stalled shim, a slow StartContainer): logged, counted, never dropped,
@@ -106,69 +106,88 @@ struct PodTrouble {
 class TrackerCore {
  public:
   using Clock = std::chrono::steady_clock;
-  using Lock = std::unique_lock<std::mutex>;
+  using OnLook = std::function<void(Result<Observation>)>;
+  using TimerId = EventLoop::TimerId;
 
-  TrackerCore(cri::CriClient& cri, EventSink& sink, TrackerOptions opts);
+  TrackerCore(cri::CriClient& cri, EventSink& sink, TrackerOptions opts, EventLoop& loop);
 
-  // One targeted look (runtime_looks.h), its outcome noted for the pod (troubled_pods()).
-  // Called without `mu`.
-  Result<Observation> look(const std::string& id, bool kind_known, bool sandbox);
+  // One targeted look (runtime_looks.h): a stream of the loop's own HTTP/2 connection when the
+  // client has one (cri::AsyncStatusCalls), else a blocking call off the loop in the order of
+  // `pod_uid`'s looks (the id when empty). `done` gets the answer on the loop, its outcome
+  // noted for the pod (troubled_pods()).
+  void look(const std::string& pod_uid, const std::string& id, bool kind_known, bool sandbox,
+            OnLook done);
+  // Runs `work` off the loop (a full list) in the order of `key`'s work; it posts its outcome
+  // back itself (loop()).
+  void offload(const std::string& key, Offload::Work work) { offload_.run(key, std::move(work)); }
 
-  // ContainerTable::advance, plus: corrections counted, an exit handed to `on_exited` (the
-  // removal watcher). Caller holds `mu`.
+  // ContainerTable::advance, plus: corrections counted, an exit handed to the exit hook (the
+  // removal watcher).
   int advance(Record& rec, ContainerState target, const ContainerSnapshot& snap,
               EventSource source, bool correction, Events& out);
-  // Releases `lk` (on `mu`) and publishes `out`, in order, before any later emitter's events.
-  void publish(Lock& lk, Events& out);
-  // Runs `f` with `mu` and the publish lock held: the state with exactly the events published
-  // so far.
-  template <typename F>
-  auto with_published_state(F&& f) const {
-    std::lock_guard lk(mu);
-    std::lock_guard pub(publish_mu_);
-    return f();
-  }
+  // Publishes `out`, in order.
+  void publish(Events& out);
 
-  // Runs `task` in the pod's order (a container of no known pod is its own key). Returns the
-  // task's ticket for cancel().
-  PodWorkTicket post(const std::string& pod_uid, const std::string& id, PodWorkQueue::Task task,
-                     Clock::time_point at = Clock::now());
-  // Drops a task post() queued, if it has not started: true when it will never run.
-  bool cancel(const PodWorkTicket& ticket) { return queue.cancel(ticket); }
+  // Runs `task` on the loop at `at`; cancel() drops it unless it ran.
+  TimerId at(Clock::time_point at, EventLoop::Task task) { return loop_.at(at, std::move(task)); }
+  bool cancel(TimerId id) { return id != 0 && loop_.cancel(id); }
+  EventLoop& loop() { return loop_; }
 
   // Asks the daemon for a reconcile (logged).
   void inconsistent(const std::string& reason);
-  void set_inconsistency_handler(std::function<void(const std::string&)> fn);
+  void set_inconsistency_handler(std::function<void(const std::string&)> fn) {
+    on_inconsistency_ = std::move(fn);
+  }
+  // What the parts tell one another (tracker.cc wires them): an exit (the removal watcher
+  // joins it), the runtime's event stream started or stopped delivering, and its DELETED event.
+  struct Hooks {
+    std::function<void(Record&)> exited;
+    std::function<void(bool)> runtime_events_live;
+    std::function<void(const std::string&)> deleted_event;
+  };
+  void set_hooks(Hooks hooks) { hooks_ = std::move(hooks); }
+  const Hooks& hooks() const { return hooks_; }
 
-  std::vector<PodTrouble> troubled_pods() const;
-
-  cri::CriClient& cri;
-  const TrackerOptions opts;
-  PodWorkQueue queue;
-
-  mutable std::mutex mu;  // the state lock: everything below
-  ContainerTable table;
-  TrackerStats stats;
-  std::function<void(Record&)> on_exited;  // called with `mu` held
   // The runtime's event stream is delivering (runtime_events.h): the confirmations wait for it.
-  bool runtime_events_live = false;
-  std::function<void(bool)> on_runtime_events_live;  // called with `mu` held, on each change
-  // The runtime's stream reported a container or sandbox removed (its DELETED event), whether
-  // or not the tracker holds its record. Called with `mu` held.
-  std::function<void(const std::string&)> on_deleted_event;
+  bool runtime_events_live() const { return runtime_events_live_; }
+  void set_runtime_events_live(bool live) { runtime_events_live_ = live; }
+
+  ContainerTable& table() { return table_; }
+  const ContainerTable& table() const { return table_; }
+  TrackerStats& stats() { return stats_; }
+  const TrackerStats& stats() const { return stats_; }
+  const TrackerOptions& opts() const { return opts_; }
+  cri::CriClient& cri() { return cri_; }
+  // The client's calls on the loop (null: it has none, or the tracker stopped).
+  cri::AsyncStatusCalls* async_calls() { return async_looks_.get(); }
+
+  // Notes the outcome of a look at `id` for its pod (troubled_pods()).
+  void note_call(const std::string& id, const Error* error);
+  std::vector<PodTrouble> troubled_pods() const;
+  // Stops the looks (their answers are dropped). Not on the loop's thread.
+  void stop();
 
  private:
-  void note_call(const std::string& id, const Error* error);
-
+  cri::CriClient& cri_;
+  const TrackerOptions opts_;
+  EventLoop& loop_;
+  // The looks on the loop, when the client makes them without blocking (cri_client.h); else
+  // on offload_'s threads.
+  std::unique_ptr<cri::AsyncStatusCalls> async_looks_;
+  Offload offload_;  // the blocking calls: the looks without async_looks_, the sweep's lists
   EventSink& sink_;
-  mutable std::mutex publish_mu_;
+  ContainerTable table_;
+  TrackerStats stats_;
+  Hooks hooks_;
+  bool runtime_events_live_ = false;
+  bool stopping_ = false;
   struct Trouble {
     Clock::time_point since;
     uint64_t failures = 0;
     std::string last_error;
   };
-  std::map<std::string, Trouble> troubles_;  // by pod uid; under mu
-  std::function<void(const std::string&)> on_inconsistency_;  // under mu
+  std::map<std::string, Trouble> troubles_;  // by pod uid
+  std::function<void(const std::string&)> on_inconsistency_;
   // One warning per 10 s for signals a workload can make frequent (unknown cgroups).
   LogLimiter inconsistency_log_{std::chrono::seconds(10)};
 };

@@ -1,0 +1,104 @@
+// The tracker's event loop (pleg/event_loop.h): timers run in their order and a cancelled one
+// never runs nor wakes the loop, messages run in the order they were posted, call() answers
+// from the loop (and at once on it), and a loop that stopped drops posts but still answers
+// call()s on the caller's thread.
+#include <gtest/gtest.h>
+#include <sys/eventfd.h>
+#include <sys/epoll.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "pleg/event_loop.h"
+#include "support/eventually.h"
+
+namespace kpleg::pleg {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+TEST(EventLoopTest, TimersRunInTheirOrderAndACancelledOneNever) {
+  EventLoop loop;
+  loop.start("test-loop");
+  std::vector<int> ran;
+  std::atomic<bool> last{false};
+  loop.call([&] {
+    const auto now = Clock::now();
+    loop.at(now + 30ms, [&] { ran.push_back(3); });
+    loop.at(now + 10ms, [&] { ran.push_back(1); });
+    const auto dropped = loop.at(now + 20ms, [&] { ran.push_back(2); });
+    EXPECT_TRUE(loop.cancel(dropped));
+    EXPECT_FALSE(loop.cancel(dropped));
+    loop.at(now + 40ms, [&] { last = true; });
+  });
+  ASSERT_TRUE(testing::eventually([&] { return last.load(); }, 2s));
+  EXPECT_EQ(loop.call([&] { return ran; }), (std::vector<int>{1, 3}));
+  loop.stop();
+}
+
+TEST(EventLoopTest, ACancelledTimerDoesNotWakeTheLoop) {
+  EventLoop loop;
+  loop.start("test-loop");
+  loop.call([&] {
+    const auto id = loop.at(Clock::now() + 50ms, [] {});
+    loop.cancel(id);
+  });
+  const auto before = loop.wakeups();
+  // Past the cancelled timer's time: the loop has not woken.
+  EXPECT_FALSE(testing::eventually([&] { return loop.wakeups() > before; }, 150ms));
+  loop.stop();
+}
+
+TEST(EventLoopTest, MessagesRunInOrderOnTheLoopAndCallRunsAtOnceOnIt) {
+  EventLoop loop;
+  loop.start("test-loop");
+  std::vector<int> seen;
+  for (int i = 0; i < 1000; ++i) loop.post([&, i] { seen.push_back(i); });
+  const auto all = loop.call([&] {
+    EXPECT_TRUE(loop.in_loop());
+    return loop.call([&] { return seen.size(); });  // on the loop: at once, no deadlock
+  });
+  EXPECT_EQ(all, 1000u);
+  EXPECT_FALSE(loop.in_loop());
+  loop.stop();
+}
+
+TEST(EventLoopTest, ADescriptorIsReadOnTheLoop) {
+  EventLoop loop;
+  loop.start("test-loop");
+  const int fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  std::atomic<int> reads{0};
+  loop.call([&] {
+    loop.watch(fd, EPOLLIN, [&](uint32_t) {
+      uint64_t v;
+      (void)!read(fd, &v, sizeof v);
+      ++reads;
+    });
+  });
+  const uint64_t one = 1;
+  (void)!write(fd, &one, sizeof one);
+  ASSERT_TRUE(testing::eventually([&] { return reads.load() == 1; }, 2s));
+  loop.call([&] { loop.unwatch(fd); });
+  loop.stop();
+  close(fd);
+}
+
+TEST(EventLoopTest, AfterStopPostsAreDroppedAndCallsRunOnTheCaller) {
+  EventLoop loop;
+  loop.start("test-loop");
+  std::atomic<int> before{0};
+  loop.post([&] { ++before; });
+  loop.stop();
+  EXPECT_EQ(before.load(), 1) << "what was posted before stop() runs";
+  bool ran = false;
+  loop.post([&] { ran = true; });
+  EXPECT_EQ(loop.call([&] { return 7; }), 7);
+  EXPECT_FALSE(ran);
+}
+
+}  // namespace
+}  // namespace kpleg::pleg

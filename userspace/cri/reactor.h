@@ -1,0 +1,26 @@
+// Reactor: what a component that runs on an event loop needs of that loop (the kernel-driven
+// path's, pleg/event_loop.h): descriptors watched and functions run at a time, all on the
+// loop's thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+
+namespace kpleg::cri {
+
+class Reactor {
+ public:
+  using Clock = std::chrono::steady_clock;
+  virtual ~Reactor() = default;
+  // Calls `on_ready` with the epoll events each time `fd` is ready for `events` (EPOLLIN,
+  // EPOLLOUT, level-triggered); modify() changes them, unwatch() ends it.
+  virtual void watch(int fd, uint32_t events, std::function<void(uint32_t)> on_ready) = 0;
+  virtual void modify(int fd, uint32_t events) = 0;
+  virtual void unwatch(int fd) = 0;
+  // Runs `task` at `at`; cancel() drops it unless it ran. Ids are never 0.
+  virtual uint64_t at(Clock::time_point at, std::function<void()> task) = 0;
+  virtual bool cancel(uint64_t id) = 0;
+};
+
+}  // namespace kpleg::cri

@@ -1,0 +1,210 @@
+#include "pleg/event_loop.h"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/timerfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "common/thread_name.h"
+
+namespace kpleg::pleg {
+namespace {
+
+void write_one(int fd) {
+  const uint64_t one = 1;
+  while (write(fd, &one, sizeof one) < 0 && errno == EINTR) {
+  }
+}
+
+void drain(int fd) {
+  uint64_t v;
+  while (read(fd, &v, sizeof v) < 0 && errno == EINTR) {
+  }
+}
+
+}  // namespace
+
+EventLoop::EventLoop() {
+  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  timer_fd_ = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
+  message_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (epoll_fd_ < 0 || timer_fd_ < 0 || message_fd_ < 0) {
+    const int err = errno;
+    for (int fd : {epoll_fd_, timer_fd_, message_fd_})
+      if (fd >= 0) close(fd);
+    throw std::runtime_error(std::string("event loop: ") + std::strerror(err));
+  }
+  for (int fd : {timer_fd_, message_fd_}) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
+  }
+}
+
+EventLoop::~EventLoop() {
+  stop();
+  for (int fd : {epoll_fd_, timer_fd_, message_fd_}) close(fd);
+}
+
+void EventLoop::start(const std::string& name) {
+  thread_ = std::thread([this, name] {
+    // Before anything runs on it: a message that asks in_loop() must be told yes.
+    thread_id_.store(std::this_thread::get_id());
+    set_thread_name(name.c_str());
+    run();
+  });
+  thread_id_.store(thread_.get_id());
+}
+
+void EventLoop::stop() {
+  {
+    std::lock_guard lk(mu_);
+    if (stopping_) return;
+    stopping_ = true;
+    if (!thread_.joinable()) stopped_ = true;
+  }
+  write_one(message_fd_);
+  if (thread_.joinable()) thread_.join();
+  std::lock_guard lk(mu_);
+  stopped_ = true;
+  thread_id_.store(std::thread::id{});
+}
+
+bool EventLoop::enqueue(Task task) {
+  std::lock_guard lk(mu_);
+  if (stopped_ || (stopping_ && !thread_.joinable())) return false;
+  messages_.push_back(std::move(task));
+  if (!signalled_) {
+    signalled_ = true;
+    write_one(message_fd_);
+  }
+  return true;
+}
+
+void EventLoop::post(Task task) { (void)enqueue(std::move(task)); }
+
+EventLoop::TimerId EventLoop::at(Clock::time_point at, Task task) {
+  const TimerId id = ++last_timer_;
+  timers_.emplace(std::pair{at, id}, std::move(task));
+  timer_at_.emplace(id, at);
+  if (at < armed_at_ || armed_at_ <= Clock::now()) arm();
+  return id;
+}
+
+bool EventLoop::cancel(TimerId id) {
+  auto it = timer_at_.find(id);
+  if (it == timer_at_.end()) return false;
+  timers_.erase({it->second, id});
+  timer_at_.erase(it);
+  // A timer set for this one alone would wake the loop for nothing.
+  if (armed_at_ != Clock::time_point::max() && (timers_.empty() || timers_.begin()->first.first > armed_at_)) arm();
+  return true;
+}
+
+void EventLoop::arm() {
+  const auto next = timers_.empty() ? Clock::time_point::max() : timers_.begin()->first.first;
+  if (next == armed_at_) return;
+  armed_at_ = next;
+  itimerspec its{};  // all zero: disarmed
+  if (next != Clock::time_point::max()) {
+    // Relative to now, not an absolute CLOCK_MONOTONIC time: the same thing, except to tools
+    // that shift the clocks of a process (libfaketime rewrites absolute timer times).
+    const auto left = std::max<int64_t>(
+        1, std::chrono::duration_cast<std::chrono::nanoseconds>(next - Clock::now()).count());
+    its.it_value.tv_sec = left / 1'000'000'000;
+    its.it_value.tv_nsec = left % 1'000'000'000;
+  }
+  timerfd_settime(timer_fd_, 0, &its, nullptr);
+}
+
+void EventLoop::watch(int fd, uint32_t events, std::function<void(uint32_t)> on_ready) {
+  watched_[fd] = std::move(on_ready);
+  epoll_event ev{};
+  ev.events = events;
+  ev.data.fd = fd;
+  epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
+}
+
+void EventLoop::modify(int fd, uint32_t events) {
+  epoll_event ev{};
+  ev.events = events;
+  ev.data.fd = fd;
+  epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, fd, &ev);
+}
+
+void EventLoop::unwatch(int fd) {
+  if (watched_.erase(fd) > 0) epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+}
+
+void EventLoop::run_messages() {
+  std::deque<Task> batch;
+  {
+    std::lock_guard lk(mu_);
+    batch.swap(messages_);
+    signalled_ = false;
+  }
+  for (auto& t : batch) t();
+}
+
+void EventLoop::run_timers() {
+  const auto now = Clock::now();
+  while (!timers_.empty() && timers_.begin()->first.first <= now) {
+    auto node = timers_.extract(timers_.begin());
+    timer_at_.erase(node.key().second);
+    node.mapped()();
+  }
+  armed_at_ = Clock::time_point::max() - Clock::duration(1);  // force a re-arm
+  arm();
+}
+
+void EventLoop::run() {
+  epoll_event out[16];
+  for (;;) {
+    const int n = epoll_wait(epoll_fd_, out, 16, -1);
+    if (n < 0) continue;  // EINTR
+    wakeups_.fetch_add(1, std::memory_order_relaxed);
+    bool messages = false, timers = false;
+    for (int i = 0; i < n; ++i) {
+      const int fd = out[i].data.fd;
+      if (fd == message_fd_) {
+        drain(fd);
+        messages = true;
+      } else if (fd == timer_fd_) {
+        drain(fd);
+        timers = true;
+      } else if (auto it = watched_.find(fd); it != watched_.end()) {
+        auto on_ready = it->second;  // may unwatch itself
+        on_ready(out[i].events);
+      }
+    }
+    if (messages) {
+      bool stop;
+      {
+        std::lock_guard lk(mu_);
+        stop = stopping_;
+      }
+      run_messages();
+      if (stop) {
+        // What was posted before stop() has run; what comes later finds stopped_.
+        std::lock_guard lk(mu_);
+        stopped_ = true;
+      }
+      if (stop) {
+        run_messages();
+        timers_.clear();
+        timer_at_.clear();
+        return;
+      }
+    }
+    if (timers) run_timers();
+  }
+}
+
+}  // namespace kpleg::pleg

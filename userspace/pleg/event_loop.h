@@ -1,0 +1,121 @@
+// EventLoop: the one thread that owns the kernel-driven path's state (the container table, the
+// confirmer's chains, the removal watcher's sweep). It sleeps in epoll on three kinds of
+// descriptor and does everything it is woken for before it sleeps again:
+//
+//   - one timerfd, set to the earliest of its timers (a look that is due, a back-off, a sweep);
+//   - one eventfd, written when another thread posts a message (post(), call());
+//   - the descriptors registered with watch() (the BPF ring buffer, a connection).
+//
+// Nothing that runs on it blocks: a slow call runs off the loop and comes back as a message.
+// Other threads never touch the state: they post to it, or call() and wait for the answer.
+// post() takes a short lock on the message queue only (never held while a message runs); a
+// message posted while the loop is awake for something else costs no wakeup at all.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <unordered_map>
+
+#include "cri/reactor.h"
+
+namespace kpleg::pleg {
+
+class EventLoop final : public cri::Reactor {
+ public:
+  using Task = std::function<void()>;
+  using TimerId = uint64_t;  // never 0 for a timer
+
+  EventLoop();
+  ~EventLoop() override;
+  EventLoop(const EventLoop&) = delete;
+  EventLoop& operator=(const EventLoop&) = delete;
+
+  // Starts the loop's thread, named `name`.
+  void start(const std::string& name);
+  // Ends the loop: the messages posted before run, the timers are dropped, the thread is
+  // joined. Later posts are dropped and later call()s run on their caller's thread, one at a
+  // time. Not from the loop itself.
+  void stop();
+
+  // Whether the caller is the loop's thread.
+  bool in_loop() const { return std::this_thread::get_id() == thread_id_.load(); }
+
+  // Runs `task` on the loop, after the messages posted before it. From any thread.
+  void post(Task task);
+  // Runs `f` on the loop and returns its result: at once on the loop's own thread (or once the
+  // loop has stopped), else after the messages posted before.
+  template <typename F>
+  auto call(F&& f) -> std::invoke_result_t<F> {
+    using R = std::invoke_result_t<F>;
+    if (in_loop()) return f();
+    {
+      std::unique_lock lk(mu_);
+      if (stopped_) {
+        std::lock_guard after(after_stop_mu_);
+        lk.unlock();
+        return f();
+      }
+    }
+    std::packaged_task<R()> task(std::forward<F>(f));
+    auto result = task.get_future();
+    auto shared = std::make_shared<std::packaged_task<R()>>(std::move(task));
+    if (!enqueue([shared] { (*shared)(); })) {  // stopped meanwhile
+      std::lock_guard after(after_stop_mu_);
+      (*shared)();
+    }
+    return result.get();
+  }
+
+  // On the loop's thread: runs `task` on the loop at `at` (at once if past). Returns its id.
+  TimerId at(Clock::time_point at, Task task) override;
+  // Drops a timer that has not fired: true when it will never run.
+  bool cancel(TimerId id) override;
+
+  // On the loop's thread (or before start()): calls `on_ready` with the epoll events each time
+  // `fd` is ready for `events` (EPOLLIN, EPOLLOUT, level-triggered).
+  void watch(int fd, uint32_t events, std::function<void(uint32_t)> on_ready) override;
+  void modify(int fd, uint32_t events) override;
+  void unwatch(int fd) override;
+
+  // Times the loop's thread woke (out of epoll_wait), for tests and benchmarks.
+  uint64_t wakeups() const { return wakeups_.load(std::memory_order_relaxed); }
+
+ private:
+  bool enqueue(Task task);
+  void run();
+  void run_messages();
+  void run_timers();
+  void arm();
+
+  int epoll_fd_ = -1;
+  int timer_fd_ = -1;
+  int message_fd_ = -1;
+  std::thread thread_;
+  std::atomic<std::thread::id> thread_id_{};
+  std::atomic<uint64_t> wakeups_{0};
+
+  std::mutex mu_;  // the message queue only
+  std::deque<Task> messages_;
+  bool signalled_ = false;  // the eventfd was written and not yet read
+  bool stopping_ = false, stopped_ = false;
+  std::mutex after_stop_mu_;  // call()s after stop() run one at a time
+
+  // The loop's own (no lock):
+  std::map<std::pair<Clock::time_point, TimerId>, Task> timers_;
+  std::unordered_map<TimerId, Clock::time_point> timer_at_;
+  TimerId last_timer_ = 0;
+  Clock::time_point armed_at_ = Clock::time_point::max();
+  std::unordered_map<int, std::function<void(uint32_t)>> watched_;
+};
+
+}  // namespace kpleg::pleg
