@@ -176,6 +176,13 @@ bool BpfProgram::attach_removal_hint() {
   }
   skel_->links.removal_hint_unlinkat = unlinkat;  // destroyed with the skeleton
   bpf_link* rmdir = bpf_program__attach(skel_->progs.removal_hint_rmdir);
+  if (!rmdir && errno == ENOENT) {
+    // arm64 (and every architecture of the generic syscall table) has no rmdir(2): its libc
+    // removes directories with unlinkat(AT_REMOVEDIR), which the hint sees already.
+    spdlog::info("no syscalls:sys_enter_rmdir tracepoint (no rmdir syscall on this "
+                 "architecture): the removal hint watches unlinkat alone");
+    return true;
+  }
   if (!rmdir) {
     spdlog::warn("attaching the removal hint (syscalls:sys_enter_rmdir) failed: {}: removals "
                  "are swept for, without the kernel's hint",
