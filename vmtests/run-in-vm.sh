@@ -355,7 +355,7 @@ else
   # shellcheck disable=SC2054  # the commas are qemu's option syntax
   if [ "$kernel_arch" = arm64 ]; then
     # Software emulation of a generic arm64 machine (PCI, so the same virtio-9p-pci devices).
-    accel=(-machine virt -accel tcg,thread=multi -cpu max)
+    accel=(-machine virt -accel tcg,thread=multi -cpu max,pauth-impdef=on)
     console=ttyAMA0
   elif kvm_usable; then
     accel=(-accel kvm -cpu host)
