@@ -18,7 +18,7 @@
  * program that reads ctx[1] is rejected by the verifier on kernels without the argument. On every
  * kernel do_exit() decrements signal->live (atomic_dec_and_test) *before* the tracepoint fires,
  * so a zero counter means the group is dead. Two threads exiting at once can both read zero: the
- * caller claims the exit with a compare-and-swap so only one record is emitted.
+ * caller claims the exit (kpleg.bpf.c: claims) so only one record is emitted.
  */
 static __always_inline bool kpleg__task_group_dead(struct task_struct *task)
 {

@@ -53,6 +53,45 @@ struct {
 } removal_watch SEC(".maps");
 
 /*
+ * Claims: which of several CPUs racing on the same state emits the one event. The winner is
+ * the one whose bpf_map_update_elem(BPF_NOEXIST) inserts the key (the hash map checks and
+ * inserts under its bucket lock); a compare-and-swap on the map value would do the same, but
+ * BPF_CMPXCHG needs Linux 5.12 and nodes run 5.10. Each claim is looked for only after its
+ * state (exec_seen, exit_seen, the armed flag) said "not yet", so an LRU eviction can at worst
+ * let a claim through that the state then rejects: none of these keys is read again once the
+ * state changed.
+ */
+struct kpleg_claim_key {
+	__u64 cgroup_id;
+	__u32 kind; /* enum kpleg_claim */
+	__u32 _pad;
+};
+enum kpleg_claim { KPLEG_CLAIM_EXEC = 1, KPLEG_CLAIM_EXIT = 2 };
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384); /* resized by the loader */
+	__type(key, struct kpleg_claim_key);
+	__type(value, __u8);
+} claims SEC(".maps");
+
+/* The removal hint's claims, per arming: userspace deletes an id's claim when it arms it. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384); /* resized by the loader */
+	__type(key, char[KPLEG_ID_LEN]);
+	__type(value, __u8);
+} removal_claims SEC(".maps");
+
+static __always_inline bool claim__cgroup(__u64 cgroup_id, enum kpleg_claim kind)
+{
+	struct kpleg_claim_key key = { .cgroup_id = cgroup_id, .kind = kind };
+	__u8 one = 1;
+
+	return bpf_map_update_elem(&claims, &key, &one, BPF_NOEXIST) == 0;
+}
+
+/*
  * Ids whose directory was removed while not armed, with the rmdir's bpf_ktime_get_ns(): the
  * runtime may remove it before userspace has confirmed the death and armed the id (a
  * RemoveContainer right after StopContainer). Userspace arms, then looks here: such a removal
@@ -447,11 +486,11 @@ int BPF_PROG(sched_process_exec, struct task_struct *task, pid_t old_pid,
 		return 0;
 	}
 	/* Claim the first exec once, even when two CPUs exec in the same cgroup at once. */
-	if (t->exec_seen != from ||
-	    __sync_val_compare_and_swap(&t->exec_seen, from, KPLEG_EXEC_CLAIMED) != from) {
+	if (t->exec_seen != from || !claim__cgroup(cgid, KPLEG_CLAIM_EXEC)) {
 		counter__inc(KPLEG_CNT_EXEC_REPEATED);
 		return 0;
 	}
+	t->exec_seen = KPLEG_EXEC_CLAIMED;
 	t->init_tgid = tgid;
 
 	struct kpleg_exec_event *e = event__reserve(sizeof(*e), KPLEG_EVENT_EXEC);
@@ -488,10 +527,11 @@ int BPF_PROG(sched_process_exit, struct task_struct *task)
 	__u32 tgid = BPF_CORE_READ(task, tgid);
 
 	if (!t->exec_seen || t->init_tgid != tgid || !kpleg__task_group_dead(task) ||
-	    t->exit_seen || __sync_val_compare_and_swap(&t->exit_seen, 0, 1) != 0) {
+	    t->exit_seen || !claim__cgroup(cgid, KPLEG_CLAIM_EXIT)) {
 		counter__inc(KPLEG_CNT_EXIT_IGNORED);
 		return 0;
 	}
+	t->exit_seen = 1;
 
 	struct kpleg_exit_event *e = event__reserve(sizeof(*e), KPLEG_EVENT_EXIT);
 
@@ -602,8 +642,11 @@ static __always_inline void removal__hint(const char *user_path)
 		return;
 	}
 	/* Once per arming, even when two CPUs remove directories of the same id at once. */
-	if (*armed != 1 || __sync_val_compare_and_swap(armed, 1, 0) != 1)
+	__u8 one = 1;
+
+	if (*armed != 1 || bpf_map_update_elem(&removal_claims, id, &one, BPF_NOEXIST) != 0)
 		return;
+	*armed = 0;
 	struct kpleg_removal_hint_event *e = event__reserve(sizeof(*e), KPLEG_EVENT_REMOVAL_HINT);
 
 	if (!e)

@@ -94,7 +94,7 @@ enum kpleg_tracked_kind {
 struct kpleg_tracked_cgroup {
 	__u32 kind;        /* enum kpleg_tracked_kind */
 	__u32 init_tgid;   /* tgid of the first exec'd process, 0 until then */
-	__u64 exec_seen;   /* KPLEG_EXEC_* once the start is known (64-bit: BPF cmpxchg width) */
+	__u64 exec_seen;   /* KPLEG_EXEC_* once the start is known (claimed through the claims map) */
 	__u64 exit_seen;   /* 1 once the init's death was claimed */
 	__u64 parent_id;   /* the parent cgroup's id (0 for a root): userspace finds a cgroup whose
 			    * mkdir record it lost from its parent's directory */

@@ -18,8 +18,10 @@ PACKAGES=(
   containerd runc busybox-static containernetworking-plugins iproute2 curl
   # metrics format check, plots, VM kernels
   prometheus gnuplot-nox qemu-system-x86 jq procps psmisc kmod
-  # vmtests: unpacking the xz-compressed modules of Debian's newer kernels
-  xz-utils
+  # vmtests: unpacking the xz-compressed modules of Debian's newer kernels; the arm64 guest
+  # (qemu-system-aarch64; kplegd cross-built with clang and lld against scripts/sysroot.sh's
+  # arm64 root, checked with file)
+  xz-utils qemu-system-arm file
   # deploy/ manifest check
   python3-yaml
   # virtme-ng (scripts/vng.sh) is installed from PyPI into a virtual environment; virtiofsd

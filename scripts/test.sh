@@ -9,11 +9,13 @@
 #   scripts/test.sh --all   the whole matrix (CI; 43 min measured on a fresh machine, 35 with the
 #                           tools cached):
 #                           every test against containerd 1.6 (kubelet, critest, the quick bench,
-#                           the restart storm, every VM kernel), then on containerd 2.x and on
+#                           the restart storm, every VM kernel, a container in the VM on two of
+#                           them, the arm64 kernel last), then on containerd 2.x and on
 #                           CRI-O what differs there (RUNTIME_TESTS below), and every fuzz target
 #                           for a minute. The tools it needs from the registries (the kubelet,
-#                           containerd 2.x, CRI-O, virtiofsd) build in the background, at the
-#                           lowest CPU priority, while the project builds and the first tests run.
+#                           containerd 2.x, CRI-O, virtiofsd) and the arm64 kplegd
+#                           (scripts/cross-arm64.sh) build in the background, at the lowest CPU
+#                           priority, while the project builds and the first tests run.
 #
 # Both print at the end a table of their phases with their times, and CTest's ten slowest tests.
 # Tests that need root, BPF or containerd skip with a reason when run unprivileged; with
@@ -84,11 +86,13 @@ run_ctest() {
 # Tests left out of the default run, each run by --all (the README says how long each takes):
 # the kubelet suite (its own built kubelet, critest directly and through kplegd), the quick bench,
 # the restart storm and the README's demo, and the VM kernels but the newest generic one.
-LONG='^(kubelet\.|cri\.critest$|CriEndpoint|bench_|RestartStormTest\.|SoakTest\.|ApiE2eTest\.ReadmeMainCommand|vmtest\.(qemu\.|6\.1-|.*-cloud))'
+LONG='^(kubelet\.|cri\.critest$|CriEndpoint|bench_|RestartStormTest\.|SoakTest\.|ApiE2eTest\.ReadmeMainCommand|vmtest\.(qemu\.|container\.|5\.10-|6\.1-|7\.3-|.*-cloud))'
 # In --all, the tests that need a tool built in the background (the kubelet, virtiofsd) run after
 # the other runtimes' passes, each runtime's once its build is done.
 KUBELET_TESTS='^kubelet\.e2e$'
 CLOUD_VMS='^vmtest\..*-cloud$'
+# The arm64 kernel's test runs after the arm64 kplegd is cross-built in the background.
+ARM64_VMS='^vmtest\..*-arm64$'
 # What the passes on other runtimes run (-R), because it differs there:
 # - containerd-2: its event stream confirms transitions instead of the status calls (lifecycle in
 #   both modes, the differential test, the event stream's own tests, the restart storm, a
@@ -141,6 +145,7 @@ if [ "$all" = 1 ] && [ -z "${CTEST_ARGS:-}" ]; then
     for rt in $other_runtimes; do bg_tool "$rt" scripts/runtimes.sh build "$rt"; done
     bg_tool kubelet scripts/kubelet.sh
     bg_tool virtiofsd scripts/virtiofsd.sh
+    bg_tool arm64 scripts/cross-arm64.sh "$build"
   ) &
   bg_pid=$!
 fi
@@ -201,7 +206,7 @@ elif [ "$all" = 0 ]; then
     on_runtime "$rt" "tests: $rt" -R "${RUNTIME_TESTS[$rt]}" -E "${RUNTIME_EXCLUDE[$rt]}|$LONG" || status=1
   done
 else
-  phase "tests: containerd 1.6" run_ctest containerd-1.6 -E "$KUBELET_TESTS|$CLOUD_VMS" || status=1
+  phase "tests: containerd 1.6" run_ctest containerd-1.6 -E "$KUBELET_TESTS|$CLOUD_VMS|$ARM64_VMS" || status=1
   for rt in $other_runtimes; do
     wait_tool "$rt" || { status=1; continue; }
     on_runtime "$rt" "tests: $rt" -R "${RUNTIME_TESTS[$rt]}" -E "${RUNTIME_EXCLUDE[$rt]}|$KUBELET_TESTS" ||
@@ -226,6 +231,11 @@ else
   fi
   if wait_tool virtiofsd && need virtiofsd scripts/virtiofsd.sh; then
     phase "tests: cloud kernels" run_ctest vm -R "$CLOUD_VMS" || status=1
+  else
+    status=1
+  fi
+  if wait_tool arm64; then
+    phase "tests: arm64 kernel" run_ctest vm-arm64 -R "$ARM64_VMS" || status=1
   else
     status=1
   fi

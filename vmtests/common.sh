@@ -18,15 +18,16 @@ KPLEG_VM_EXIT_VM_FAILURE=125  # run-in-vm.sh: no boot, init failure, or no exit 
 
 kpleg_vm_log() { printf '%s: %s\n' "${0##*/}" "$*" >&2; }
 
-# Prints "name package flavour" for each kernel of the list (all, or those named).
+# Prints "name package flavour suite" for each kernel of the list (all, or those named); the
+# suite is "-" (the host's apt sources) where the line names none.
 kpleg_vm_kernels() {
   local list=$KPLEG_VM_KERNEL_LIST
   [ -r "$list" ] || { kpleg_vm_log "cannot read the kernel list $list"; return 1; }
   awk -v want="$*" '
     BEGIN { n = split(want, w, " "); for (i = 1; i <= n; i++) wanted[w[i]] = 1 }
     /^[[:space:]]*(#|$)/ { next }
-    NF != 3 { printf "%s:%d: expected \"name package flavour\", got: %s\n", FILENAME, NR, $0 > "/dev/stderr"; bad = 1; next }
-    n == 0 || ($1 in wanted) { print $1, $2, $3; found[$1] = 1 }
+    NF != 3 && NF != 4 { printf "%s:%d: expected \"name package flavour [suite]\", got: %s\n", FILENAME, NR, $0 > "/dev/stderr"; bad = 1; next }
+    n == 0 || ($1 in wanted) { print $1, $2, $3, (NF == 4 ? $4 : "-"); found[$1] = 1 }
     END {
       for (k in wanted) if (!(k in found)) { printf "%s: no kernel named %s\n", FILENAME, k > "/dev/stderr"; bad = 1 }
       exit bad

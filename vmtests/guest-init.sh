@@ -56,6 +56,11 @@ mount -t proc proc "$R/proc" || fail "mount /proc"
 mount -t sysfs sysfs "$R/sys" || fail "mount /sys"
 mount -t devtmpfs devtmpfs "$R/dev" || fail "mount /dev"
 mkdir -p "$R/dev/pts" "$R/dev/shm"
+# What udev would add: bash's process substitution opens /dev/fd/N.
+ln -sf /proc/self/fd "$R/dev/fd"
+ln -sf /proc/self/fd/0 "$R/dev/stdin"
+ln -sf /proc/self/fd/1 "$R/dev/stdout"
+ln -sf /proc/self/fd/2 "$R/dev/stderr"
 mount -t devpts -o gid=5,mode=620,ptmxmode=666 devpts "$R/dev/pts" || fail "mount /dev/pts"
 mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs "$R/dev/shm" || fail "mount /dev/shm"
 for dir in /tmp /var/tmp; do

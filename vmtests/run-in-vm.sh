@@ -25,6 +25,9 @@
 #   --verbose          show the kernel's boot messages
 #   --keep             keep the run directory (console log, initramfs config) after success
 #
+# KPLEG_VM_MODULES: more modules the qemu runner loads at boot (for example overlay, which a
+# container runtime mounts and a guest without its own modprobe cannot load on demand).
+#
 # Acceleration: KVM when /dev/kvm is writable and the CPU has vmx or svm, else TCG;
 # KPLEG_VM_ACCEL=kvm|tcg overrides.
 #
@@ -91,6 +94,7 @@ done
 
 # --- the kernel -------------------------------------------------------------------------------
 
+kernel_arch=x86_64 # x86_64 or arm64 (kernel.env, else the image's type)
 kernel_image=""    # the vmlinuz to boot
 kernel_release=""  # its uname -r
 modules_dir=""     # its lib/modules/<release>, if any
@@ -116,6 +120,7 @@ resolve_kernel() {
     if [ -f "$dir/kernel.env" ]; then
       kernel_release=$(sed -n 's/^KPLEG_VM_KERNEL_RELEASE=//p' "$dir/kernel.env")
       kernel_image=$dir/$(sed -n 's/^KPLEG_VM_KERNEL_IMAGE=//p' "$dir/kernel.env")
+      kernel_arch=$(sed -n 's/^KPLEG_VM_KERNEL_ARCH=//p' "$dir/kernel.env")
     else
       local images=("$dir"/boot/vmlinuz-*)
       if [ ${#images[@]} -ne 1 ] || [ ! -f "${images[0]}" ]; then
@@ -137,10 +142,27 @@ resolve_kernel() {
     die_usage "--kernel $arg: no such file, directory or fetched kernel (run vmtests/fetch-kernels.sh)"
   fi
   [ -f "$kernel_image" ] || die_usage "--kernel $arg: $kernel_image is missing"
+  if [ -z "$kernel_arch" ]; then
+    kernel_arch=x86_64
+    if command -v file >/dev/null && file -bL "$kernel_image" | grep -q ARM64; then kernel_arch=arm64; fi
+  fi
   [ -n "$kernel_release" ] || die_usage "--kernel $arg: cannot tell its release"
   if [ -n "$modules_dir" ] && [ ! -d "$modules_dir" ]; then modules_dir=""; fi
 }
 resolve_kernel "$kernel_arg"
+
+# An arm64 guest cannot run the host's userspace: it boots into the arm64 Debian root of
+# scripts/sysroot.sh instead (read-only as the host's root is), where the writable directories
+# get mount points made from the host. The command runs in the first of them.
+guest_root=/
+if [ "$kernel_arch" = arm64 ]; then
+  guest_root=${KPLEG_SYSROOT:-/var/cache/kpleg/sysroot-arm64}/root
+  [ -f "$guest_root/.kpleg-sysroot" ] || vm_failure "no arm64 root in $guest_root (scripts/sysroot.sh makes it)"
+  [ "$runner" != vng ] || die_usage "vng boots the host's architecture only; arm64 kernels take --runner qemu"
+  runner=qemu
+  for dir in "${rwdirs[@]}"; do mkdir -p "$guest_root$dir"; done
+  [ -d "$guest_root$cwd" ] || cwd=${rwdirs[0]:-/}
+fi
 
 # --- the run directory ------------------------------------------------------------------------
 
@@ -186,6 +208,8 @@ shell_quote() { local s=${1//\'/\'\\\'\'}; printf "'%s'" "$s"; }
     [[ "$name" =~ ^KPLEG_[A-Za-z0-9_]*$ ]] || continue
     echo "export $name=$(shell_quote "${!name}")"
   done < <(env)
+  # The arm64 root has no ld.so.cache: the loader is told where Debian's multiarch libraries are.
+  [ "$kernel_arch" != arm64 ] || echo "export LD_LIBRARY_PATH=/usr/lib/aarch64-linux-gnu"
   echo "cd $(shell_quote "$cwd") || { echo 'kpleg-vm: cannot enter $cwd'; exit $KPLEG_VM_EXIT_VM_FAILURE; }"
   printf 'exec'
   for word in "$@"; do printf ' %s' "$(shell_quote "$word")"; done
@@ -235,9 +259,10 @@ if [ "$runner" = vng ]; then
 mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf
 mountpoint -q /sys/kernel/tracing || mount -t tracefs tracefs /sys/kernel/tracing
 mkdir -p /tmp/home
-HOME=/tmp/home /bin/sh $rundir/cmd.sh
-rc=\$?
-echo \$rc >$rundir/exit-status
+# A copy of the output in the run directory: where virtme-ng finds no virtio console (Debian
+# 11's kernel has it as a module) the command's output goes to a console it does not show.
+{ HOME=/tmp/home /bin/sh $rundir/cmd.sh; echo \$? >$rundir/exit-status; } 2>&1 | tee $rundir/output
+rc=\$(cat $rundir/exit-status)
 printf '\nKPLEG_VM_EXIT.$nonce=%s\n' \$rc
 EOF
   vng_args=(--run "$kernel_image" --user root --memory "$memory" --cpus "$cpus")
@@ -250,12 +275,18 @@ EOF
   kpleg_vm_log "booting Linux $kernel_release with vng (timeout ${timeout_s}s)"
   run_vm vng "${vng_args[@]}" --exec "/bin/sh $rundir/vng-exec.sh"
 else
-  command -v qemu-system-x86_64 >/dev/null || vm_failure "qemu-system-x86_64 is not installed (Debian: qemu-system-x86)"
-  [ "$(uname -m)" = x86_64 ] || vm_failure "the qemu runner boots x86_64 kernels only"
-
-  busybox=${KPLEG_VM_BUSYBOX:-/bin/busybox}
+  if [ "$kernel_arch" = arm64 ]; then
+    qemu_bin='qemu-system-aarch64'
+    command -v "$qemu_bin" >/dev/null || vm_failure "$qemu_bin is not installed (Debian: qemu-system-arm)"
+    busybox=$guest_root/bin/busybox
+  else
+    qemu_bin='qemu-system-x86_64'
+    command -v "$qemu_bin" >/dev/null || vm_failure "$qemu_bin is not installed (Debian: qemu-system-x86)"
+    [ "$(uname -m)" = x86_64 ] || vm_failure "the qemu runner boots x86_64 kernels only"
+    busybox=${KPLEG_VM_BUSYBOX:-/bin/busybox}
+  fi
   [ -x "$busybox" ] || vm_failure "$busybox not found (Debian: busybox-static)"
-  if ldd "$busybox" >/dev/null 2>&1; then
+  if [ "$kernel_arch" = x86_64 ] && ldd "$busybox" >/dev/null 2>&1; then
     vm_failure "$busybox is dynamically linked; the initramfs needs a static one (Debian: busybox-static)"
   fi
 
@@ -270,8 +301,9 @@ else
       "$depmod_bin" -b "$modroot" "$kernel_release" ||
         vm_failure "$modules_dir has no modules.dep and depmod failed"
     fi
+    # shellcheck disable=SC2086  # a list of module names
     deps=$("$modprobe_bin" -a --show-depends -d "$modroot" -S "$kernel_release" \
-      9p 9pnet_virtio virtio_pci 2>&1) ||
+      9p 9pnet_virtio virtio_pci ${KPLEG_VM_MODULES:-} 2>&1) ||
       vm_failure "Linux $kernel_release cannot share files with the host (no 9p over virtio): $deps"
     while read -r verb path _; do
       [ "$verb" = insmod ] || continue
@@ -307,7 +339,8 @@ else
       esac || vm_failure "cannot unpack module $path"
       echo "$name" >>"$staging/modules.load"
     done
-    (cd "$staging" && find . | "$busybox" cpio -o -H newc -R 0:0 2>/dev/null | gzip -1) >"$initrd.tmp.$$" ||
+    # The host's busybox packs it (the guest's may be another architecture's).
+    (cd "$staging" && find . | "${KPLEG_VM_BUSYBOX:-/bin/busybox}" cpio -o -H newc -R 0:0 2>/dev/null | gzip -1) >"$initrd.tmp.$$" ||
       vm_failure "cannot build the initramfs"
     mv "$initrd.tmp.$$" "$initrd"
     rm -rf "$staging"
@@ -320,18 +353,28 @@ else
   } >"$rundir/config"
 
   # shellcheck disable=SC2054  # the commas are qemu's option syntax
-  if kvm_usable; then accel=(-accel kvm -cpu host); else accel=(-accel tcg,thread=multi -cpu max); fi
-  cmdline="console=ttyS0 panic=-1 oops=panic rdinit=/init"
+  if [ "$kernel_arch" = arm64 ]; then
+    # Software emulation of a generic arm64 machine (PCI, so the same virtio-9p-pci devices).
+    accel=(-machine virt -accel tcg,thread=multi -cpu max,pauth-impdef=on)
+    console=ttyAMA0
+  elif kvm_usable; then
+    accel=(-accel kvm -cpu host)
+    console=ttyS0
+  else
+    accel=(-accel tcg,thread=multi -cpu max)
+    console=ttyS0
+  fi
+  cmdline="console=$console panic=-1 oops=panic rdinit=/init"
   [ "$verbose" -eq 1 ] || cmdline="$cmdline quiet"
   [ -z "$append" ] || cmdline="$cmdline $append"
 
   # shellcheck disable=SC2054
-  qemu=(qemu-system-x86_64 -nodefaults -no-user-config -display none -no-reboot
+  qemu=("$qemu_bin" -nodefaults -no-user-config -display none -no-reboot
     "${accel[@]}" -smp "$cpus" -m "$memory"
     -kernel "$kernel_image" -initrd "$initrd" -append "$cmdline"
     -serial stdio
     # The host root spans several filesystems: remap inode numbers so they stay unique.
-    -fsdev "local,id=hostroot,path=/,security_model=none,readonly=on,multidevs=remap"
+    -fsdev "local,id=hostroot,path=$guest_root,security_model=none,readonly=on,multidevs=remap"
     -device virtio-9p-pci,fsdev=hostroot,mount_tag=hostroot
     -fsdev "local,id=kplegrun,path=$rundir,security_model=none"
     -device virtio-9p-pci,fsdev=kplegrun,mount_tag=kplegrun)
@@ -339,11 +382,16 @@ else
     qemu+=(-fsdev "local,id=kplegrw$i,path=${rwdirs[$i]},security_model=none,multidevs=remap"
       -device "virtio-9p-pci,fsdev=kplegrw$i,mount_tag=kplegrw$i")
   done
-  kpleg_vm_log "booting Linux $kernel_release with qemu (${accel[1]}, ${cpus} CPUs, $memory, timeout ${timeout_s}s)"
+  kpleg_vm_log "booting Linux $kernel_release ($kernel_arch) with qemu (${accel[*]}, ${cpus} CPUs, $memory, timeout ${timeout_s}s)"
   run_vm "${qemu[@]}"
 fi
 
 elapsed=$(awk -v a="$started" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+
+if [ "$runner" = vng ] && [ -s "$rundir/output" ] && ! grep -q "KPLEG_VM_EXIT\.$nonce=" "$log"; then
+  kpleg_vm_log "the console did not show the command's output; here it is"
+  sed 's/\r$//' "$rundir/output"
+fi
 
 status=""
 if [ -f "$rundir/exit-status" ]; then

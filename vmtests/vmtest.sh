@@ -3,11 +3,15 @@
 #
 #   vmtests/vmtest.sh NAME
 #
-# NAME is a kernel of vmtests/kernels.txt. Environment:
+# NAME is a kernel of vmtests/kernels.txt. An arm64 kernel (package <name>:arm64) boots under
+# qemu-system-aarch64 into the arm64 root of scripts/sysroot.sh and runs the cross-built kplegd
+# ($KPLEG_ARM64_BUILD_DIR, default $KPLEG_BUILD_DIR/arm64, built by scripts/cross-arm64.sh).
+# Environment:
 #   KPLEG_BUILD_DIR        the build tree, shared writable with the guest (default <repo>/build)
 #   KPLEG_VM_KERNELS_DIR   the kernel cache (default $KPLEG_BUILD_DIR/vmtests/kernels)
 #   KPLEG_VMTEST_CMD       the guest check, a /bin/sh command line run in the repository
 #                          (default: "$KPLEG_BUILD_DIR/bin/kplegd" --self-test)
+#   KPLEG_VMTEST_PREPARE   a /bin/sh command line run on the host before the boot (default none)
 #   KPLEG_VMTEST_TIMEOUT   seconds for boot and check together (default 480)
 #   KPLEG_REQUIRE_PRIVILEGED=1  turn a skip (no qemu, kernel not fetchable) into a failure
 # plus those of run-in-vm.sh (KPLEG_VM_RUNNER, KPLEG_VM_ACCEL, ...).
@@ -29,7 +33,7 @@ build_dir=$(cd "$build_dir" && pwd)
 export KPLEG_BUILD_DIR=$build_dir
 KPLEG_VM_KERNELS_DIR=$(kpleg_vm_kernels_dir)
 export KPLEG_VM_KERNELS_DIR
-check=${KPLEG_VMTEST_CMD:-"$build_dir/bin/kplegd" --self-test}
+arm64_build_dir=${KPLEG_ARM64_BUILD_DIR:-$build_dir/arm64}
 timeout_s=${KPLEG_VMTEST_TIMEOUT:-480}
 
 skip() {
@@ -43,9 +47,22 @@ skip() {
 fail() { echo "FAIL: vmtest $name: $*"; exit 1; }
 
 entry=$(kpleg_vm_kernels "$name") || fail "no such kernel in $KPLEG_VM_KERNEL_LIST"
-read -r _ package flavour <<<"$entry"
+read -r _ package flavour _ <<<"$entry"
+arch=x86_64
+kplegd=$build_dir/bin/kplegd
+if [[ "$package" == *:arm64 ]]; then
+  arch=arm64
+  kplegd=$arm64_build_dir/bin/kplegd
+  # The guest sees only the build tree it shares.
+  case "$arm64_build_dir/" in "$build_dir"/*) ;; *)
+    fail "KPLEG_ARM64_BUILD_DIR ($arm64_build_dir) must be inside KPLEG_BUILD_DIR ($build_dir), which the guest shares" ;;
+  esac
+fi
+check=${KPLEG_VMTEST_CMD:-"$kplegd" --self-test}
 
 runner=${KPLEG_VM_RUNNER:-auto}
+# vng boots the host's architecture only.
+[ "$arch" = x86_64 ] || runner=qemu
 if [ "$runner" = auto ]; then
   if command -v vng >/dev/null; then runner=vng; else runner=qemu; fi
 fi
@@ -58,8 +75,16 @@ case "$runner" in
     fi
     ;;
   qemu)
-    command -v qemu-system-x86_64 >/dev/null || skip "qemu-system-x86_64 is not installed (scripts/install-deps.sh)"
-    [ "$(uname -m)" = x86_64 ] || skip "the qemu runner boots x86_64 kernels only"
+    if [ "$arch" = arm64 ]; then
+      command -v qemu-system-aarch64 >/dev/null || skip "qemu-system-aarch64 is not installed (scripts/install-deps.sh: qemu-system-arm)"
+      [ -f "${KPLEG_SYSROOT:-/var/cache/kpleg/sysroot-arm64}/root/.kpleg-sysroot" ] ||
+        skip "no arm64 root to boot into (scripts/sysroot.sh, run by scripts/cross-arm64.sh)"
+      [ -x "$kplegd" ] || [ -n "${KPLEG_VMTEST_CMD:-}" ] ||
+        skip "the arm64 kplegd is not built ($kplegd: scripts/cross-arm64.sh)"
+    else
+      command -v qemu-system-x86_64 >/dev/null || skip "qemu-system-x86_64 is not installed (scripts/install-deps.sh)"
+      [ "$(uname -m)" = x86_64 ] || skip "the qemu runner boots x86_64 kernels only"
+    fi
     [ "$flavour" != cloud ] || skip "kernel $name is a cloud kernel, without 9p: the qemu runner cannot boot it (vng can)"
     ;;
   *) fail "KPLEG_VM_RUNNER is auto, qemu or vng, not '$runner'" ;;
@@ -76,10 +101,14 @@ case "$fetch_rc" in
 esac
 release=$(sed -n 's/^KPLEG_VM_KERNEL_RELEASE=//p' "$KPLEG_VM_KERNELS_DIR/$name/kernel.env")
 version=$(sed -n 's/^KPLEG_VM_KERNEL_VERSION=//p' "$KPLEG_VM_KERNELS_DIR/$name/kernel.env")
-kernel="Linux $release (Debian $version)"
+kernel="Linux $release (Debian $version, $arch)"
 
-if [ -z "${KPLEG_VMTEST_CMD:-}" ] && [ ! -x "$build_dir/bin/kplegd" ]; then
-  fail "on $kernel: $build_dir/bin/kplegd is not built (cmake --build $build_dir --target kplegd)"
+if [ -z "${KPLEG_VMTEST_CMD:-}" ] && [ ! -x "$kplegd" ]; then
+  fail "on $kernel: $kplegd is not built (cmake --build $build_dir --target kplegd)"
+fi
+
+if [ -n "${KPLEG_VMTEST_PREPARE:-}" ] && ! (cd "$KPLEG_REPO_ROOT" && /bin/sh -c "$KPLEG_VMTEST_PREPARE"); then
+  fail "on $kernel: the host's preparation '$KPLEG_VMTEST_PREPARE' failed"
 fi
 
 echo "vmtest $name: booting Linux $release, check: $check"
@@ -93,8 +122,15 @@ for attempt in 1 2; do
   rc=0
   "$KPLEG_VM_DIR/run-in-vm.sh" --kernel "$KPLEG_VM_KERNELS_DIR/$name" --rwdir "$build_dir" \
     --timeout "$timeout_s" --runner "$runner" -- /bin/sh -c "$check" | tee "$output" || rc=${PIPESTATUS[0]}
-  [ "$rc" = "$KPLEG_VM_EXIT_VM_FAILURE" ] && [ "$attempt" = 1 ] || break
-  echo "vmtest $name: the VM failed before the check reported its status; booting it once more"
+  [ "$attempt" = 1 ] || break
+  if [ "$rc" = "$KPLEG_VM_EXIT_VM_FAILURE" ]; then
+    echo "vmtest $name: the VM failed before the check reported its status; booting it once more"
+  elif [ "$rc" = "$KPLEG_VM_EXIT_TIMEOUT" ] && grep -aq 'rcu_sched kthread starved' "$output"; then
+    # The guest kernel itself says its vCPUs got no time (an emulated guest on a busy host).
+    echo "vmtest $name: the guest ran out of time with its vCPUs starved (rcu_sched kthread starved); booting it once more"
+  else
+    break
+  fi
 done
 
 # What the check said about its failure: its lines that report one (a self-test names each

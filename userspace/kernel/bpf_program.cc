@@ -133,8 +133,14 @@ Result<std::unique_ptr<BpfProgram>> BpfProgram::load(const BpfOptions& opts) {
   // The removal hint is a hint: without its tracepoints (not asked for, or no tracefs; attached
   // after the OOM hook mounted it if need be) removals are swept for as before.
   bpf_map__set_max_entries(skel->maps.removal_watch, opts.max_tracked_cgroups);
+  bpf_map__set_max_entries(skel->maps.removal_claims, opts.max_tracked_cgroups);
+  // An exec and an exit claim per tracked cgroup (kpleg.bpf.c: claims).
+  bpf_map__set_max_entries(skel->maps.claims, 2 * opts.max_tracked_cgroups);
   // Removals before the arming: only with the hint (an LRU map's memory is allocated at once).
-  if (!opts.removal_hint) bpf_map__set_max_entries(skel->maps.removal_early, 1);
+  if (!opts.removal_hint) {
+    bpf_map__set_max_entries(skel->maps.removal_early, 1);
+    bpf_map__set_max_entries(skel->maps.removal_claims, 1);
+  }
   bpf_program__set_autoattach(skel->progs.removal_hint_unlinkat, false);
   bpf_program__set_autoattach(skel->progs.removal_hint_rmdir, false);
 
@@ -170,6 +176,13 @@ bool BpfProgram::attach_removal_hint() {
   }
   skel_->links.removal_hint_unlinkat = unlinkat;  // destroyed with the skeleton
   bpf_link* rmdir = bpf_program__attach(skel_->progs.removal_hint_rmdir);
+  if (!rmdir && errno == ENOENT) {
+    // arm64 (and every architecture of the generic syscall table) has no rmdir(2): its libc
+    // removes directories with unlinkat(AT_REMOVEDIR), which the hint sees already.
+    spdlog::info("no syscalls:sys_enter_rmdir tracepoint (no rmdir syscall on this "
+                 "architecture): the removal hint watches unlinkat alone");
+    return true;
+  }
   if (!rmdir) {
     spdlog::warn("attaching the removal hint (syscalls:sys_enter_rmdir) failed: {}: removals "
                  "are swept for, without the kernel's hint",
@@ -185,6 +198,8 @@ bool BpfProgram::attach_removal_hint() {
 bool BpfProgram::watch_removal(const std::string& id) {
   if (id.size() != KPLEG_ID_LEN) return false;
   const uint64_t armed = 1;
+  // A fresh arming: the claim of an earlier one goes first (kpleg.bpf.c: removal_claims).
+  bpf_map_delete_elem(bpf_map__fd(skel_->maps.removal_claims), id.data());
   return bpf_map_update_elem(bpf_map__fd(skel_->maps.removal_watch), id.data(), &armed,
                              BPF_ANY) == 0;
 }
@@ -192,6 +207,7 @@ bool BpfProgram::watch_removal(const std::string& id) {
 void BpfProgram::unwatch_removal(const std::string& id) {
   if (id.size() != KPLEG_ID_LEN) return;
   bpf_map_delete_elem(bpf_map__fd(skel_->maps.removal_watch), id.data());
+  bpf_map_delete_elem(bpf_map__fd(skel_->maps.removal_claims), id.data());
 }
 
 bool BpfProgram::take_early_removal(const std::string& id) {

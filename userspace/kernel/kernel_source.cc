@@ -9,6 +9,7 @@
 #include <sys/eventfd.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/utsname.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -73,6 +74,24 @@ std::vector<uint32_t> read_procs(const fs::path& dir) {
 
 }  // namespace
 
+KernelFeatures probe_kernel_features() {
+  // 1 supported, 0 not, <0 the probe itself failed (then the load will say more).
+  KernelFeatures f;
+  f.ringbuf = libbpf_probe_bpf_map_type(BPF_MAP_TYPE_RINGBUF, nullptr) != 0;
+  f.lru_hash = libbpf_probe_bpf_map_type(BPF_MAP_TYPE_LRU_HASH, nullptr) != 0;
+  return f;
+}
+
+Status check_kernel_features(const KernelFeatures& f, std::string_view release) {
+  auto missing = [&](const char* what, const char* since) {
+    return Error{EOPNOTSUPP, "Linux " + std::string(release) + " has no " + what + " (Linux " +
+                                 since + "+)" + kFallback};
+  };
+  if (!f.ringbuf) return missing("BPF ring buffer (BPF_MAP_TYPE_RINGBUF)", "5.8");
+  if (!f.lru_hash) return missing("BPF LRU hash map", "4.10");
+  return {};
+}
+
 Status preflight(const KernelSourceOptions& opts) {
   const std::string btf = opts.bpf.btf_path.empty() ? "/sys/kernel/btf/vmlinux" : opts.bpf.btf_path;
   if (access(btf.c_str(), R_OK) != 0) {
@@ -91,6 +110,9 @@ Status preflight(const KernelSourceOptions& opts) {
                                     "BPF programs") +
                             kFallback};
   }
+  utsname uts{};
+  uname(&uts);
+  if (auto st = check_kernel_features(probe_kernel_features(), uts.release); !st) return st;
   auto mount = cgroup::find_cgroup2_mount(opts.cgroup_base);
   if (!mount)
     return Error{mount.error().code, "no cgroup2 hierarchy: " + mount.error().message + kFallback};

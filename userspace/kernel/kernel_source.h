@@ -86,8 +86,22 @@ class KernelSource {
 };
 
 // Checks what the BPF source needs before anything is loaded, and returns one line that names
-// the missing piece (BTF, CAP_BPF/CAP_PERFMON, cgroup2) and that relist mode is the fallback.
+// the missing piece (BTF, a kernel feature, CAP_BPF/CAP_PERFMON, cgroup2) and that relist mode
+// is the fallback.
 Status preflight(const KernelSourceOptions& opts);
+
+// The kernel features kpleg's BPF programs need beyond BTF, probed (libbpf_probe_*) rather than
+// read off the version, since distributions backport them. Linux 5.10 has them all. tp_btf
+// programs (5.5) are not probed: libbpf's probe cannot load a tracing program without a target,
+// and every kernel with the ring buffer (5.8) has them.
+struct KernelFeatures {
+  bool ringbuf = false;   // BPF_MAP_TYPE_RINGBUF: Linux 5.8
+  bool lru_hash = false;  // BPF_MAP_TYPE_LRU_HASH (the claims, removal_early): Linux 4.10
+};
+KernelFeatures probe_kernel_features();
+// The first missing feature as one line naming it, the kernel release and the Linux version
+// that brought it, with the relist fallback; ok when none is missing.
+Status check_kernel_features(const KernelFeatures& features, std::string_view release);
 
 class BpfKernelSource final : public KernelSource {
  public:
