@@ -34,6 +34,27 @@ do for [n in "3 10 50 110 250 500"] {
     }
     eval("plot " . cmd . "0 with lines lc rgb 'black' lw 1 notitle")
   }
+  # The daemon's own part (its cgroup + BPF), which the machine's noise does not swamp.
+  one = "daemon_cpu_n".n."_one.dat"
+  spr = "daemon_cpu_n".n."_spread.dat"
+  if (exists_file(one) || exists_file(spr)) {
+    set output dir."/daemon_cpu_n".n.".png"
+    set title "The daemon's own CPU (cgroup + BPF programs), N=".n." pods"
+    set xlabel "churn, transitions per second (scheduled)"
+    set ylabel "millicores (median of repeats; band: min-max)"
+    cmd = ""
+    if (exists_file(one)) {
+      cmd = cmd . sprintf("'%s/%s' using 1:3:4 with filledcurves lc rgb '#1f77b4' notitle, ", dir, one)
+      cmd = cmd . sprintf("'%s/%s' using 1:2 with linespoints lw 2 pt 7 lc rgb '#1f77b4' title 'ebpf, one pod', ", dir, one)
+      cmd = cmd . sprintf("'%s/%s' using 1:6:7 with filledcurves lc rgb '#d62728' notitle, ", dir, one)
+      cmd = cmd . sprintf("'%s/%s' using 1:5 with linespoints lw 2 pt 5 lc rgb '#d62728' title 'relist, one pod', ", dir, one)
+    }
+    if (exists_file(spr)) {
+      cmd = cmd . sprintf("'%s/%s' using 1:2 with linespoints lw 2 dt 2 pt 7 lc rgb '#2ca02c' title 'ebpf, spread', ", dir, spr)
+      cmd = cmd . sprintf("'%s/%s' using 1:5 with linespoints lw 2 dt 2 pt 5 lc rgb '#ff7f0e' title 'relist, spread', ", dir, spr)
+    }
+    eval("plot " . cmd . "0 with lines lc rgb 'black' lw 1 notitle")
+  }
 }
 
 # Latency CDFs, every churn window: from the start of the CRI call that made the transition to

@@ -92,6 +92,8 @@ def aggregate(windows):
                 "node": spread([w["node_cpu_s_per_min"] * MC for w in v]),
                 "daemon": spread([(w.get("daemon_cpu_s_per_min") or 0) * MC for w in v]),
                 "bpf": spread([(w.get("bpf_cpu_s_per_min") or 0) * MC for w in v]),
+                "own": spread([((w.get("daemon_cpu_s_per_min") or 0) + (w.get("bpf_cpu_s_per_min") or 0)) * MC
+                               for w in v]),
                 "runtime_above": spread([w["runtime_cpu_s_per_min"] * MC - none[r]["runtime_cpu_s_per_min"] * MC
                                          for r, w in ws.items() if r in none]),
                 "achieved": spread([w["churn"]["achieved_rate"] for w in v if w.get("churn")]),
@@ -109,13 +111,13 @@ def aggregate(windows):
     return rows
 
 
-def break_even(rows, n, layout):
+def break_even(rows, n, layout, key="above"):
     """The rate at which ebpf's median node CPU above baseline meets relist's, interpolated
     between the rates measured; or which is cheaper throughout."""
-    pts = sorted((r["rate"], r["modes"]["ebpf"]["above"]["median"] - r["modes"]["relist"]["above"]["median"])
+    pts = sorted((r["rate"], r["modes"]["ebpf"][key]["median"] - r["modes"]["relist"][key]["median"])
                  for r in rows if r["n"] == n and r["layout"] in (layout, "idle")
                  and "ebpf" in r["modes"] and "relist" in r["modes"]
-                 and r["modes"]["ebpf"]["above"] and r["modes"]["relist"]["above"])
+                 and r["modes"]["ebpf"][key] and r["modes"]["relist"][key])
     if not pts:
         return None
     for (r0, d0), (r1, d1) in zip(pts, pts[1:]):
@@ -172,13 +174,20 @@ def write_dat(out, rows, windows):
             if not any(r["layout"] == layout for r in pts):
                 continue
             with open(os.path.join(out, f"node_cpu_n{n}_{layout}.dat"), "w") as f:
-                f.write("# rate ebpf_med ebpf_min ebpf_max relist_med relist_min relist_max (millicores above no daemon)\n")
+                f.write("# rate ebpf_med ebpf_min ebpf_max relist_med relist_min relist_max (millicores above no daemon, rate-adjusted)\n")
                 for r in pts:
-                    e, l = r["modes"].get("ebpf", {}).get("above"), r["modes"].get("relist", {}).get("above")
+                    e, l = r["modes"].get("ebpf", {}).get("above_adj"), r["modes"].get("relist", {}).get("above_adj")
                     if not e or not l:
                         continue
                     f.write(f"{r['rate']} {e['median']:.3f} {e['min']:.3f} {e['max']:.3f} "
                             f"{l['median']:.3f} {l['min']:.3f} {l['max']:.3f}\n")
+            with open(os.path.join(out, f"daemon_cpu_n{n}_{layout}.dat"), "w") as f:
+                f.write("# rate ebpf_med ebpf_min ebpf_max relist_med relist_min relist_max (millicores, daemon + BPF)\n")
+                for r in pts:
+                    e, l = r["modes"].get("ebpf", {}).get("own"), r["modes"].get("relist", {}).get("own")
+                    if e and l:
+                        f.write(f"{r['rate']} {e['median']:.3f} {e['min']:.3f} {e['max']:.3f} "
+                                f"{l['median']:.3f} {l['min']:.3f} {l['max']:.3f}\n")
     with open(os.path.join(out, "memory_vs_n.dat"), "w") as f:
         f.write("# n ebpf_rss_mib relist_rss_mib ebpf_bpf_maps_mib (idle windows, median)\n")
         for n in ns:
@@ -245,7 +254,8 @@ def summary(results):
     L.append("\n### Break-even rate (where ebpf's median meets relist's; only as firm as the verdicts above)\n")
     for n in sorted({r["n"] for r in rows}):
         for layout in results["meta"]["config"].get("layouts", "one,spread").split(","):
-            L.append(f"- N={n}, {layout}: {break_even(rows, n, layout) or '–'}")
+            L.append(f"- N={n}, {layout}: node CPU (rate-adj.) {break_even(rows, n, layout, 'above_adj') or '–'}; "
+                     f"the daemon's own CPU (cgroup + BPF) {break_even(rows, n, layout, 'own') or '–'}")
     b = [w for w in windows if w.get("workload") == "burst"]
     if b:
         base = next((w for w in b if w["mode"] == "none"), None)
