@@ -1,4 +1,4 @@
-# Plots of one benchmark run: gnuplot -e "dir='bench/results/<timestamp>'" bench/plots.gp
+# Plots of one benchmark run: gnuplot -e "dir='build/bench-results/<run>'" bench/plots.gp
 # Inputs are the .dat files bench/compare.py writes into that directory.
 if (!exists("dir")) dir = "."
 
@@ -6,82 +6,81 @@ set terminal pngcairo size 900,560 font "DejaVu Sans,11"
 set grid
 set key top left
 
-has_data(f) = system("grep -qv '^#' ".dir."/".f." 2>/dev/null && echo 1") eq "1"
+exists_file(f) = system("test -s ".dir."/".f." && echo 1") eq "1"
 
-# CPU of each daemon against the pod count, idle (no churn), when measured (a run with churn
-# rates only has none). Log scale: the modes are orders of magnitude apart; a zero reading is
-# drawn at the floor.
-floor = 1e-4
-pos(x) = (x > floor ? x : floor)
-# One pod count only (a run with one --counts value): a range around it, not an empty one.
-if (has_data("cpu_vs_n.dat")) {
-  stats dir."/cpu_vs_n.dat" using 1 nooutput
-  if (STATS_min == STATS_max) { set xrange [STATS_min - 1 : STATS_max + 1] }
-  set output dir."/cpu_vs_n.png"
-  set title "Idle CPU vs pods (1 container each), both daemons on the same containerd"
-  set xlabel "pods N"
-  set ylabel "CPU seconds per minute (log)"
-  set logscale y
-  set format y "%g"
-  plot dir."/cpu_vs_n.dat" using 1:(pos($3)) with linespoints lw 2 pt 7 title "kplegd ebpf (daemon + BPF programs)", \
-       ""                 using 1:(pos($4)) with linespoints lw 2 pt 5 title "kplegd relist (daemon)", \
-       ""                 using 1:(pos($5)) with linespoints lw 2 pt 9 dt 2 title "containerd + shims (loaded by both)"
-  unset logscale y
-
-  # Memory.
-  set output dir."/rss_vs_n.png"
-  set title "Daemon RSS vs pods"
-  set ylabel "VmRSS MiB"
-  plot dir."/cpu_vs_n.dat" using 1:6 with linespoints lw 2 pt 7 title "kplegd ebpf", \
-       ""                 using 1:7 with linespoints lw 2 pt 5 title "kplegd relist"
+# Node CPU for tracking against the churn rate, per N: the median of the repeats, the band their
+# min-max; ebpf and relist, churn in one pod and spread over N/5 pods.
+do for [n in "3 10 50 110 250 500"] {
+  one = "node_cpu_n".n."_one.dat"
+  spr = "node_cpu_n".n."_spread.dat"
+  if (exists_file(one) || exists_file(spr)) {
+    set output dir."/node_cpu_n".n.".png"
+    set title "Node CPU for tracking, N=".n." pods (above the same workload with no daemon)"
+    set xlabel "churn, transitions per second (scheduled)"
+    set ylabel "millicores (median of repeats; band: min-max)"
+    set style fill transparent solid 0.15 noborder
+    cmd = ""
+    if (exists_file(one)) {
+      cmd = cmd . sprintf("'%s/%s' using 1:3:4 with filledcurves lc rgb '#1f77b4' notitle, ", dir, one)
+      cmd = cmd . sprintf("'%s/%s' using 1:2 with linespoints lw 2 pt 7 lc rgb '#1f77b4' title 'ebpf, one pod', ", dir, one)
+      cmd = cmd . sprintf("'%s/%s' using 1:6:7 with filledcurves lc rgb '#d62728' notitle, ", dir, one)
+      cmd = cmd . sprintf("'%s/%s' using 1:5 with linespoints lw 2 pt 5 lc rgb '#d62728' title 'relist, one pod', ", dir, one)
+    }
+    if (exists_file(spr)) {
+      cmd = cmd . sprintf("'%s/%s' using 1:3:4 with filledcurves lc rgb '#2ca02c' notitle, ", dir, spr)
+      cmd = cmd . sprintf("'%s/%s' using 1:2 with linespoints lw 2 dt 2 pt 7 lc rgb '#2ca02c' title 'ebpf, spread over N/5 pods', ", dir, spr)
+      cmd = cmd . sprintf("'%s/%s' using 1:6:7 with filledcurves lc rgb '#ff7f0e' notitle, ", dir, spr)
+      cmd = cmd . sprintf("'%s/%s' using 1:5 with linespoints lw 2 dt 2 pt 5 lc rgb '#ff7f0e' title 'relist, spread over N/5 pods', ", dir, spr)
+    }
+    eval("plot " . cmd . "0 with lines lc rgb 'black' lw 1 notitle")
+  }
+  # The daemon's own part (its cgroup + BPF), which the machine's noise does not swamp.
+  one = "daemon_cpu_n".n."_one.dat"
+  spr = "daemon_cpu_n".n."_spread.dat"
+  if (exists_file(one) || exists_file(spr)) {
+    set output dir."/daemon_cpu_n".n.".png"
+    set title "The daemon's own CPU (cgroup + BPF programs), N=".n." pods"
+    set xlabel "churn, transitions per second (scheduled)"
+    set ylabel "millicores (median of repeats; band: min-max)"
+    cmd = ""
+    if (exists_file(one)) {
+      cmd = cmd . sprintf("'%s/%s' using 1:3:4 with filledcurves lc rgb '#1f77b4' notitle, ", dir, one)
+      cmd = cmd . sprintf("'%s/%s' using 1:2 with linespoints lw 2 pt 7 lc rgb '#1f77b4' title 'ebpf, one pod', ", dir, one)
+      cmd = cmd . sprintf("'%s/%s' using 1:6:7 with filledcurves lc rgb '#d62728' notitle, ", dir, one)
+      cmd = cmd . sprintf("'%s/%s' using 1:5 with linespoints lw 2 pt 5 lc rgb '#d62728' title 'relist, one pod', ", dir, one)
+    }
+    if (exists_file(spr)) {
+      cmd = cmd . sprintf("'%s/%s' using 1:2 with linespoints lw 2 dt 2 pt 7 lc rgb '#2ca02c' title 'ebpf, spread', ", dir, spr)
+      cmd = cmd . sprintf("'%s/%s' using 1:5 with linespoints lw 2 dt 2 pt 5 lc rgb '#ff7f0e' title 'relist, spread', ", dir, spr)
+    }
+    eval("plot " . cmd . "0 with lines lc rgb 'black' lw 1 notitle")
+  }
 }
 
-set autoscale x
-
-# Detection latency CDF, all churn windows pooled: ContainerStarted and ContainerDied, from the
-# kernel's timestamp of the transition to arrival at the consumer.
-# Only when a churn window measured latencies (an idle-only run has none).
-if (has_data("latency_cdf_ebpf_started.dat") || has_data("latency_cdf_relist_started.dat")) {
+# Latency CDFs, every churn window: from the start of the CRI call that made the transition to
+# the Watch consumer.
+if (exists_file("latency_ebpf_started.dat")) {
   set output dir."/latency_cdf.png"
-  set title "Detection latency (kernel timestamp to consumer), ContainerStarted + ContainerDied"
-  set xlabel "latency ms (log)"
+  set title "ContainerStarted and ContainerDied: CRI call start to consumer, every churn window"
+  set xlabel "ms (log)"
   set ylabel "fraction of transitions"
   set logscale x
-  set yrange [0:1]
+  set key bottom right
+  plot dir."/latency_ebpf_started.dat" using 1:2 with lines lw 2 lc rgb '#1f77b4' title "ebpf Started", \
+       dir."/latency_ebpf_died.dat" using 1:2 with lines lw 2 dt 2 lc rgb '#1f77b4' title "ebpf Died", \
+       dir."/latency_relist_started.dat" using 1:2 with lines lw 2 lc rgb '#d62728' title "relist Started", \
+       dir."/latency_relist_died.dat" using 1:2 with lines lw 2 dt 2 lc rgb '#d62728' title "relist Died"
+  unset logscale x
   set key top left
-  plot dir."/latency_cdf_ebpf_started.dat"   using 1:2 with steps lw 2 lc rgb "#1f77b4" title "ebpf ContainerStarted", \
-       dir."/latency_cdf_ebpf_died.dat"      using 1:2 with steps lw 2 lc rgb "#1f77b4" dt 2 title "ebpf ContainerDied", \
-       dir."/latency_cdf_relist_started.dat" using 1:2 with steps lw 2 lc rgb "#d62728" title "relist ContainerStarted", \
-       dir."/latency_cdf_relist_died.dat"    using 1:2 with steps lw 2 lc rgb "#d62728" dt 2 title "relist ContainerDied"
 }
 
-# CPU of each daemon against the pod count under churn (10 transitions/s), when measured.
-unset logscale x
-set yrange [*:*]
-if (system("test -s ".dir."/cpu_vs_n_r10.dat && echo 1") eq "1") {
-  set output dir."/cpu_vs_n_churn10.png"
-  set title "CPU vs pods under churn of 10 transitions/s, both daemons on the same containerd"
+# Memory against N (idle windows).
+if (exists_file("memory_vs_n.dat")) {
+  set output dir."/memory_vs_n.png"
+  set title "Daemon memory against pods (idle windows, median)"
   set xlabel "pods N"
-  set ylabel "CPU seconds per minute"
-  set yrange [0:*]
-  plot dir."/cpu_vs_n_r10.dat" using 1:3 with linespoints lw 2 pt 7 title "kplegd ebpf (daemon + BPF programs)", \
-       ""                      using 1:4 with linespoints lw 2 pt 5 title "kplegd relist (daemon)"
-}
-
-# How far events trail the runtime: from the return of the CRI call that made the transition
-# (the runtime knows the new state by then) to the consumer. Values <= 0 are drawn at 0.1 ms.
-if (has_data("lag_cdf_ebpf_started.dat") || has_data("lag_cdf_relist_started.dat")) {
-  set output dir."/lag_cdf.png"
-  set title "Event after the runtime's own answer (end of the CRI call) to consumer"
-  set xlabel "ms after the CRI call returned (log; <= 0.1 ms: before it returned)"
-  set ylabel "fraction of transitions"
-  set logscale x
-  set yrange [0:1]
-  set key top left
-  plot dir."/lag_cdf_ebpf_started.dat"   using 1:2 with steps lw 2 lc rgb "#1f77b4" title "ebpf ContainerStarted", \
-       dir."/lag_cdf_ebpf_died.dat"      using 1:2 with steps lw 2 lc rgb "#1f77b4" dt 2 title "ebpf ContainerDied", \
-       dir."/lag_cdf_ebpf_removed.dat"   using 1:2 with steps lw 2 lc rgb "#1f77b4" dt 3 title "ebpf ContainerRemoved", \
-       dir."/lag_cdf_relist_started.dat" using 1:2 with steps lw 2 lc rgb "#d62728" title "relist ContainerStarted", \
-       dir."/lag_cdf_relist_died.dat"    using 1:2 with steps lw 2 lc rgb "#d62728" dt 2 title "relist ContainerDied", \
-       dir."/lag_cdf_relist_removed.dat" using 1:2 with steps lw 2 lc rgb "#d62728" dt 3 title "relist ContainerRemoved"
+  set ylabel "MiB"
+  plot dir."/memory_vs_n.dat" using 1:2 with linespoints lw 2 pt 7 title "kplegd ebpf RSS", \
+       ""                    using 1:3 with linespoints lw 2 pt 5 title "kplegd relist RSS", \
+       ""                    using 1:4 with linespoints lw 2 pt 9 title "ebpf BPF maps (memlock)"
 }

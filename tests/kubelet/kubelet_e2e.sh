@@ -49,6 +49,8 @@
 # after it); docs/kubelet.md's numbers were measured with KPLEG_KUBELET_IDLE_WINDOW=20
 # KPLEG_KUBELET_WINDOW=60 KPLEG_KUBELET_DIRECT_WINDOW=30 (about 3.5 minutes). About 1.5 minutes
 # in all with the defaults, of which the relay run is about 30 s (95 s measured for all four).
+# Each window's CPU of the kubelet, kplegd and (with KPLEG_KUBELET_RUNTIME_CGROUP) the runtime is
+# in the report too; KPLEG_KUBELET_ANALYSIS_DIR gets each run's analysis.json (bench/kubelet.sh).
 #
 #   kubelet_e2e.sh <build bin dir> [RESULTS_FILE]
 #
@@ -365,6 +367,22 @@ PY
 
 metrics() { curl -s --max-time 10 "http://127.0.0.1:$metrics_port/metrics"; }
 kubelet_metrics() { curl -sk --max-time 10 "https://127.0.0.1:$KUBELET_PORT/metrics"; }
+# cpu_snapshot FILE: CPU seconds so far of the kubelet and kplegd (utime + stime of the process)
+# and, with KPLEG_KUBELET_RUNTIME_CGROUP (a cgroup2 directory holding the runtime and its shims,
+# as bench/run.sh makes), of the runtime: for bench/kubelet.sh's node CPU.
+cpu_snapshot() {
+  local p name tck
+  tck=$(getconf CLK_TCK)
+  {
+    for name in kubelet kplegd; do
+      [ "$name" = kubelet ] && p=$kubelet_pid || p=$kplegd_pid
+      [ -n "$p" ] && [ -r "/proc/$p/stat" ] &&
+        awk -v n="$name" -v t="$tck" '{ sub(/.*\) /, ""); print n, ($12 + $13) / t }' "/proc/$p/stat"
+    done
+    [ -n "${KPLEG_KUBELET_RUNTIME_CGROUP:-}" ] &&
+      awk '$1 == "usage_usec" { print "runtime", $2 / 1e6 }' "$KPLEG_KUBELET_RUNTIME_CGROUP/cpu.stat"
+  } >"$1" || true
+}
 
 # run_phase NAME: one kubelet run (kpleg, runtime or direct; see the top of this file).
 run_phase() {
@@ -405,6 +423,7 @@ run_phase() {
     date +%s%N >"$d/idle-end"
   fi
   metrics >"$d/metrics0.txt"
+  cpu_snapshot "$d/cpu0.txt"
   date +%s%N >"$d/window-start"
   for i in $(seq 1 "$CRASHERS"); do
     write_pod "$d/manifests/crasher-$i.yaml" "crasher-$name-$i" crash /bin/sh -c 'sleep 2; exit 1'
@@ -413,6 +432,7 @@ run_phase() {
   log "[$name] $CRASHERS crash pods added; measuring for $window s"
   sleep $((window > CRASHERS * 7 / 10 ? window - CRASHERS * 7 / 10 : 1))
   date +%s%N >"$d/window-end"
+  cpu_snapshot "$d/cpu1.txt"
   metrics >"$d/metrics1.txt"
   if [ "$name" != direct ]; then
     "$bin/kplegctl" --socket "$d/api.sock" stuck --older-than 10s >"$d/stuck.txt" 2>&1 || echo "exit $?" >>"$d/stuck.txt"
@@ -603,6 +623,15 @@ a = {
     "kubelet_events_received": lat_cnt,
     "runtime_stream": runtime_stream,
 }
+# CPU seconds per minute of the window (cpu_snapshot), by process.
+def cpu(f):
+    try:
+        with open(os.path.join(d, f)) as fh:
+            return {k: float(v) for k, v in (l.split() for l in fh if l.strip())}
+    except (OSError, ValueError):
+        return {}
+c0, c1 = cpu("cpu0.txt"), cpu("cpu1.txt")
+a["cpu_s_per_min"] = {k: (c1[k] - c0[k]) * 60e9 / (w1 - w0) for k in c1 if k in c0}
 with open(os.path.join(d, "analysis.json"), "w") as f:
     json.dump(a, f, indent=1)
 def sh(v):
@@ -835,6 +864,11 @@ for phase in $PHASES; do
   fi
   run_phase "$phase"
   check_phase "$phase"
+  # bench/kubelet.sh reads each run's analysis (CPU, latencies, calls) from there.
+  if [ -n "${KPLEG_KUBELET_ANALYSIS_DIR:-}" ]; then
+    mkdir -p "$KPLEG_KUBELET_ANALYSIS_DIR"
+    cp "$tmp/$phase/analysis.json" "$KPLEG_KUBELET_ANALYSIS_DIR/$phase.json"
+  fi
 done
 if ! [[ " $PHASES " == *" kpleg "* && " $PHASES " == *" runtime "* && " $PHASES " == *" direct "* ]]; then
   echo "PASS: phases $PHASES${RELAY_RESTART_NOTE:+; $RELAY_RESTART_NOTE}"
@@ -878,6 +912,8 @@ for n in ("kpleg", "runtime", "direct"):
         out.append("  kubelet_evented_pleg_connection_latency mean  %.1f ms over %d events (event CreatedAt -> kubelet)" %
                    (a["kubelet_event_latency_mean_ms"], a["kubelet_events_received"]))
     out.append("  deaths %d, restarts in the %.0f s window %d" % (a["deaths"], a["window_s"], a["restarts_in_window"]))
+    if a.get("cpu_s_per_min"):
+        out.append("  CPU s/min in the window: " + ", ".join("%s %.3f" % kv for kv in sorted(a["cpu_s_per_min"].items())))
     out.append("")
 k, r = runs["kpleg"], runs["runtime"]
 out.append("CRI calls per minute the kubelet made through kplegd (kpleg_cri_endpoint_calls_total by method):")

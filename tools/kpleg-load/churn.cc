@@ -1,7 +1,9 @@
 #include "kpleg-load/churn.h"
 
+#include <algorithm>
 #include <chrono>
 #include <deque>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -41,12 +43,78 @@ int cmd_churn(cri::CriClient& cri, const PodOptions& o, const ChurnOptions& c) {
     size_t pod;
     std::string id;
   };
+  // The churn's state, under `mu` (open-loop ticks run on threads of their own).
+  std::mutex mu;
   std::deque<Live> running, exited;
+  size_t starting = 0, in_flight = 0, max_in_flight = 0;
   std::vector<uint32_t> attempts(pods.size(), 0);
-  uint64_t transitions = 0, errors = 0, consecutive_errors = 0;
+  uint64_t transitions = 0, errors = 0, consecutive_errors = 0, late_ticks = 0, skipped_ticks = 0;
   size_t next_pod = 0;
   auto base = [&](size_t pod) {
     return json{{"pod_uid", pods[pod].spec.uid}, {"sandbox_id", pods[pod].sandbox_id}};
+  };
+  auto done = [&](bool ok) {
+    std::lock_guard lk(mu);
+    --in_flight;
+    if (ok) {
+      ++transitions;
+      consecutive_errors = 0;
+    } else {
+      ++errors;
+      ++consecutive_errors;
+    }
+  };
+  // One tick: its transition is chosen under the lock, its CRI call made outside it.
+  auto tick_once = [&] {
+    std::unique_lock lk(mu);
+    ++in_flight;
+    max_in_flight = std::max(max_in_flight, in_flight);
+    if (!exited.empty()) {
+      Live l = exited.front();
+      exited.pop_front();
+      lk.unlock();
+      int64_t b = realtime_ns();
+      auto s = cri.remove_container(l.id);
+      Load::emit_call(base(l.pod), "RemoveContainer", "removed", b, realtime_ns(), l.id, s);
+      done(s.ok());
+    } else if (running.size() >= static_cast<size_t>(c.max_live) ||
+               (c.open_loop && !running.empty() &&
+                running.size() + starting >= static_cast<size_t>(c.max_live))) {
+      Live l = running.front();
+      running.pop_front();
+      lk.unlock();
+      int64_t b = realtime_ns();
+      auto s = cri.stop_container(l.id, c.grace);
+      Load::emit_call(base(l.pod), "StopContainer", "died", b, realtime_ns(), l.id, s);
+      {
+        std::lock_guard lk2(mu);
+        exited.push_back(l);  // removed on a later tick even if the stop failed
+      }
+      done(s.ok());
+    } else if (c.open_loop && starting >= static_cast<size_t>(c.max_live)) {
+      // Every live slot is taken by a start still in flight: the runtime is behind the
+      // schedule. The tick is dropped (counted), not queued: the load stays bounded.
+      ++skipped_ticks;
+      --in_flight;
+    } else {
+      size_t p = next_pod++ % pods.size();
+      ContainerSpec spec;
+      spec.name = "churn";
+      spec.attempt = attempts[p]++;
+      ++starting;
+      lk.unlock();
+      spec.image = o.image;
+      spec.command = *command;
+      spec.memory_limit_bytes = o.memory_limit;
+      json trace = base(p);
+      auto id = load.start_container(pods[p], spec, &trace);
+      {
+        std::lock_guard lk2(mu);
+        --starting;
+        if (id.ok()) running.push_back(Live{p, *id});
+      }
+      done(id.ok());
+    }
   };
 
   const auto interval = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
@@ -56,62 +124,49 @@ int cmd_churn(cri::CriClient& cri, const PodOptions& o, const ChurnOptions& c) {
                             std::chrono::duration<double>(c.duration_s));
   constexpr uint64_t kMaxConsecutiveErrors = 10;
   bool gave_up = false;
+  std::vector<std::thread> ticks;
+  uint64_t scheduled = 0;
   for (uint64_t tick = 0;; ++tick) {
     const auto at = t0 + tick * interval;
     if (at >= end) break;
     std::this_thread::sleep_until(at);  // pacing of the load, not synchronisation
-    bool ok = true;
-    if (!exited.empty()) {
-      Live l = exited.front();
-      exited.pop_front();
-      int64_t b = realtime_ns();
-      auto s = cri.remove_container(l.id);
-      Load::emit_call(base(l.pod), "RemoveContainer", "removed", b, realtime_ns(), l.id, s);
-      ok = s.ok();
-    } else if (running.size() >= static_cast<size_t>(c.max_live)) {
-      Live l = running.front();
-      running.pop_front();
-      int64_t b = realtime_ns();
-      auto s = cri.stop_container(l.id, c.grace);
-      Load::emit_call(base(l.pod), "StopContainer", "died", b, realtime_ns(), l.id, s);
-      ok = s.ok();
-      exited.push_back(l);  // removed on a later tick even if the stop failed
+    ++scheduled;
+    if (std::chrono::steady_clock::now() - at > interval) ++late_ticks;
+    if (c.open_loop) {
+      // Open loop: the tick starts on its schedule whatever the calls before it still wait for.
+      ticks.emplace_back(tick_once);
     } else {
-      size_t p = next_pod++ % pods.size();
-      ContainerSpec spec;
-      spec.name = "churn";
-      spec.attempt = attempts[p]++;
-      spec.image = o.image;
-      spec.command = *command;
-      spec.memory_limit_bytes = o.memory_limit;
-      json trace = base(p);
-      auto id = load.start_container(pods[p], spec, &trace);
-      ok = id.ok();
-      if (ok) running.push_back(Live{p, *id});
+      tick_once();
     }
-    if (ok) {
-      ++transitions;
-      consecutive_errors = 0;
-    } else {
-      ++errors;
-      if (++consecutive_errors >= kMaxConsecutiveErrors) {
-        gave_up = true;
-        break;
-      }
+    std::lock_guard lk(mu);
+    if (consecutive_errors >= kMaxConsecutiveErrors) {
+      gave_up = true;
+      break;
     }
   }
+  const double scheduled_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (auto& t : ticks) t.join();
   const double elapsed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   // Tear down: the containers go with their pods.
   int teardown_failures = teardown_pods();
-  emit(json{{"op", "churn"},
-            {"transitions", transitions},
-            {"errors", errors},
-            {"elapsed_s", elapsed},
-            {"rate", c.rate},
-            {"pods", pods.size()},
-            {"teardown_failures", teardown_failures}});
+  emit(json{
+      {"op", "churn"},
+      {"transitions", transitions},
+      {"errors", errors},
+      {"elapsed_s", elapsed},
+      {"rate", c.rate},
+      {"open_loop", c.open_loop},
+      {"scheduled", scheduled},
+      {"late_ticks", late_ticks},
+      {"skipped_ticks", skipped_ticks},
+      {"max_in_flight", max_in_flight},
+      // Transitions made over the time their ticks were scheduled in.
+      {"achieved_rate", scheduled_s > 0 ? static_cast<double>(transitions) / scheduled_s : 0.0},
+      {"pods", pods.size()},
+      {"teardown_failures", teardown_failures}});
   if (gave_up)
     return fail("gave up after " + std::to_string(kMaxConsecutiveErrors) +
                 " failed CRI calls in a row");

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <mutex>
 
 #include "kpleg-load/pod_cgroups.h"
 
@@ -19,7 +20,11 @@ int64_t realtime_ns() {
   return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
 
-void emit(const json& line) { std::cout << line.dump() << '\n' << std::flush; }
+void emit(const json& line) {
+  static std::mutex mu;  // whole lines, from churn's open-loop threads too
+  std::lock_guard lk(mu);
+  std::cout << line.dump() << '\n' << std::flush;
+}
 
 int fail(const std::string& message) {
   std::cerr << "kpleg-load: " << message << '\n';

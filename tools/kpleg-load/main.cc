@@ -217,9 +217,9 @@ int main(int argc, char** argv) {
   remove_c->add_option("CONTAINER_ID", container_id)->required();
   auto* stop_p = app.add_subcommand("stop-pod", "Stop a pod sandbox and its containers");
   stop_p->add_option("SANDBOX_ID", sandbox_id)->required();
-  auto* remove_p =
-      app.add_subcommand("remove-pod", "Kill its running containers, stop and remove a pod sandbox, "
-                                        "its pod cgroup and logs");
+  auto* remove_p = app.add_subcommand("remove-pod",
+                                      "Kill its running containers, stop and remove a pod sandbox, "
+                                      "its pod cgroup and logs");
   remove_p->add_option("SANDBOX_ID", sandbox_id)->required();
 
   PodOptions churn_pod_opts;
@@ -240,6 +240,8 @@ int main(int argc, char** argv) {
   churn_cmd->add_option("--max-live", churn.max_live, "Containers running at once")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
+  churn_cmd->add_flag("--open-loop", churn.open_loop,
+                      "Start each tick on its schedule, not after the previous call returned");
   churn_cmd->add_option("--grace-period", churn.grace, "StopContainer grace period in seconds")
       ->check(CLI::Range(int64_t{0}, int64_t{60}));
   add_pod_options(churn_cmd, churn_pod_opts);
@@ -255,6 +257,7 @@ int main(int argc, char** argv) {
   }
   kpleg::cri::GrpcCriClientOptions copts;
   copts.call_timeout = std::chrono::milliseconds(call_timeout_ms);
+  if (churn.open_loop) copts.max_in_flight = 64;  // the open loop's calls overlap
   auto client = kpleg::cri::GrpcCriClient::create(endpoint, copts);
   if (!client) return fail("--runtime-endpoint: " + client.error().message);
   auto& cri = **client;

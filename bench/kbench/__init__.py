@@ -1,0 +1,1 @@
+"""The node-cost benchmark's modules (bench/compare.py is the driver)."""
