@@ -1,11 +1,14 @@
-// What the two nghttp2 clients (h2_stream.cc, h2_unary.cc) share: the gRPC HTTP/2 protocol's
-// status rules (a response's status from its headers, trailers and end) and a header helper.
+// What the nghttp2 clients (h2_stream.cc, h2_unary.cc, h2_unary_mux.cc) share: the gRPC HTTP/2
+// protocol's status rules (a response's status from its headers, trailers and end), its
+// grpc-timeout and message framing, and a header helper.
 // Internal to kpleg_cri.
 #pragma once
 
 #include <grpcpp/support/status_code_enum.h>
 #include <nghttp2/nghttp2.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -46,15 +49,21 @@ inline std::string percent_decode(std::string_view in) {
 // The gRPC code for a response that carried no grpc-status (the gRPC HTTP/2 protocol's table).
 inline int code_for_http_status(int http) {
   switch (http) {
-    case 400: return StatusCode::INTERNAL;
-    case 401: return StatusCode::UNAUTHENTICATED;
-    case 403: return StatusCode::PERMISSION_DENIED;
-    case 404: return StatusCode::UNIMPLEMENTED;
+    case 400:
+      return StatusCode::INTERNAL;
+    case 401:
+      return StatusCode::UNAUTHENTICATED;
+    case 403:
+      return StatusCode::PERMISSION_DENIED;
+    case 404:
+      return StatusCode::UNIMPLEMENTED;
     case 429:
     case 502:
     case 503:
-    case 504: return StatusCode::UNAVAILABLE;
-    default: return StatusCode::UNKNOWN;
+    case 504:
+      return StatusCode::UNAVAILABLE;
+    default:
+      return StatusCode::UNKNOWN;
   }
 }
 
@@ -104,8 +113,33 @@ struct ResponseStatus {
 
 inline nghttp2_nv header(const char* name, std::string_view value) {
   return nghttp2_nv{reinterpret_cast<uint8_t*>(const_cast<char*>(name)),
-                    reinterpret_cast<uint8_t*>(const_cast<char*>(value.data())),
-                    std::strlen(name), value.size(), NGHTTP2_NV_FLAG_NONE};
+                    reinterpret_cast<uint8_t*>(const_cast<char*>(value.data())), std::strlen(name),
+                    value.size(), NGHTTP2_NV_FLAG_NONE};
+}
+
+// grpc-timeout: at most 8 digits, in the coarsest unit that keeps the deadline.
+inline std::string grpc_timeout(std::chrono::steady_clock::duration left) {
+  auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
+  if (ms < 1) ms = 1;
+  if (ms < 100'000'000) return std::to_string(ms) + "m";
+  return std::to_string(std::min<int64_t>(ms / 1000, 99'999'999)) + "S";
+}
+
+// A unary answer's body, `data`, as its one message: gRPC's framing is a compressed flag
+// (1 byte), the length (4 bytes, big-endian), then the message.
+inline Result<std::string> take_message(std::string& data) {
+  if (data.size() < 5)
+    return Error{StatusCode::INTERNAL, "the runtime's answer carried no message"};
+  const auto* p = reinterpret_cast<const uint8_t*>(data.data());
+  const uint32_t size =
+      (uint32_t(p[1]) << 24) | (uint32_t(p[2]) << 16) | (uint32_t(p[3]) << 8) | uint32_t(p[4]);
+  if (p[0] != 0)
+    return Error{StatusCode::INTERNAL,
+                 "the runtime sent a compressed message, which was not asked for"};
+  if (data.size() != 5 + size)
+    return Error{StatusCode::INTERNAL, "the runtime's answer is not one whole message"};
+  data.erase(0, 5);
+  return std::move(data);
 }
 
 }  // namespace kpleg::cri::h2

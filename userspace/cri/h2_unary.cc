@@ -78,9 +78,8 @@ int on_data(nghttp2_session* session, uint8_t, int32_t stream_id, const uint8_t*
   if (!s || stream_id != s->id || s->failure) return 0;
   s->answered = true;
   if (s->data.size() + len > s->max_message + 5) {
-    s->fail(StatusCode::RESOURCE_EXHAUSTED,
-            "the runtime's answer is over the limit of " + std::to_string(s->max_message) +
-                " bytes");
+    s->fail(StatusCode::RESOURCE_EXHAUSTED, "the runtime's answer is over the limit of " +
+                                                std::to_string(s->max_message) + " bytes");
     nghttp2_submit_rst_stream(session, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_CANCEL);
     s->data.clear();
     return 0;
@@ -110,31 +109,12 @@ ssize_t read_body(nghttp2_session*, int32_t, uint8_t* buf, size_t len, uint32_t*
 Result<std::string> outcome(Stream& s) {
   if (s.failure) return *s.failure;
   if (auto st = s.response.status(); !st) return st.error();
-  // gRPC's framing: a compressed flag (1 byte), the length (4 bytes, big-endian), the message.
-  if (s.data.size() < 5)
-    return Error{StatusCode::INTERNAL, "the runtime's answer carried no message"};
-  const auto* p = reinterpret_cast<const uint8_t*>(s.data.data());
-  const uint32_t size =
-      (uint32_t(p[1]) << 24) | (uint32_t(p[2]) << 16) | (uint32_t(p[3]) << 8) | uint32_t(p[4]);
-  if (p[0] != 0)
-    return Error{StatusCode::INTERNAL, "the runtime sent a compressed message, which was not asked for"};
-  if (s.data.size() != 5 + size)
-    return Error{StatusCode::INTERNAL, "the runtime's answer is not one whole message"};
-  s.data.erase(0, 5);
-  return std::move(s.data);
-}
-
-// grpc-timeout: at most 8 digits, in the coarsest unit that keeps the deadline.
-std::string grpc_timeout(std::chrono::steady_clock::duration left) {
-  auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
-  if (ms < 1) ms = 1;
-  if (ms < 100'000'000) return std::to_string(ms) + "m";
-  return std::to_string(std::min<int64_t>(ms / 1000, 99'999'999)) + "S";
+  return h2::take_message(s.data);
 }
 
 int ms_until(std::chrono::steady_clock::time_point deadline) {
-  const auto left = std::chrono::ceil<std::chrono::milliseconds>(
-      deadline - std::chrono::steady_clock::now());
+  const auto left =
+      std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
   return int(std::clamp<int64_t>(left.count(), 0, INT32_MAX));
 }
 
@@ -160,7 +140,8 @@ Status H2UnaryConnection::connect() {
     return Error{StatusCode::INVALID_ARGUMENT, "socket path too long: " + socket_path_};
   std::memcpy(addr.sun_path, socket_path_.c_str(), socket_path_.size() + 1);
   fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd_ < 0) return Error{StatusCode::UNAVAILABLE, std::string("socket: ") + std::strerror(errno)};
+  if (fd_ < 0)
+    return Error{StatusCode::UNAVAILABLE, std::string("socket: ") + std::strerror(errno)};
   // A unix socket connects at once or not at all (EAGAIN: the listener's backlog is full).
   if (::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     const int err = errno;
@@ -328,7 +309,7 @@ Result<std::string> H2UnaryConnection::attempt(std::string_view method, std::str
   s.body[3] = char(size >> 8);
   s.body[4] = char(size);
   s.body.append(request);
-  const std::string timeout = grpc_timeout(deadline - Clock::now());
+  const std::string timeout = h2::grpc_timeout(deadline - Clock::now());
   const nghttp2_nv headers[] = {
       h2::header(":method", "POST"),
       h2::header(":scheme", "http"),
@@ -393,7 +374,8 @@ Result<std::string> H2UnaryConnection::attempt(std::string_view method, std::str
         s.failure->code == int(StatusCode::UNAVAILABLE))
       *retry = true;
   }
-  if (!s.response.closed && !s.failure) s.fail(StatusCode::UNAVAILABLE, "the runtime closed the connection");
+  if (!s.response.closed && !s.failure)
+    s.fail(StatusCode::UNAVAILABLE, "the runtime closed the connection");
   return outcome(s);
 }
 

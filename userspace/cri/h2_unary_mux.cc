@@ -53,8 +53,7 @@ int on_frame(nghttp2_session*, const nghttp2_frame* frame, void* user) {
 
 int on_header(nghttp2_session*, const nghttp2_frame* frame, const uint8_t* name, size_t namelen,
               const uint8_t* value, size_t valuelen, uint8_t, void* user) {
-  mux_of(user)->on_header(frame->hd.stream_id,
-                          {reinterpret_cast<const char*>(name), namelen},
+  mux_of(user)->on_header(frame->hd.stream_id, {reinterpret_cast<const char*>(name), namelen},
                           {reinterpret_cast<const char*>(value), valuelen});
   return 0;
 }
@@ -80,30 +79,11 @@ ssize_t read_body(nghttp2_session*, int32_t, uint8_t* buf, size_t len, uint32_t*
   return static_cast<ssize_t>(n);
 }
 
-// grpc-timeout: at most 8 digits, in the coarsest unit that keeps the deadline.
-std::string grpc_timeout(std::chrono::steady_clock::duration left) {
-  auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();
-  if (ms < 1) ms = 1;
-  if (ms < 100'000'000) return std::to_string(ms) + "m";
-  return std::to_string(std::min<int64_t>(ms / 1000, 99'999'999)) + "S";
-}
-
 // The answer's one message, or how the call ended otherwise.
 Result<std::string> outcome(Call& c) {
   if (c.failure) return *c.failure;
   if (auto st = c.response.status(); !st) return st.error();
-  // gRPC's framing: a compressed flag (1 byte), the length (4 bytes, big-endian), the message.
-  if (c.data.size() < 5)
-    return Error{StatusCode::INTERNAL, "the runtime's answer carried no message"};
-  const auto* p = reinterpret_cast<const uint8_t*>(c.data.data());
-  const uint32_t size =
-      (uint32_t(p[1]) << 24) | (uint32_t(p[2]) << 16) | (uint32_t(p[3]) << 8) | uint32_t(p[4]);
-  if (p[0] != 0)
-    return Error{StatusCode::INTERNAL, "the runtime sent a compressed message, which was not asked for"};
-  if (c.data.size() != 5 + size)
-    return Error{StatusCode::INTERNAL, "the runtime's answer is not one whole message"};
-  c.data.erase(0, 5);
-  return std::move(c.data);
+  return h2::take_message(c.data);
 }
 
 }  // namespace
@@ -137,7 +117,8 @@ Status H2UnaryMux::connect() {
     return Error{StatusCode::INVALID_ARGUMENT, "socket path too long: " + socket_path_};
   std::memcpy(addr.sun_path, socket_path_.c_str(), socket_path_.size() + 1);
   fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (fd_ < 0) return Error{StatusCode::UNAVAILABLE, std::string("socket: ") + std::strerror(errno)};
+  if (fd_ < 0)
+    return Error{StatusCode::UNAVAILABLE, std::string("socket: ") + std::strerror(errno)};
   // A unix socket connects at once or not at all (EAGAIN: the listener's backlog is full).
   if (::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     const int err = errno;
@@ -180,8 +161,8 @@ Status H2UnaryMux::connect() {
   return {};
 }
 
-void H2UnaryMux::call(std::string_view method, std::string_view request,
-                      Clock::time_point deadline, Done done) {
+void H2UnaryMux::call(std::string_view method, std::string_view request, Clock::time_point deadline,
+                      Done done) {
   auto c = std::make_shared<Call>();
   c->method = method;
   c->body.assign(5, '\0');
@@ -214,7 +195,7 @@ bool H2UnaryMux::submit(const std::shared_ptr<Call>& c) {
       return false;
     }
   }
-  const std::string timeout = grpc_timeout(c->deadline - Clock::now());
+  const std::string timeout = h2::grpc_timeout(c->deadline - Clock::now());
   const nghttp2_nv headers[] = {
       h2::header(":method", "POST"),
       h2::header(":scheme", "http"),
@@ -400,9 +381,8 @@ void H2UnaryMux::on_ready(uint32_t events) {
         finish();
         return;
       }
-      const ssize_t used = nghttp2_session_mem_recv(session_of(session_),
-                                                    reinterpret_cast<const uint8_t*>(buf),
-                                                    size_t(got));
+      const ssize_t used = nghttp2_session_mem_recv(
+          session_of(session_), reinterpret_cast<const uint8_t*>(buf), size_t(got));
       if (used < 0) {
         broken(std::string("HTTP/2 from the runtime: ") + nghttp2_strerror(int(used)));
         finish();
