@@ -25,6 +25,14 @@ MODES = ("none", "ebpf", "relist")
 STATS_AFTERMATH_S = 1.0
 
 
+def own_cpu(s0, s1, secs):
+    """The daemon's CPU and its BPF programs' run time between two samples, in s per minute."""
+    bpf_s = 0.0
+    if s0["bpf"] and s1["bpf"]:
+        bpf_s = per_min((s1["bpf"]["run_time_ns"] - s0["bpf"]["run_time_ns"]) / 1e9, secs)
+    return per_min(s1["cpu_s"] - s0["cpu_s"], secs), bpf_s
+
+
 def workloads(cfg, n):
     """The workloads of one N, in block order."""
     out = [{"name": "idle", "rate": 0, "pods": 0}]
@@ -106,9 +114,7 @@ def window(cfg, d, runtime, n, wl, out_dir, label):
     res["lifecycles"] = lifecycles
     daemon_s = bpf_s = 0.0
     if d:
-        daemon_s = per_min(s1["cpu_s"] - s0["cpu_s"], secs)
-        if s0["bpf"] and s1["bpf"]:
-            bpf_s = per_min((s1["bpf"]["run_time_ns"] - s0["bpf"]["run_time_ns"]) / 1e9, secs)
+        daemon_s, bpf_s = own_cpu(s0, s1, secs)
         res.update({"daemon_cpu_s_per_min": daemon_s, "bpf_cpu_s_per_min": bpf_s,
                     "rss_mib": (s1["rss_kib"] or 0) / 1024.0, "bpf_map_mib": (s1["bpf_map_bytes"] or 0) / (1 << 20),
                     "threads": thread_breakdown(s0["threads"], s1["threads"], secs), "alive": d.alive()})
@@ -239,9 +245,7 @@ def burst(cfg, mode, runtime, cgroups, pods, out_dir, sink):
                "calls_done_s": (t_calls_done - t0) / 1e9, "pods_made": len(made)}
         daemon_s = bpf_s = 0.0
         if d:
-            daemon_s = per_min(s1["cpu_s"] - s0["cpu_s"], secs)
-            if s0["bpf"] and s1["bpf"]:
-                bpf_s = per_min((s1["bpf"]["run_time_ns"] - s0["bpf"]["run_time_ns"]) / 1e9, secs)
+            daemon_s, bpf_s = own_cpu(s0, s1, secs)
             res.update({"daemon_cpu_s_per_min": daemon_s, "bpf_cpu_s_per_min": bpf_s,
                         "rss_mib": (s1["rss_kib"] or 0) / 1024.0})
             want = {(c["container_id"], "ContainerDied") for p in victims for c in p.get("containers", [])}

@@ -125,13 +125,13 @@ def vm_rss_kib(pid):
     return None
 
 
-def bpf_prog_run_ns(pid):
-    """Sum of run_time_ns / run_cnt over the BPF programs a process holds (its fdinfo)."""
-    seen, t, n = set(), 0, 0
+def fdinfos(pid):
+    """Each open descriptor's /proc/<pid>/fdinfo as a dict; None when the process is gone."""
     try:
         fds = os.listdir(f"/proc/{pid}/fdinfo")
     except OSError:
         return None
+    out = []
     for fd in fds:
         info = {}
         try:
@@ -141,6 +141,17 @@ def bpf_prog_run_ns(pid):
                     info[k.strip()] = v.strip()
         except OSError:
             continue
+        out.append(info)
+    return out
+
+
+def bpf_prog_run_ns(pid):
+    """Sum of run_time_ns / run_cnt over the BPF programs a process holds (its fdinfo)."""
+    infos = fdinfos(pid)
+    if infos is None:
+        return None
+    seen, t, n = set(), 0, 0
+    for info in infos:
         if "prog_id" in info and "run_time_ns" in info and info["prog_id"] not in seen:
             seen.add(info["prog_id"])
             t += int(info["run_time_ns"])
@@ -172,24 +183,13 @@ def summarize(vals):
     return {"n": len(v), "p50": percentile(v, 50), "p99": percentile(v, 99), "max": v[-1], "min": v[0]}
 
 
-
-
 def bpf_map_memlock(pid):
     """Bytes of the BPF maps a process holds (memlock of each map's fdinfo, once per map id)."""
-    seen, total = set(), 0
-    try:
-        fds = os.listdir(f"/proc/{pid}/fdinfo")
-    except OSError:
+    infos = fdinfos(pid)
+    if infos is None:
         return None
-    for fd in fds:
-        info = {}
-        try:
-            with open(f"/proc/{pid}/fdinfo/{fd}") as f:
-                for line in f:
-                    k, _, v = line.partition(":")
-                    info[k.strip()] = v.strip()
-        except OSError:
-            continue
+    seen, total = set(), 0
+    for info in infos:
         if "map_id" in info and "memlock" in info and info["map_id"] not in seen:
             seen.add(info["map_id"])
             total += int(info["memlock"])
