@@ -6,13 +6,13 @@
 #                           fuzz targets included, the benchmarks left out), runs the unit, bpf,
 #                           cri, e2e and deploy tests against containerd 1.6 but the long ones
 #                           listed in LONG below, one VM kernel, and a short fuzz of every target.
-#   scripts/test.sh --all   the whole matrix (CI; 43 min measured on a fresh machine, 35 with the
-#                           tools cached):
+#   scripts/test.sh --all   the whole matrix (CI; 44.5 min measured with the tools and kernels
+#                           cached, about 10 more on a fresh machine):
 #                           every test against containerd 1.6 (kubelet, critest, the quick bench,
 #                           the restart storm, every VM kernel, a container in the VM on two of
 #                           them, the arm64 kernel last), then on containerd 2.x and on
 #                           CRI-O what differs there (RUNTIME_TESTS below), and every fuzz target
-#                           for a minute. The tools it needs from the registries (the kubelet,
+#                           for 15 s. The tools it needs from the registries (the kubelet,
 #                           containerd 2.x, CRI-O, virtiofsd) and the arm64 kplegd
 #                           (scripts/cross-arm64.sh) build in the background, at the lowest CPU
 #                           priority, while the project builds and the first tests run.
