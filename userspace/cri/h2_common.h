@@ -117,6 +117,17 @@ inline nghttp2_nv header(const char* name, std::string_view value) {
                     value.size(), NGHTTP2_NV_FLAG_NONE};
 }
 
+// A request body sent whole, as nghttp2's data source reads it: the next part of `body` after
+// `sent` into `buf`, the stream's end with the last part.
+inline ssize_t send_body(const std::string& body, size_t& sent, uint8_t* buf, size_t len,
+                         uint32_t* flags) {
+  const size_t n = std::min(len, body.size() - sent);
+  std::memcpy(buf, body.data() + sent, n);
+  sent += n;
+  if (sent == body.size()) *flags |= NGHTTP2_DATA_FLAG_EOF;
+  return static_cast<ssize_t>(n);
+}
+
 // grpc-timeout: at most 8 digits, in the coarsest unit that keeps the deadline.
 inline std::string grpc_timeout(std::chrono::steady_clock::duration left) {
   auto ms = std::chrono::ceil<std::chrono::milliseconds>(left).count();

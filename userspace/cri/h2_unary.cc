@@ -98,11 +98,7 @@ int on_close(nghttp2_session*, int32_t stream_id, uint32_t error_code, void* use
 ssize_t read_body(nghttp2_session*, int32_t, uint8_t* buf, size_t len, uint32_t* flags,
                   nghttp2_data_source*, void* user) {
   Stream* s = stream_of(user);
-  const size_t n = std::min(len, s->body.size() - s->body_sent);
-  std::memcpy(buf, s->body.data() + s->body_sent, n);
-  s->body_sent += n;
-  if (s->body_sent == s->body.size()) *flags |= NGHTTP2_DATA_FLAG_EOF;
-  return static_cast<ssize_t>(n);
+  return h2::send_body(s->body, s->body_sent, buf, len, flags);
 }
 
 // The answer's one message, or how the call ended otherwise.

@@ -72,11 +72,7 @@ int on_close(nghttp2_session*, int32_t stream, uint32_t error_code, void* user) 
 ssize_t read_body(nghttp2_session*, int32_t, uint8_t* buf, size_t len, uint32_t* flags,
                   nghttp2_data_source* source, void*) {
   auto* c = static_cast<Call*>(source->ptr);
-  const size_t n = std::min(len, c->body.size() - c->body_sent);
-  std::memcpy(buf, c->body.data() + c->body_sent, n);
-  c->body_sent += n;
-  if (c->body_sent == c->body.size()) *flags |= NGHTTP2_DATA_FLAG_EOF;
-  return static_cast<ssize_t>(n);
+  return h2::send_body(c->body, c->body_sent, buf, len, flags);
 }
 
 // The answer's one message, or how the call ended otherwise.
