@@ -12,6 +12,7 @@
 #include <string>
 
 #include "common/thread_name.h"
+#include "pleg/timerfd.h"
 
 namespace kpleg::pleg {
 namespace {
@@ -104,7 +105,9 @@ bool EventLoop::cancel(TimerId id) {
   timers_.erase({it->second, id});
   timer_at_.erase(it);
   // A timer set for this one alone would wake the loop for nothing.
-  if (armed_at_ != Clock::time_point::max() && (timers_.empty() || timers_.begin()->first.first > armed_at_)) arm();
+  if (armed_at_ != Clock::time_point::max() &&
+      (timers_.empty() || timers_.begin()->first.first > armed_at_))
+    arm();
   return true;
 }
 
@@ -112,16 +115,7 @@ void EventLoop::arm() {
   const auto next = timers_.empty() ? Clock::time_point::max() : timers_.begin()->first.first;
   if (next == armed_at_) return;
   armed_at_ = next;
-  itimerspec its{};  // all zero: disarmed
-  if (next != Clock::time_point::max()) {
-    // Relative to now, not an absolute CLOCK_MONOTONIC time: the same thing, except to tools
-    // that shift the clocks of a process (libfaketime rewrites absolute timer times).
-    const auto left = std::max<int64_t>(
-        1, std::chrono::duration_cast<std::chrono::nanoseconds>(next - Clock::now()).count());
-    its.it_value.tv_sec = left / 1'000'000'000;
-    its.it_value.tv_nsec = left % 1'000'000'000;
-  }
-  timerfd_settime(timer_fd_, 0, &its, nullptr);
+  set_timerfd(timer_fd_, next);
 }
 
 void EventLoop::watch(int fd, uint32_t events, std::function<void(uint32_t)> on_ready) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/thread_name.h"
+#include "pleg/timerfd.h"
 
 namespace kpleg::pleg {
 namespace {
@@ -78,17 +79,7 @@ void PodWorkQueue::wake_one() { signal(ready_fd_); }
 void PodWorkQueue::arm(Clock::time_point at) {
   if (at == armed_at_) return;
   armed_at_ = at;
-  itimerspec its{};  // all zero: disarmed
-  if (at != Clock::time_point::max()) {
-    // Relative to now, not an absolute CLOCK_MONOTONIC time: the same thing, except to tools
-    // that shift the clocks of a process (libfaketime rewrites absolute timer times, which
-    // moved every look by the wall clock's step in the clock-step test).
-    const auto left = std::max<int64_t>(
-        1, std::chrono::duration_cast<std::chrono::nanoseconds>(at - Clock::now()).count());
-    its.it_value.tv_sec = left / 1'000'000'000;
-    its.it_value.tv_nsec = left % 1'000'000'000;
-  }
-  timerfd_settime(timer_fd_, 0, &its, nullptr);
+  set_timerfd(timer_fd_, at);
 }
 
 PodWorkQueue::Ticket PodWorkQueue::post(const std::string& pod, Task task,
