@@ -95,7 +95,7 @@ EventLoop::TimerId EventLoop::at(Clock::time_point at, Task task) {
   const TimerId id = ++last_timer_;
   timers_.emplace(std::pair{at, id}, std::move(task));
   timer_at_.emplace(id, at);
-  if (at < armed_at_ || armed_at_ <= Clock::now()) arm();
+  if (!in_batch_ && (at < armed_at_ || armed_at_ <= Clock::now())) arm();
   return id;
 }
 
@@ -105,7 +105,7 @@ bool EventLoop::cancel(TimerId id) {
   timers_.erase({it->second, id});
   timer_at_.erase(it);
   // A timer set for this one alone would wake the loop for nothing.
-  if (armed_at_ != Clock::time_point::max() &&
+  if (!in_batch_ && armed_at_ != Clock::time_point::max() &&
       (timers_.empty() || timers_.begin()->first.first > armed_at_))
     arm();
   return true;
@@ -154,8 +154,6 @@ void EventLoop::run_timers() {
     timer_at_.erase(node.key().second);
     node.mapped()();
   }
-  armed_at_ = Clock::time_point::max() - Clock::duration(1);  // force a re-arm
-  arm();
 }
 
 void EventLoop::run() {
@@ -164,6 +162,7 @@ void EventLoop::run() {
     const int n = epoll_wait(epoll_fd_, out, 16, -1);
     if (n < 0) continue;  // EINTR
     wakeups_.fetch_add(1, std::memory_order_relaxed);
+    in_batch_ = true;
     bool messages = false, timers = false;
     for (int i = 0; i < n; ++i) {
       const int fd = out[i].data.fd;
@@ -194,10 +193,16 @@ void EventLoop::run() {
         run_messages();
         timers_.clear();
         timer_at_.clear();
+        in_batch_ = false;
         return;
       }
     }
-    if (timers) run_timers();
+    if (timers) {
+      run_timers();
+      armed_at_ = Clock::time_point::max();  // it fired: the timerfd is disarmed
+    }
+    in_batch_ = false;
+    arm();  // the earliest timer now, if it changed
   }
 }
 

@@ -115,6 +115,10 @@ class EventLoop final : public cri::Reactor {
   std::unordered_map<TimerId, Clock::time_point> timer_at_;
   TimerId last_timer_ = 0;
   Clock::time_point armed_at_ = Clock::time_point::max();
+  // The loop is handling a wakeup: timers set or cancelled meanwhile arm the timerfd once, at
+  // its end (one timerfd_settime per wakeup at most, and none for a timer set and cancelled
+  // within it).
+  bool in_batch_ = false;
   std::unordered_map<int, std::function<void(uint32_t)>> watched_;
 };
 
