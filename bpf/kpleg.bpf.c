@@ -32,6 +32,16 @@ const volatile char root_names[KPLEG_MAX_ROOT_NAMES][KPLEG_ROOT_NAME_MAX] = {
 const volatile __u32 max_cgroups_per_pod = 1024;
 const volatile __u32 max_mkdirs_per_pod_per_sec = 100;
 
+/*
+ * Set by userspace while the program runs (the .data map, mmap'ed): 0 while the tracker has
+ * learned that the runtime removes a container's cgroup right after its init dies (containerd
+ * deletes the task, and runc the cgroup, before it records the exit). An exit then wakes
+ * nobody: the rmdir that follows wakes the reader and brings it along, and the death costs
+ * userspace one wakeup instead of two. An OOM kill still wakes. Userspace turns it back to 1
+ * when an exit is read later than its own look would have been made (event__submit).
+ */
+volatile __u32 exit_wakes = 1;
+
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 1 << 20); /* resized by the loader */
@@ -174,9 +184,10 @@ static __always_inline void *event__reserve(__u64 size, __u32 type)
  * it alone, and what makes it matter (the exec that starts the container, the next mkdir's
  * exec) follows it and brings it along; userspace is woken once per container start instead
  * of twice. It does wake when it flags an untracked cgroup, and once the ring holds a quarter
- * of its size unread, so that the ring never fills with records nobody was woken for. Every
- * other record wakes the reader with BPF_RB_FORCE_WAKEUP: the default wakes only when the
- * ring was empty before the record, and an unread mkdir makes it not.
+ * of its size unread, so that the ring never fills with records nobody was woken for. An init's
+ * exit wakes nobody either while `exit_wakes` is 0 (the rmdir after it does). Every other
+ * record wakes the reader with BPF_RB_FORCE_WAKEUP: the default wakes only when the ring was
+ * empty before the record, and an unread mkdir makes it not.
  */
 static __always_inline void event__submit(void *rec, bool wake)
 {
@@ -554,7 +565,7 @@ int BPF_PROG(sched_process_exit, struct task_struct *task)
 	 */
 	if (kpleg__oom_victim(task, e->signal))
 		e->hdr.flags |= KPLEG_FLAG_OOM_KILLED;
-	event__submit(e, true);
+	event__submit(e, exit_wakes || (e->hdr.flags & KPLEG_FLAG_OOM_KILLED));
 	return 0;
 }
 

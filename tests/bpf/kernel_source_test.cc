@@ -708,6 +708,43 @@ TEST_F(KernelSourceTest, AMkdirWakesNobodyAndIsReadWithTheExecAfterIt) {
   EXPECT_TRUE(seen_asleep) << "in 5 tries, another cgroup woke the reader every time";
 }
 
+// While the tracker has switched exit wakeups off (the runtime removes the cgroup right after
+// the init dies), an init's exit wakes nobody: it is read with the cgroup's rmdir, before it.
+// An OOM kill would still wake; switched back on, an exit wakes again.
+TEST_F(KernelSourceTest, AnExitWakesNobodyWhileExitWakeupIsOffAndIsReadWithTheRmdir) {
+  start();
+  auto* program = source_->program();
+  ASSERT_TRUE(program->exit_wakeup()) << "on at load";
+  program->set_exit_wakeup(false);
+  bool seen_asleep = false;
+  for (int attempt = 0; attempt < 5 && !seen_asleep; ++attempt) {
+    auto ctr = make_tree(container_path(char('a' + attempt)));
+    ASSERT_TRUE(ctr.ok());
+    auto pid = spawn_in_cgroup(ctr->path(), {"/bin/sleep", "30"});
+    ASSERT_TRUE(pid.ok());
+    ASSERT_TRUE(wait_kinds(ctr->id(), {"cgroup_mkdir", "exec"}));
+    kill(*pid, SIGKILL);
+    ASSERT_TRUE(wait_child(*pid).ok());
+    // The absence is the behaviour under test: give a woken reader ample time to read. Any
+    // other tracked cgroup on this machine may wake the reader meanwhile: a try is then
+    // inconclusive, and made again.
+    std::this_thread::sleep_for(300ms);
+    if (collector_.for_cgroups({ctr->id()}).size() == 2) seen_asleep = true;
+    ASSERT_TRUE(ctr->remove().ok());
+    ASSERT_TRUE(wait_kinds(ctr->id(), {"cgroup_mkdir", "exec", "exit", "cgroup_rmdir"}));
+    EXPECT_EQ(kinds_of(collector_.for_cgroups({ctr->id()})),
+              (std::vector<std::string>{"cgroup_mkdir", "exec", "exit", "cgroup_rmdir"}));
+  }
+  EXPECT_TRUE(seen_asleep) << "in 5 tries, the exit (or another cgroup) woke the reader every time";
+
+  // On again: the exit is read without an rmdir.
+  program->set_exit_wakeup(true);
+  auto ctr = make_tree(container_path('f'));
+  ASSERT_TRUE(ctr.ok());
+  ASSERT_TRUE(run_in_cgroup(ctr->path(), {"/bin/sh", "-c", "exit 3"}).ok());
+  ASSERT_TRUE(wait_kinds(ctr->id(), {"cgroup_mkdir", "exec", "exit"}));
+}
+
 TEST_F(KernelSourceTest, ForkedChildrenThatExecAddNoLifecycleEvents) {
   start();
   auto ctr = make_tree(container_path('e'));

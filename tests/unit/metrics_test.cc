@@ -189,7 +189,7 @@ TEST(KplegMetrics, ExportsEveryFamily) {
   m.cri_call_oldest_seconds.with({"StopPodSandbox", "endpoint"});
   m.cri_endpoint_calls.with({"Version", "OK"});
   std::string out = r.render();
-  EXPECT_EQ(metric_definitions().size(), 42u);
+  EXPECT_EQ(metric_definitions().size(), 44u);
   for (const auto& d : metric_definitions()) {
     const std::string name(d.name);
     EXPECT_TRUE(contains(out, "# HELP " + name + " " + std::string(d.help) + "\n# TYPE " + name +

@@ -113,9 +113,10 @@ class TrackerTest : public ::testing::Test {
     ev.body = kernel::ProcessExec{cgroup_of(id), 100, 100, 1, "sh", "/bin/sh"};
     tracker_->on_kernel_event(ev);
   }
-  void kernel_exit(const std::string& id, uint32_t code, bool oom_killed = false) {
+  void kernel_exit(const std::string& id, uint32_t code, bool oom_killed = false,
+                   uint64_t ktime_ns = 2) {
     kernel::KernelEvent ev;
-    ev.ktime_ns = 2;
+    ev.ktime_ns = ktime_ns;
     ev.body = kernel::ProcessExit{cgroup_of(id), 100, code, oom_killed ? 9u : 0u, false, oom_killed};
     tracker_->on_kernel_event(ev);
   }
@@ -1459,6 +1460,86 @@ TEST_F(RuntimeEventsTrackerTest, EventsForContainersTheKernelNeverSignalledMakeN
 }
 
 }  // namespace
+// A death brings the init's exit and, on containerd, the cgroup's rmdir before the runtime
+// records it. Once 16 rmdirs in a row came while their exit's chain still waited for a look,
+// the tracker switches the exit's wakeup off (the BPF program's exit_wakes); the first exit
+// whose own look goes, or that is read later than its look would have gone, switches it on.
+TEST_F(TrackerTest, ExitsStopWakingOnceTheRmdirAlwaysComesFirstAndWakeAgainWhenOneComesAlone) {
+  restart_tracker({});
+  std::mutex mu;
+  std::vector<bool> switched;
+  tracker_->set_exit_wakeup([&](bool wake) {
+    std::lock_guard lk(mu);
+    switched.push_back(wake);
+  });
+  auto switches = [&] {
+    std::lock_guard lk(mu);
+    return switched;
+  };
+  auto now_ktime = [] {
+    timespec ts{};
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return uint64_t(ts.tv_sec) * 1'000'000'000u + uint64_t(ts.tv_nsec);
+  };
+  // The runtime records each death 20 ms after the rmdir (containerd deletes the task first):
+  // the exit's learned first look comes after the rmdir, which takes the death over.
+  auto death_with_rmdir = [&](int i) {
+    auto id = started("app-" + std::to_string(i));
+    kernel_exit(id, 0, false, now_ktime());
+    kernel_rmdir(cgroup_of(id));
+    std::this_thread::sleep_for(20ms);  // the runtime's lag, not a synchronisation
+    ASSERT_TRUE(cri_.exit_container(id, 0).ok());
+    ASSERT_TRUE(wait_types(id, {"ContainerStarted", "ContainerDied"}));
+  };
+  int i = 0;
+  for (; i < 60 && tracker_->stats().exit_wakes; ++i) {
+    death_with_rmdir(i);
+    ASSERT_FALSE(HasFailure());
+  }
+  EXPECT_FALSE(tracker_->stats().exit_wakes) << "still waking after " << i << " deaths";
+  EXPECT_EQ(switches(), std::vector<bool>{false});
+  EXPECT_EQ(tracker_->stats().exit_wakeups_off, 1u);
+
+  // An exit without its rmdir: its own first look goes, and exits wake again.
+  auto alone = started("alone");
+  ASSERT_TRUE(cri_.exit_container(alone, 0).ok());
+  kernel_exit(alone, 0, false, now_ktime());
+  ASSERT_TRUE(wait_types(alone, {"ContainerStarted", "ContainerDied"}));
+  EXPECT_TRUE(tracker_->stats().exit_wakes);
+  EXPECT_EQ(switches(), (std::vector<bool>{false, true}));
+  EXPECT_EQ(tracker_->stats().exit_wakeups_restored, 1u);
+
+  // Learned again; then an exit read long after it happened (nothing woke the loop for it).
+  for (int n = 0; n < 60 && tracker_->stats().exit_wakes; ++n, ++i) {
+    death_with_rmdir(i);
+    ASSERT_FALSE(HasFailure());
+  }
+  ASSERT_FALSE(tracker_->stats().exit_wakes);
+  auto late = started("late");
+  ASSERT_TRUE(cri_.exit_container(late, 0).ok());
+  kernel_exit(late, 0, false, now_ktime() - 5'000'000'000u);
+  kernel_rmdir(cgroup_of(late));
+  ASSERT_TRUE(wait_types(late, {"ContainerStarted", "ContainerDied"}));
+  EXPECT_TRUE(tracker_->stats().exit_wakes);
+  EXPECT_EQ(switches(), (std::vector<bool>{false, true, false, true}));
+  EXPECT_EQ(tracker_->stats().exit_wakeups_restored, 2u);
+  EXPECT_EQ(tracker_->stats().corrections_total(), 0u);
+}
+
+// Without a switch (relist fallback, a kernel source that cannot), nothing is learned.
+TEST_F(TrackerTest, ExitsAlwaysWakeWithoutASwitch) {
+  restart_tracker({});
+  for (int i = 0; i < 20; ++i) {
+    auto id = started("app-" + std::to_string(i));
+    kernel_exit(id, 0);
+    kernel_rmdir(cgroup_of(id));
+    ASSERT_TRUE(cri_.exit_container(id, 0).ok());
+    ASSERT_TRUE(wait_types(id, {"ContainerStarted", "ContainerDied"}));
+  }
+  EXPECT_TRUE(tracker_->stats().exit_wakes);
+  EXPECT_EQ(tracker_->stats().exit_wakeups_off, 0u);
+}
+
 }  // namespace kpleg::pleg
 
 namespace kpleg::pleg {

@@ -131,6 +131,8 @@ Status EbpfPipeline::start() {
   // The index is seeded after the kernel source attached, so that no mkdir falls between.
   if (auto st = index_.seed(kernel_.stats().cgroup2_mount); !st) return st;
   tracker_.watch(kernel_.ring_fd(), [this] { kernel_.consume(); });
+  if (auto* program = kernel_.program(); program != nullptr)
+    tracker_.set_exit_wakeup([program](bool wake) { program->set_exit_wakeup(wake); });
   // Nothing fails after this (no fallback leaves it behind), and before the initial sync, so
   // that the exited containers it finds are armed.
   start_removal_hints();

@@ -74,6 +74,8 @@ void MetricsMirror::mirror(const Sources& s) {
   metrics_.removal_hints.set(static_cast<double>(ts.removal_hints));
   metrics_.removal_hints_missed.set(static_cast<double>(ts.removal_hints_missed));
   metrics_.removal_hints_trusted.set(ts.removal_hints_trusted ? 1 : 0);
+  metrics_.exit_wakes.set(ts.exit_wakes ? 1 : 0);
+  metrics_.exit_wakeups_restored.set(static_cast<double>(ts.exit_wakeups_restored));
   if (s.runtime_events) {
     metrics_.runtime_events.set(static_cast<double>(s.runtime_events->stats().events));
   }

@@ -195,6 +195,16 @@ bool BpfProgram::attach_removal_hint() {
   return true;
 }
 
+void BpfProgram::set_exit_wakeup(bool wake) {
+  // The .data section is mmap'ed into this process (libbpf, Linux 5.5+): a store is seen by
+  // the program's next run.
+  __atomic_store_n(&skel_->data->exit_wakes, wake ? 1u : 0u, __ATOMIC_RELAXED);
+}
+
+bool BpfProgram::exit_wakeup() const {
+  return __atomic_load_n(&skel_->data->exit_wakes, __ATOMIC_RELAXED) != 0;
+}
+
 bool BpfProgram::watch_removal(const std::string& id) {
   if (id.size() != KPLEG_ID_LEN) return false;
   const uint64_t armed = 1;

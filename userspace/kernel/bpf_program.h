@@ -103,6 +103,12 @@ class BpfProgram {
   bool take_early_removal(const std::string& id);
   size_t removal_watch_count() const;
 
+  // Whether an init's exit wakes the ring buffer's reader (kpleg.bpf.c: exit_wakes; on at
+  // load). Off, the exit is read with the next record that wakes it (the cgroup's rmdir,
+  // usually); an OOM kill still wakes. Takes effect for the next exit.
+  void set_exit_wakeup(bool wake);
+  bool exit_wakeup() const;
+
   int ringbuf_fd() const;
   int tracked_map_fd() const;
 

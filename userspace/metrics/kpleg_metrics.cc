@@ -94,6 +94,12 @@ constexpr MetricDefinition kDefinitions[] = {
     {"kpleg_removal_hints_trusted", MetricType::kGauge,
      "1 while the removal hints stand for the periodic removal sweep of the ids they "
      "watch."},
+    {"kpleg_exit_wakes", MetricType::kGauge,
+     "1 while the kernel's record of a container init's exit wakes kplegd; 0 once it learned "
+     "that the container cgroup's removal right after the exit does (one wakeup per death)."},
+    {"kpleg_exit_wakeups_restored_total", MetricType::kCounter,
+     "Times an init's exit came without its cgroup's removal in time while exits woke "
+     "nobody, and exits woke kplegd again."},
     {"kpleg_uncovered_containers", MetricType::kGauge,
      "Running containers and sandboxes the last reconcile listed that the kernel path "
      "does not see."},
@@ -223,6 +229,8 @@ KplegMetrics::KplegMetrics(Registry& r, const Families& f)
       removal_hints(f.counter("kpleg_removal_hints_total")),
       removal_hints_missed(f.counter("kpleg_removal_hints_missed_total")),
       removal_hints_trusted(f.gauge("kpleg_removal_hints_trusted")),
+      exit_wakes(f.gauge("kpleg_exit_wakes")),
+      exit_wakeups_restored(f.counter("kpleg_exit_wakeups_restored_total")),
       uncovered_containers(f.gauge("kpleg_uncovered_containers")),
       bpf_over_budget(f.counter("kpleg_bpf_over_budget_total")),
       pods_over_budget(f.gauge("kpleg_pods_over_budget")),

@@ -88,6 +88,11 @@ struct KplegMetrics {
   Counter& removal_hints;
   Counter& removal_hints_missed;
   Gauge& removal_hints_trusted;
+  // kpleg_exit_wakes: 1 while an init's exit wakes the tracker (0 once it learned that the
+  // cgroup's rmdir right after it does: pleg/exit_wakeup.h); kpleg_exit_wakeups_restored_total:
+  // times an exit then came without that rmdir in time, and exits woke it again.
+  Gauge& exit_wakes;
+  Counter& exit_wakeups_restored;
   // kpleg_uncovered_containers: running containers and sandboxes that the last reconcile listed
   // but that the kernel path does not see (their cgroup is not under a tracked root, or they
   // have none on the host: kata, gVisor): their events come from the reconcile alone.

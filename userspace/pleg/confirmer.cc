@@ -21,6 +21,7 @@ void Confirmer::on_signal(const std::string& id, const std::string& pod_uid, Sig
     }
     return;
   }
+  learn_exit_wakeup(rec, signal, ts_ns);
   Anchor anchor = Anchor::kExec;
   switch (signal) {
     case Signal::kExec:
@@ -102,6 +103,9 @@ void Confirmer::confirm(const Look& look) {
     --rec.pending;
     return;
   }
+  // The exit's own first look: no rmdir came before it.
+  if (look.anchor == Anchor::kExit && look.last_miss < Clock::duration::zero())
+    exit_wakeup_.exit_alone();
   const auto look_at = Clock::now() - look.signal_at;
   const bool known = rec.known();
   core_.look(rec.identity.pod_uid, look.id, rec.sandbox_known, core_.table().likely_sandbox(rec),
@@ -205,6 +209,32 @@ milliseconds Confirmer::next_delay(Record& rec, const Look& look, bool unknown_s
     }
   }
   return std::clamp(delay * 2, milliseconds(500), core_.opts().confirm_backoff_max);
+}
+
+Confirmer::Clock::duration Confirmer::exit_look_after(bool sandbox) {
+  Clock::duration after = first_look(Anchor::kExit, sandbox);
+  if (core_.runtime_events_live()) after += core_.opts().runtime_event_grace;
+  return after;
+}
+
+void Confirmer::learn_exit_wakeup(const Record& rec, Signal signal, uint64_t ts_ns) {
+  const bool sandbox = core_.table().likely_sandbox(rec);
+  if (signal == Signal::kExit || signal == Signal::kExitOom) {
+    // Read later than its own look would have gone (nothing woke the loop in time for it).
+    const uint64_t now_ns = realtime_now_ns();
+    if (!exit_wakeup_.waking() && ts_ns != 0 && now_ns > ts_ns &&
+        std::chrono::nanoseconds(now_ns - ts_ns) > exit_look_after(sandbox))
+      exit_wakeup_.exit_alone();
+    return;
+  }
+  // The rmdir of a cgroup whose exit's chain still waits for a look (its timer is set) or, while
+  // the runtime's stream is live, for the runtime's event: that exit did not need to wake the
+  // loop. (An exit whose first look went reset the learning there, confirm().)
+  if (signal == Signal::kRmdir && rank(rec.reported) < rank(ContainerState::kExited) &&
+      rec.exit_signal_at != Clock::time_point{} &&
+      (rec.death_look != 0 || (core_.runtime_events_live() &&
+                               Clock::now() - rec.exit_signal_at <= exit_look_after(sandbox))))
+    exit_wakeup_.rmdir_in_time();
 }
 
 }  // namespace kpleg::pleg

@@ -16,6 +16,7 @@
 #include <unordered_map>
 
 #include "common/log_limiter.h"
+#include "pleg/exit_wakeup.h"
 #include "pleg/lag_learner.h"
 #include "pleg/tracker_core.h"
 
@@ -37,6 +38,10 @@ class Confirmer {
   void on_report(const std::string& id, const Observation& obs);
   // The event stream started or stopped delivering.
   void set_live(bool live);
+
+  // Whether an init's exit wakes the loop (exit_wakeup.h), learned from the signals here.
+  ExitWakeup& exit_wakeup() { return exit_wakeup_; }
+  const ExitWakeup& exit_wakeup() const { return exit_wakeup_; }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -98,6 +103,11 @@ class Confirmer {
   }
   // The learners learn when the runtime's event had what a pending signal waits for.
   void learn_from_report(const Record& rec, const Observation& obs);
+  // How long after an init's exit its chain's first look goes (the learned lag, and the wait
+  // for the runtime's event while its stream is live).
+  Clock::duration exit_look_after(bool sandbox);
+  // An exit or an rmdir came: what it says of whether the exit must wake the loop.
+  void learn_exit_wakeup(const Record& rec, Signal signal, uint64_t ts_ns);
 
   TrackerCore& core_;
   // How long after each anchor the runtime reports the transition, for containers [.][0] and
@@ -105,6 +115,7 @@ class Confirmer {
   // started).
   LagLearner lag_[3][2];
   LogLimiter late_log_{std::chrono::seconds(10)};
+  ExitWakeup exit_wakeup_;
   std::deque<Awaiting> awaiting_;
   std::optional<Clock::time_point> check_due_;
   TrackerCore::TimerId check_timer_ = 0;

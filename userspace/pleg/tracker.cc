@@ -72,6 +72,18 @@ void Tracker::set_cgroup_parents(cgroup::CgroupIndex::ParentOf parent_of) {
   loop_.call([&] { parent_of_ = std::move(parent_of); });
 }
 
+void Tracker::set_exit_wakeup(std::function<void(bool wake)> set) {
+  loop_.call([&] {
+    confirmer_.exit_wakeup().set_switch([set = std::move(set)](bool wake) {
+      spdlog::info("{}", wake ? "tracker: an init's exit came without its cgroup's rmdir in time: "
+                          "exits wake the loop again"
+                        : "tracker: the runtime removes a container's cgroup right after its "
+                          "init dies: an exit now wakes nobody, the rmdir brings it along");
+      set(wake);
+    });
+  });
+}
+
 void Tracker::set_removal_hints(RemovalHints* hints, bool trusted, bool after_removal) {
   loop_.call([&] { removal_.set_hints(hints, trusted, after_removal); });
 }
@@ -200,6 +212,9 @@ TrackerStats Tracker::stats() const {
     st.runtime_events_live = core_.runtime_events_live();
     st.runtime_events_cover_removals = !removal_.events_miss_removals();
     st.removal_hints_trusted = removal_.hints_trusted();
+    st.exit_wakes = confirmer_.exit_wakeup().waking();
+    st.exit_wakeups_off = confirmer_.exit_wakeup().turned_off();
+    st.exit_wakeups_restored = confirmer_.exit_wakeup().turned_on();
     return st;
   });
 }

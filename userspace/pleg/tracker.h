@@ -68,6 +68,9 @@ class Tracker {
   // exits from now on; nullptr: none. `hints` outlives the tracker's use of it (stop()).
   // `trusted` and `after_removal`: see RemovalWatcher::set_hints.
   void set_removal_hints(RemovalHints* hints, bool trusted = false, bool after_removal = false);
+  // Switches whether an init's exit wakes the loop (exit_wakeup.h: kernel::BpfProgram::
+  // set_exit_wakeup), as learned; called on the loop. Unset: exits always wake.
+  void set_exit_wakeup(std::function<void(bool wake)> set);
 
   // An event of the runtime's GetContainerEvents stream (runtime_events.h), from its thread:
   // the runtime's confirmation of what the kernel signalled, without a look.

@@ -84,6 +84,9 @@ struct TrackerStats {
   bool removal_hints_trusted = false;  // Tracker::stats() fills it in
   bool runtime_events_cover_removals = true;  // false once the stream left a removal out (until it stops); Tracker::stats() fills it in
   bool runtime_events_live = false;  // the runtime's event stream confirms (see runtime_events.h)
+  bool exit_wakes = true;  // an init's exit wakes the loop (exit_wakeup.h); Tracker::stats() fills it in
+  uint64_t exit_wakeups_off = 0;       // times it was learned that it need not
+  uint64_t exit_wakeups_restored = 0;  // times an exit then came alone, and exits wake again
   uint64_t foreign_containers = 0;  // started containers the runtime does not know
   uint64_t foreign_signals = 0;     // kernel signals of those, ignored
   // Kernel signals from a cgroup that claims a container id whose container has an older
