@@ -38,7 +38,7 @@ const volatile __u32 max_mkdirs_per_pod_per_sec = 100;
  * deletes the task, and runc the cgroup, before it records the exit). An exit then wakes
  * nobody: the rmdir that follows wakes the reader and brings it along, and the death costs
  * userspace one wakeup instead of two. An OOM kill still wakes. Userspace turns it back to 1
- * when an exit is read later than its own look would have been made (event__submit).
+ * at the first death confirmed without its rmdir (userspace/pleg/exit_wakeup.h).
  */
 volatile __u32 exit_wakes = 1;
 

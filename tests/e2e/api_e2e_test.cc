@@ -633,6 +633,41 @@ TEST_F(ApiE2eTest, ExitedContainersCostAnIdleDaemonNoWakeupOnceTheirRemovalIsHin
   EXPECT_EQ(kplegd.stop(), 0);
 }
 
+// containerd deletes a dead container's task, and runc its cgroup, before it records the exit:
+// after a few deaths kplegd has learned that the rmdir comes before the exit's look would go,
+// and the exit stops waking it (kpleg_exit_wakes 0). Every death is still reported. CRI-O keeps
+// the cgroup until the container is removed: there the exit keeps waking.
+TEST_F(ApiE2eTest, OnContainerdAnExitStopsWakingKplegdAndEveryDeathIsStillReported) {
+  auto d = start_kplegd(endpoint_, "ebpf", {"--runtime-events", "off"});
+  ASSERT_TRUE(d.ok()) << d.error().message;
+  auto& kplegd = **d;
+  const int port = metrics_port(kplegd);
+  ASSERT_GT(port, 0) << kplegd.log();
+  EXPECT_EQ(value(scrape(port), "kpleg_exit_wakes"), 1) << "on at the start";
+  auto churn = run_kpleg_load({"churn", "--rate", "20", "--duration", "8", "--open-loop",
+                               "--namespace", namespace_, "--name-prefix", "exits"},
+                              90s);
+  ASSERT_TRUE(churn.ok()) << churn.error().message;
+  ASSERT_EQ(churn->exit_code, 0) << churn->err;
+  std::set<std::string> stopped;
+  for (const auto& line : lines_of(churn->out)) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.value("call", "") == "StopContainer" && j.value("ok", false))
+      stopped.insert(j.value("container_id", ""));
+  }
+  ASSERT_GE(stopped.size(), 30u) << "the churn made too few deaths";
+  // The churn removes what it stopped.
+  for (const auto& id : stopped) EXPECT_TRUE(wait_types(kplegd, id, kRemoved)) << id;
+  const std::string metrics = scrape(port);
+  if (TestBed::instance().runtime() != "crio") {
+    EXPECT_EQ(value(metrics, "kpleg_exit_wakes"), 0) << metrics << kplegd.log();
+    EXPECT_NE(kplegd.log().find("an exit now wakes nobody"), std::string::npos) << kplegd.log();
+  }
+  std::printf("exit wakes: %g, restored %g, after %zu deaths\n", value(metrics, "kpleg_exit_wakes"),
+              value(metrics, "kpleg_exit_wakeups_restored_total"), stopped.size());
+  EXPECT_EQ(kplegd.stop(), 0);
+}
+
 TEST_F(ApiE2eTest, ReadmeMainCommandShowsEventsWithinAMinute) {
   // The README's main command, as a new user runs it; it stops by itself after 30 s here, when
   // its first round (a started, a crashed, an OOM-killed and a removed pod, about 12 s) is over.

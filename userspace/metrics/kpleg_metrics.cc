@@ -98,8 +98,8 @@ constexpr MetricDefinition kDefinitions[] = {
      "1 while the kernel's record of a container init's exit wakes kplegd; 0 once it learned "
      "that the container cgroup's removal right after the exit does (one wakeup per death)."},
     {"kpleg_exit_wakeups_restored_total", MetricType::kCounter,
-     "Times an init's exit came without its cgroup's removal in time while exits woke "
-     "nobody, and exits woke kplegd again."},
+     "Times a death was confirmed without its cgroup's removal while exits woke nobody, "
+     "and exits woke kplegd again."},
     {"kpleg_uncovered_containers", MetricType::kGauge,
      "Running containers and sandboxes the last reconcile listed that the kernel path "
      "does not see."},

@@ -90,7 +90,7 @@ struct KplegMetrics {
   Gauge& removal_hints_trusted;
   // kpleg_exit_wakes: 1 while an init's exit wakes the tracker (0 once it learned that the
   // cgroup's rmdir right after it does: pleg/exit_wakeup.h); kpleg_exit_wakeups_restored_total:
-  // times an exit then came without that rmdir in time, and exits woke it again.
+  // times a death was then confirmed without that rmdir, and exits woke it again.
   Gauge& exit_wakes;
   Counter& exit_wakeups_restored;
   // kpleg_uncovered_containers: running containers and sandboxes that the last reconcile listed

@@ -21,7 +21,7 @@ void Confirmer::on_signal(const std::string& id, const std::string& pod_uid, Sig
     }
     return;
   }
-  learn_exit_wakeup(rec, signal, ts_ns);
+  learn_exit_wakeup(rec, signal);
   Anchor anchor = Anchor::kExec;
   switch (signal) {
     case Signal::kExec:
@@ -103,9 +103,6 @@ void Confirmer::confirm(const Look& look) {
     --rec.pending;
     return;
   }
-  // The exit's own first look: no rmdir came before it.
-  if (look.anchor == Anchor::kExit && look.last_miss < Clock::duration::zero())
-    exit_wakeup_.exit_alone();
   const auto look_at = Clock::now() - look.signal_at;
   const bool known = rec.known();
   core_.look(rec.identity.pod_uid, look.id, rec.sandbox_known, core_.table().likely_sandbox(rec),
@@ -149,6 +146,9 @@ void Confirmer::on_answer(const Look& look, Clock::duration look_at, bool known,
 
   --rec.pending;
   if (rec.pending == 0) rec.confirm_overdue = false;
+  // The exit's own chain found the death recorded: no rmdir came before the runtime recorded it
+  // (an rmdir's chain would have taken over).
+  if (look.anchor == Anchor::kExit) exit_wakeup_.exit_alone();
   if (core_.runtime_events_live()) {
     // The look came first although the stream is live: its event is late (or lost, or the
     // stream stalled). Until the next event arrives, signals are looked at without waiting.
@@ -217,20 +217,13 @@ Confirmer::Clock::duration Confirmer::exit_look_after(bool sandbox) {
   return after;
 }
 
-void Confirmer::learn_exit_wakeup(const Record& rec, Signal signal, uint64_t ts_ns) {
-  const bool sandbox = core_.table().likely_sandbox(rec);
-  if (signal == Signal::kExit || signal == Signal::kExitOom) {
-    // Read later than its own look would have gone (nothing woke the loop in time for it).
-    const uint64_t now_ns = realtime_now_ns();
-    if (!exit_wakeup_.waking() && ts_ns != 0 && now_ns > ts_ns &&
-        std::chrono::nanoseconds(now_ns - ts_ns) > exit_look_after(sandbox))
-      exit_wakeup_.exit_alone();
-    return;
-  }
+void Confirmer::learn_exit_wakeup(const Record& rec, Signal signal) {
+  if (signal != Signal::kRmdir) return;
   // The rmdir of a cgroup whose exit's chain still waits for a look (its timer is set) or, while
   // the runtime's stream is live, for the runtime's event: that exit did not need to wake the
-  // loop. (An exit whose first look went reset the learning there, confirm().)
-  if (signal == Signal::kRmdir && rank(rec.reported) < rank(ContainerState::kExited) &&
+  // loop. (A death the exit's own chain confirmed is noted in on_answer().)
+  const bool sandbox = core_.table().likely_sandbox(rec);
+  if (rank(rec.reported) < rank(ContainerState::kExited) &&
       rec.exit_signal_at != Clock::time_point{} &&
       (rec.death_look != 0 || (core_.runtime_events_live() &&
                                Clock::now() - rec.exit_signal_at <= exit_look_after(sandbox))))

@@ -106,8 +106,8 @@ class Confirmer {
   // How long after an init's exit its chain's first look goes (the learned lag, and the wait
   // for the runtime's event while its stream is live).
   Clock::duration exit_look_after(bool sandbox);
-  // An exit or an rmdir came: what it says of whether the exit must wake the loop.
-  void learn_exit_wakeup(const Record& rec, Signal signal, uint64_t ts_ns);
+  // A signal came: what it says of whether an init's exit must wake the loop.
+  void learn_exit_wakeup(const Record& rec, Signal signal);
 
   TrackerCore& core_;
   // How long after each anchor the runtime reports the transition, for containers [.][0] and
