@@ -178,5 +178,38 @@ TEST(EventDecoderTest, MalformedInputIsRefusedWhereTheGeneratedParserRefusesIt) 
   }
 }
 
+// The removal sweep reads only the ids of a full list: the same ids, in the same order, as the
+// generated parser's, from a list with everything a kubelet's containers carry; a truncated
+// answer is refused.
+TEST(ListedIdsTest, TheIdsOfAFullListInItsOrder) {
+  v1::ListContainersResponse containers;
+  for (int i = 0; i < 50; ++i) {
+    auto* c = containers.add_containers();
+    c->set_id("c" + std::to_string(i));
+    c->set_pod_sandbox_id("s" + std::to_string(i / 5));
+    c->mutable_metadata()->set_name("app");
+    c->mutable_image()->set_image("registry.local/app:1");
+    c->set_state(i % 2 ? v1::CONTAINER_EXITED : v1::CONTAINER_RUNNING);
+    c->set_created_at(1'700'000'000'000'000'000 + i);
+    (*c->mutable_labels())["io.kubernetes.pod.uid"] = "uid";
+    (*c->mutable_annotations())["io.kubernetes.container.hash"] = "abc";
+  }
+  std::vector<std::string> ids;
+  ASSERT_TRUE(decode_listed_ids(containers.SerializeAsString(), ids));
+  ASSERT_EQ(ids.size(), 50u);
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(ids[size_t(i)], containers.containers(i).id());
+
+  v1::ListPodSandboxResponse sandboxes;
+  sandboxes.add_items()->set_id("s0");
+  sandboxes.add_items()->set_id("s1");
+  ASSERT_TRUE(decode_listed_ids(sandboxes.SerializeAsString(), ids));
+  EXPECT_EQ(ids, (std::vector<std::string>{"s0", "s1"}));
+
+  ASSERT_TRUE(decode_listed_ids("", ids));
+  EXPECT_TRUE(ids.empty()) << "an empty list";
+  const std::string wire = containers.SerializeAsString();
+  EXPECT_FALSE(decode_listed_ids(std::string_view(wire.data(), wire.size() - 3), ids));
+}
+
 }  // namespace
 }  // namespace kpleg::cri

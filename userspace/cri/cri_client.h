@@ -36,6 +36,14 @@ class AsyncStatusCalls {
                                 Done<v1::ContainerStatus> done) = 0;
   virtual void pod_sandbox_status(const std::string& pod_sandbox_id,
                                   Done<v1::PodSandboxStatus> done) = 0;
+  // The ids the runtime lists (ListContainers, or ListPodSandbox when `sandboxes`; unfiltered),
+  // with only the ids decoded. False: not served this way (`done` is not called; the caller
+  // lists with the blocking client).
+  virtual bool list_ids(bool sandboxes, Done<std::vector<std::string>> done) {
+    (void)sandboxes;
+    (void)done;
+    return false;
+  }
   // The runtime's GetContainerEvents stream on the loop (as GrpcCriClient::container_events):
   // each event to `on_event`, then how it ended to `on_end` (once). The stream ends, without
   // on_end, when the handle returned is destroyed. nullptr: not served this way.

@@ -238,4 +238,24 @@ bool decode_container_event(std::string_view wire, v1::ContainerEventResponse& o
   return true;
 }
 
+bool decode_listed_ids(std::string_view wire, std::vector<std::string>& ids) {
+  ids.clear();
+  Fields f(wire);
+  while (int field = f.next()) {
+    std::string_view item;
+    if (field != 1 || !f.bytes(item)) continue;
+    Fields g(item);
+    while (int inner = g.next()) {
+      if (inner != 1) continue;
+      std::string id;
+      if (g.string(&id)) {
+        ids.push_back(std::move(id));
+        break;  // the rest of the item is not read
+      }
+    }
+    if (!g.ok()) return false;
+  }
+  return f.ok();
+}
+
 }  // namespace kpleg::cri

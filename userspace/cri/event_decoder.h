@@ -1,4 +1,5 @@
-// A selective decoder for the runtime's GetContainerEvents messages.
+// Selective decoders for what kpleg reads on its event loop: the runtime's GetContainerEvents
+// messages, and the ids of a full list (the removal sweep's).
 //
 // Each event carries the pod's full sandbox status and the status of every container of the pod
 // (annotations, mounts, image, resources, network...), of which kpleg reads a few fields of one
@@ -16,7 +17,9 @@
 // 15.9 us, 289); CREATED 0.1-0.2 against 4-14 us; with cold caches 13-42 against 58-95 us.
 #pragma once
 
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "cri/api.pb.h"
 
@@ -26,5 +29,10 @@ namespace kpleg::cri {
 // False when `wire` is not a well-formed message (truncated, bad varint or length); `out` is
 // then unspecified. For CREATED events only the first three fields are read.
 bool decode_container_event(std::string_view wire, runtime::v1::ContainerEventResponse& out);
+
+// The ids of a serialized ListContainersResponse or ListPodSandboxResponse (field 1: the items;
+// each item's field 1: its id), in the list's order; nothing else of the items is read (a
+// node's full list is mostly labels and annotations). False when `wire` is malformed.
+bool decode_listed_ids(std::string_view wire, std::vector<std::string>& ids);
 
 }  // namespace kpleg::cri

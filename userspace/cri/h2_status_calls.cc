@@ -46,6 +46,24 @@ class H2StatusCalls final : public AsyncStatusCalls {
         });
   }
 
+  bool list_ids(bool sandboxes, Done<std::vector<std::string>> done) override {
+    const CriMethod method = sandboxes ? CriMethod::kListPodSandbox : CriMethod::kListContainers;
+    auto ticket = begin(method, "");
+    // An empty request: no filter.
+    mux_.call(cri_method_path(method), std::string_view(),
+              std::chrono::steady_clock::now() + timeout_,
+              [this, method, ticket, done = std::move(done)](Result<std::string> answer) {
+                ticket->end();
+                if (!answer) return done(failed(method, answer.error().code, answer.error().message));
+                std::vector<std::string> ids;
+                if (!decode_listed_ids(*answer, ids))
+                  return done(failed(method, grpc::StatusCode::INTERNAL, "the answer does not parse"));
+                stats_.record(method, grpc::StatusCode::OK);
+                done(std::move(ids));
+              });
+    return true;
+  }
+
   // Read over nghttp2 on the loop (h2_stream.h), counted once, when it ends, like the blocking
   // GrpcCriClient::container_events.
   std::unique_ptr<Stream> container_events(std::function<void(v1::ContainerEventResponse&)> on_event,
@@ -84,12 +102,7 @@ class H2StatusCalls final : public AsyncStatusCalls {
   template <typename Response>
   void call(CriMethod method, const google::protobuf::MessageLite& request, const std::string& id,
             std::function<void(Result<Response>)> done) {
-    auto ticket = std::make_shared<InflightCalls::Ticket>();
-    if (inflight_) {
-      CallSubject subject;
-      subject.id = id;
-      *ticket = inflight_->begin(cri_method_name(method), CallOrigin::kDaemon, std::move(subject));
-    }
+    auto ticket = begin(method, id);
     mux_.call(cri_method_path(method), request.SerializeAsString(),
               std::chrono::steady_clock::now() + timeout_,
               [this, method, ticket, done = std::move(done)](Result<std::string> answer) {
@@ -101,6 +114,16 @@ class H2StatusCalls final : public AsyncStatusCalls {
                 stats_.record(method, grpc::StatusCode::OK);
                 done(std::move(response));
               });
+  }
+  // The call in the in-flight registry (the stuck-call watchdog's).
+  std::shared_ptr<InflightCalls::Ticket> begin(CriMethod method, const std::string& id) {
+    auto ticket = std::make_shared<InflightCalls::Ticket>();
+    if (inflight_) {
+      CallSubject subject;
+      subject.id = id;
+      *ticket = inflight_->begin(cri_method_name(method), CallOrigin::kDaemon, std::move(subject));
+    }
+    return ticket;
   }
   Error failed(CriMethod method, int code, std::string_view what) {
     stats_.record(method, code);

@@ -1,5 +1,6 @@
 // RemovalWatcher's sweep (removal_watcher.h): planned on the tracker's loop, its lists made off
 // the loop, its verdict back on the loop.
+#include <grpcpp/support/status_code_enum.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -62,8 +63,11 @@ void RemovalWatcher::sweep() {
   // Full lists, not ones filtered by state: a container the runtime reloaded as UNKNOWN (after
   // a restart that could not read its status) is not listed as exited but still exists. What a
   // full list leaves out, the runtime no longer has: that is the evidence the kubelet's relist
-  // takes for ContainerRemoved too. Made off the loop: a list of a large node takes long.
+  // takes for ContainerRemoved too.
   sweeping_ = true;
+  if (list_on_loop(containers, sandboxes, joined)) return;
+  // A client that cannot list on the loop (the tests' in-memory runtime): off the loop, a
+  // blocking list of a large node takes long.
   static const std::string kSweepKey = "\x01removal-sweep";
   core_.offload(kSweepKey, [this, containers, sandboxes, joined] {
     auto still_there = std::make_shared<std::set<std::string>>();
@@ -82,6 +86,47 @@ void RemovalWatcher::sweep() {
       judge(containers, sandboxes, joined, listed, *still_there);
     });
   });
+}
+
+bool RemovalWatcher::list_on_loop(bool containers, bool sandboxes, bool joined) {
+  cri::AsyncStatusCalls* calls = core_.async_calls();
+  if (calls == nullptr) return false;
+  // Streams of the looks' connection: the loop is not held while the runtime lists, and only
+  // the ids of its answer are decoded. The verdict once both lists are in.
+  struct Lists {
+    int left = 0;
+    bool listed = true;
+    std::set<std::string> still_there;
+  };
+  auto lists = std::make_shared<Lists>();
+  lists->left = int(containers) + int(sandboxes);
+  auto on_list = [this, lists, containers, sandboxes, joined](
+                     Result<std::vector<std::string>> ids) {
+    if (!ids) {
+      spdlog::debug("tracker: removal sweep: {}", ids.error().message);
+      lists->listed = false;
+    } else {
+      lists->still_there.insert(ids->begin(), ids->end());
+    }
+    if (--lists->left == 0)
+      judge(containers, sandboxes, joined, lists->listed, lists->still_there);
+  };
+  if (lists->left == 0) {
+    judge(containers, sandboxes, joined, true, {});
+    return true;
+  }
+  bool started = false;
+  for (const bool of_sandboxes : {false, true}) {
+    if (!(of_sandboxes ? sandboxes : containers)) continue;
+    if (calls->list_ids(of_sandboxes, on_list)) {
+      started = true;
+    } else if (!started) {
+      return false;  // not served on the loop: the caller lists off it
+    } else {
+      on_list(Error{grpc::StatusCode::UNIMPLEMENTED, "ListPodSandbox not served on the loop"});
+    }
+  }
+  return true;
 }
 
 void RemovalWatcher::judge(bool containers, bool sandboxes, bool joined, bool listed,

@@ -89,8 +89,12 @@ class RemovalWatcher {
   using Clock = std::chrono::steady_clock;
   // Plans the sweep at `at` unless one is due earlier.
   void schedule(Clock::time_point at);
-  // The sweep's timer fired: the records it judges, and its lists made off the loop.
+  // The sweep's timer fired: the records it judges, and its lists (on the loop where the
+  // client can, else off it).
   void sweep();
+  // The lists as the client's calls on the loop (AsyncStatusCalls::list_ids), then judge();
+  // false when it has none (nothing started).
+  bool list_on_loop(bool containers, bool sandboxes, bool joined);
   // The lists' answer (`still_there`, unless !listed) for the kinds listed.
   void judge(bool containers, bool sandboxes, bool joined, bool listed,
              const std::set<std::string>& still_there);
