@@ -122,7 +122,7 @@ class Stats final : public kpleg::api::StatsProvider {
       kpleg::api::InflightCallRecord c;
       c.method = "StopPodSandbox";
       c.origin = "kplegd";
-      c.pod_uid = g_pods[0].uid;
+      c.pod.uid = g_pods[0].uid;
       c.age = std::chrono::milliseconds(*it);
       c.description = "StopPodSandbox in flight";
       out.push_back(std::move(c));

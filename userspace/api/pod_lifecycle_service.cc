@@ -82,9 +82,9 @@ grpc::Status PodLifecycleService::InflightCalls(grpc::ServerContext*,
     auto* out = resp->add_calls();
     out->set_method(c.method);
     out->set_origin(c.origin);
-    out->set_pod_uid(c.pod_uid);
-    out->set_pod_name(c.pod_name);
-    out->set_pod_namespace(c.pod_namespace);
+    out->set_pod_uid(c.pod.uid);
+    out->set_pod_name(c.pod.name);
+    out->set_pod_namespace(c.pod.namespace_);
     out->set_id(c.id);
     out->set_container_name(c.container_name);
     out->set_age_ms(uint64_t(c.age.count()));

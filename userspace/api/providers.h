@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/pod_identity.h"
 #include "pleg/event.h"
 
 namespace kpleg::api {
@@ -93,7 +94,8 @@ struct DaemonStats {
 // A CRI call in flight (cri/inflight_calls.h), as the InflightCalls RPC reports it.
 struct InflightCallRecord {
   std::string method, origin;
-  std::string pod_uid, pod_name, pod_namespace, id, container_name;
+  PodIdentity pod;
+  std::string id, container_name;
   std::chrono::milliseconds age{0};
   std::string description;
 };

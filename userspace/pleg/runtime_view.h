@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/pod_identity.h"
 #include "cri/api.pb.h"
 #include "pleg/event.h"
 
@@ -46,15 +47,7 @@ ContainerSnapshot from_status(const v1::ContainerStatus& status);
 // empty because the CRI reports none for sandboxes.
 ContainerSnapshot from_status(const v1::PodSandboxStatus& status);
 
-// --- who a pod is ----------------------------------------------------------------------------
-
-struct PodIdentity {
-  std::string uid;
-  std::string name;
-  std::string namespace_;
-  // True when the uid came from the kubelet's labels (so the pod can be selected by label).
-  bool labelled = false;
-};
+// --- who a pod is (PodIdentity, common/pod_identity.h) -------------------------------------------
 
 // A sandbox's pod: the kubelet's labels, else the sandbox's metadata (which the CRI requires).
 PodIdentity pod_identity(const v1::PodSandbox& sandbox);
