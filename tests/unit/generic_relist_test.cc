@@ -222,7 +222,7 @@ TEST_F(GenericRelistTest, ASnapshotTakenWhileEventsArePublishedMatchesItsSequenc
       snapshots.push_back(std::async(std::launch::async, [this] {
         auto [s, pods] = relist->pods_at([&] { return seq.load(); });
         size_t n = 0;
-        for (const auto& p : pods) n += p.containers.size() + p.sandboxes.size();
+        for (const auto& p : pods) n += p.containers.size();
         return std::pair<uint64_t, size_t>{s, n};
       }));
       snapshots.back().wait_for(100ms);
@@ -539,8 +539,9 @@ TEST_F(GenericRelistTest, PodsIsTheConfirmedViewWithInspectedStatus) {
   auto pods = r.pods();
   ASSERT_EQ(pods.size(), 1u);
   EXPECT_EQ(pods[0].uid, "uid-web");
-  ASSERT_EQ(pods[0].sandboxes.size(), 1u);
-  EXPECT_EQ(pods[0].sandboxes[0].state, ContainerState::kRunning);
+  ASSERT_EQ(pods[0].containers.size(), 2u);
+  ASSERT_TRUE(pods[0].containers[0].sandbox);
+  EXPECT_EQ(pods[0].containers[0].state, ContainerState::kRunning);
   const ContainerRecord* c = pods[0].find(app);
   ASSERT_NE(c, nullptr);
   EXPECT_EQ(c->state, ContainerState::kExited);

@@ -10,9 +10,9 @@
 namespace kpleg::api {
 namespace {
 
-bool matches(const PodRecord& pod, const v1::ListRequest& req) {
+bool matches(const pleg::PodRecord& pod, const v1::ListRequest& req) {
   if (!req.pod_uid().empty() && pod.uid != req.pod_uid()) return false;
-  if (!req.pod_namespace().empty() && pod.pod_namespace != req.pod_namespace()) return false;
+  if (!req.pod_namespace().empty() && pod.namespace_ != req.pod_namespace()) return false;
   return true;
 }
 

@@ -13,30 +13,19 @@
 #include <vector>
 
 #include "common/pod_identity.h"
+#include "pleg/containers.h"
 #include "pleg/event.h"
 
 namespace kpleg::api {
 
-struct ContainerRecord {
-  std::string id;  // the sandbox id when `sandbox` is true
-  std::string name;
-  bool sandbox = false;
-  pleg::ContainerSnapshot status;
-};
-
-struct PodRecord {
-  std::string uid;
-  std::string name;
-  std::string pod_namespace;
-  std::vector<ContainerRecord> containers;  // sandboxes and containers
-};
-
-// A List snapshot and the last event seq it reflects. Take it inside
+// A List snapshot and the last event seq it reflects. Its pods are pleg::PodRecord
+// (pleg/containers.h), the generic relist's own records, so that both modes answer in one
+// shape; a container's `status` is what List shows, its state included. Take it inside
 // bus::EventBus::with_seq() so that the seq is exact: a consumer then watches from `seq`
 // without a gap or a duplicate.
 struct StateSnapshot {
   uint64_t seq = 0;
-  std::vector<PodRecord> pods;
+  std::vector<pleg::PodRecord> pods;
 };
 
 class StateProvider {

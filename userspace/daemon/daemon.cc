@@ -94,14 +94,13 @@ std::optional<cri::CallSubject> Daemon::identify(const cri::CallSubject& subject
   auto* pipeline = running_.load();
   if (pipeline == nullptr || stopped_) return std::nullopt;
   for (const auto& pod : pipeline->snapshot().pods) {
-    const PodIdentity who{pod.uid, pod.name, pod.pod_namespace};
     if (subject.id.empty()) {
-      if (pod.uid == subject.pod.uid) return cri::CallSubject{subject.id, who, ""};
+      if (pod.uid == subject.pod.uid) return cri::CallSubject{subject.id, pod, ""};
       continue;
     }
     for (const auto& c : pod.containers) {
       if (c.id != subject.id) continue;
-      return cri::CallSubject{subject.id, who, c.sandbox ? "" : c.name};
+      return cri::CallSubject{subject.id, pod, c.sandbox ? "" : c.name};
     }
   }
   return std::nullopt;
