@@ -373,7 +373,7 @@ TEST_F(GenericRelistTest, FailedInspectionIsRetriedNextRelistAndItsEventsComeOnc
   auto h = r.health();
   EXPECT_TRUE(h.healthy) << "a failed inspection is not a failed relist";
   ASSERT_EQ(h.pending_inspections.size(), 1u);
-  EXPECT_EQ(h.pending_inspections[0].pod_uid, failed_uid);
+  EXPECT_EQ(h.pending_inspections[0].pod.uid, failed_uid);
   EXPECT_EQ(h.pending_inspections[0].attempts, 1u);
   EXPECT_NE(h.pending_inspections[0].error.find("deadline"), std::string::npos);
   EXPECT_EQ(r.stats().failed_inspections, 1u);
@@ -415,7 +415,7 @@ TEST_F(GenericRelistTest, ChangeDuringFailedInspectionsIsReportedAsTheKubeletWou
   auto h = r.health();
   ASSERT_EQ(h.pending_inspections.size(), 1u);
   EXPECT_EQ(h.pending_inspections[0].attempts, 3u);
-  EXPECT_EQ(h.pending_inspections[0].pod_name, "web");
+  EXPECT_EQ(h.pending_inspections[0].pod.name, "web");
   ASSERT_EQ(r.pods().size(), 1u);
   EXPECT_EQ(r.pods()[0].find(app)->state, ContainerState::kRunning)
       << "the confirmed view keeps the last inspected state";

@@ -159,8 +159,7 @@ Status GenericRelist::relist_once() {
         // The record stays as it was, so this relist's diff comes back next time.
         ++failed_inspections;
         last_inspection_error = inspected.error().message;
-        PendingInspection p{uid, pod->name, pod->namespace_, inspected.error().message,
-                            1,   start_rt};
+        PendingInspection p{*pod, inspected.error().message, 1, start_rt};
         if (reinspect) {
           p.attempts = pending->second.attempts + 1;
           p.first_failed_ns = pending->second.first_failed_ns;
