@@ -172,10 +172,10 @@ bool same_observation(const v1::ContainerEventResponse& a, const v1::ContainerEv
   const auto x = kpleg::pleg::observation_of(a), y = kpleg::pleg::observation_of(b);
   if (x.has_value() != y.has_value()) return false;
   if (!x) return true;
-  const auto &p = x->second, &q = y->second;
-  return x->first == y->first && p.state == q.state && p.sandbox == q.sandbox &&
-         p.pod_uid == q.pod_uid && p.pod_name == q.pod_name && p.pod_namespace == q.pod_namespace &&
-         p.name == q.name && p.snapshot.state == q.snapshot.state &&
+  const auto &p = *x, &q = *y;
+  return p.id == q.id && p.state == q.state && p.sandbox == q.sandbox && p.pod.uid == q.pod.uid &&
+         p.pod.name == q.pod.name && p.pod.namespace_ == q.pod.namespace_ && p.name == q.name &&
+         p.snapshot.state == q.snapshot.state &&
          p.snapshot.created_at_ns == q.snapshot.created_at_ns &&
          p.snapshot.started_at_ns == q.snapshot.started_at_ns &&
          p.snapshot.finished_at_ns == q.snapshot.finished_at_ns &&

@@ -199,12 +199,11 @@ TEST_F(ApiServerTest, WatchFiltersByPodUidAndNamespace) {
 }
 
 TEST_F(ApiServerTest, ListReturnsTheSnapshotAndFilters) {
-  api::PodRecord web{"uid-web", "web-0", "default", {}};
-  web.containers.push_back(
-      {"sandbox-id", "", true, {pleg::ContainerState::kRunning, 1, 2, 0, 0, "", ""}});
-  web.containers.push_back(
-      {"c1", "nginx", false, {pleg::ContainerState::kExited, 1, 2, 3, 137, "OOMKilled", ""}});
-  api::PodRecord dns{"uid-dns", "coredns-1", "kube-system", {}};
+  pleg::PodRecord web{{"uid-web", "web-0", "default"}, {}};
+  const auto running = pleg::ContainerState::kRunning, exited = pleg::ContainerState::kExited;
+  web.containers.push_back({"sandbox-id", "", true, running, {running, 1, 2, 0, 0, "", ""}});
+  web.containers.push_back({"c1", "nginx", false, exited, {exited, 1, 2, 3, 137, "OOMKilled", ""}});
+  pleg::PodRecord dns{{"uid-dns", "coredns-1", "kube-system"}, {}};
   h_.state.set_pods({web, dns});
   h_.bus.publish(sample_event(0));
 
@@ -234,7 +233,7 @@ TEST_F(ApiServerTest, ListReturnsTheSnapshotAndFilters) {
 // Consumers looping on List do not each take the pipeline's state: one snapshot serves every
 // List until an event is published or it is 100 ms old.
 TEST_F(ApiServerTest, ListLoopsShareSnapshotsInsteadOfEachTakingTheState) {
-  api::PodRecord web{"uid-web", "web-0", "default", {}};
+  pleg::PodRecord web{{"uid-web", "web-0", "default"}, {}};
   h_.state.set_pods({web});
   h_.bus.publish(sample_event(0));
   const int before = h_.state.snapshots();
@@ -259,7 +258,7 @@ TEST_F(ApiServerTest, ListLoopsShareSnapshotsInsteadOfEachTakingTheState) {
   EXPECT_LE(taken, 1 + ms / 100 + 1) << "400 Lists in " << ms << " ms took " << taken << " snapshots";
 
   // An event makes the next List take a new one, at once.
-  api::PodRecord dns{"uid-dns", "coredns-1", "kube-system", {}};
+  pleg::PodRecord dns{{"uid-dns", "coredns-1", "kube-system"}, {}};
   h_.state.set_pods({web, dns});
   h_.bus.publish(sample_event(1));
   v1::ListResponse after;

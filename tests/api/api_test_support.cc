@@ -44,7 +44,7 @@ api::StateSnapshot TestState::snapshot() {
   return api::StateSnapshot{seq, std::move(pods)};
 }
 
-void TestState::set_pods(std::vector<api::PodRecord> pods) {
+void TestState::set_pods(std::vector<pleg::PodRecord> pods) {
   std::lock_guard l(mu_);
   pods_ = std::move(pods);
 }

@@ -48,13 +48,13 @@ class TestState : public api::StateProvider {
  public:
   explicit TestState(bus::EventBus& bus) : bus_(bus) {}
   api::StateSnapshot snapshot() override;
-  void set_pods(std::vector<api::PodRecord> pods);
+  void set_pods(std::vector<pleg::PodRecord> pods);
   int snapshots() const { return snapshots_.load(); }
 
  private:
   bus::EventBus& bus_;
   std::mutex mu_;
-  std::vector<api::PodRecord> pods_;
+  std::vector<pleg::PodRecord> pods_;
   std::atomic<int> snapshots_{0};
 };
 

@@ -119,9 +119,9 @@ TEST_F(KplegctlTest, WatchTableIsReadable) {
 }
 
 TEST_F(KplegctlTest, ListAndStats) {
-  api::PodRecord web{"uid-web", "web-0", "default", {}};
-  web.containers.push_back(
-      {"c1", "nginx", false, {pleg::ContainerState::kRunning, 1, 2, 0, 0, "", ""}});
+  pleg::PodRecord web{{"uid-web", "web-0", "default"}, {}};
+  const auto running = pleg::ContainerState::kRunning;
+  web.containers.push_back({"c1", "nginx", false, running, {running, 1, 2, 0, 0, "", ""}});
   h_.state.set_pods({web});
   h_.bus.publish(sample_event(0));
 

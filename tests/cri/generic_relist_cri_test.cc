@@ -203,10 +203,12 @@ TEST_F(GenericRelistCri, KubeletShapedPodsGiveTheGenericPlegsEventsFromStartToRe
     ASSERT_NE(it, confirmed.end());
     EXPECT_EQ(it->name, pod.name);
     EXPECT_EQ(it->namespace_, namespace_);
-    ASSERT_EQ(it->sandboxes.size(), 1u);
-    EXPECT_EQ(it->sandboxes[0].state, ContainerState::kRunning);
-    ASSERT_EQ(it->containers.size(), 2u);
+    // Its sandbox first, then its two containers.
+    ASSERT_EQ(it->containers.size(), 3u);
+    ASSERT_TRUE(it->containers[0].sandbox);
+    EXPECT_EQ(it->containers[0].state, ContainerState::kRunning);
     for (const auto& c : it->containers) {
+      if (c.sandbox) continue;
       auto status = (*client)->container_status(c.id);
       ASSERT_TRUE(status.ok()) << status.error().message;
       EXPECT_EQ(c.state, pleg::runtime_state(status->state()));

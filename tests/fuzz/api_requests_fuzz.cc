@@ -85,11 +85,11 @@ class State final : public kpleg::api::StateProvider {
   explicit State(kpleg::bus::EventBus& bus) : bus_(bus) {}
   kpleg::api::StateSnapshot snapshot() override {
     auto [seq, pods] = bus_.with_seq([] {
-      std::vector<kpleg::api::PodRecord> out;
+      std::vector<kpleg::pleg::PodRecord> out;
       for (const auto& p : g_pods) {
-        kpleg::api::PodRecord r{p.uid, p.name, p.ns, {}};
-        r.containers.push_back({"sandbox-" + p.name, "", true, {}});
-        r.containers.push_back({"ctr-" + p.name, "app", false, {}});
+        kpleg::pleg::PodRecord r{{p.uid, p.name, p.ns}, {}};
+        r.containers.push_back({"sandbox-" + p.name, "", true, {}, {}});
+        r.containers.push_back({"ctr-" + p.name, "app", false, {}, {}});
         out.push_back(std::move(r));
       }
       return out;
@@ -122,7 +122,7 @@ class Stats final : public kpleg::api::StatsProvider {
       kpleg::api::InflightCallRecord c;
       c.method = "StopPodSandbox";
       c.origin = "kplegd";
-      c.pod_uid = g_pods[0].uid;
+      c.pod.uid = g_pods[0].uid;
       c.age = std::chrono::milliseconds(*it);
       c.description = "StopPodSandbox in flight";
       out.push_back(std::move(c));

@@ -49,20 +49,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const kpleg::cri::CallSubject s = request_subject(path, bytes);
   // Another service's path names nothing, whatever its bytes.
   const auto other = request_subject("/runtime.v1.ImageService/" + std::string(method), bytes);
-  REQUIRE(other.id.empty() && other.pod_uid.empty());
+  REQUIRE(other.id.empty() && other.pod.uid.empty());
 
   if (method == "RunPodSandbox") {
     v1::RunPodSandboxRequest req;
     if (req.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
-      REQUIRE(s.pod_uid == req.config().metadata().uid());
-      REQUIRE(s.pod_name == req.config().metadata().name());
-      REQUIRE(s.pod_namespace == req.config().metadata().namespace_());
+      REQUIRE(s.pod.uid == req.config().metadata().uid());
+      REQUIRE(s.pod.name == req.config().metadata().name());
+      REQUIRE(s.pod.namespace_ == req.config().metadata().namespace_());
     }
   } else if (method == "CreateContainer") {
     v1::CreateContainerRequest req;
     if (req.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
       REQUIRE(s.id == req.pod_sandbox_id());
-      REQUIRE(s.pod_uid == req.sandbox_config().metadata().uid());
+      REQUIRE(s.pod.uid == req.sandbox_config().metadata().uid());
       REQUIRE(s.container_name == req.config().metadata().name());
     }
   } else if (method == "StopPodSandbox") {
@@ -80,7 +80,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } else if (method == "ContainerStatus") {
     check_id<v1::ContainerStatusRequest>(bytes, s, &v1::ContainerStatusRequest::container_id);
   } else if (method == "Version" || method == "NoSuchMethod") {
-    REQUIRE(s.id.empty() && s.pod_uid.empty());
+    REQUIRE(s.id.empty() && s.pod.uid.empty());
   }
   return 0;
 }

@@ -17,7 +17,7 @@ class ContainerTableTest : public ::testing::Test {
  protected:
   Record& known(const std::string& id) {
     Record& rec = table_.at(id, "uid-1");
-    RuntimeContainer rc{id, "uid-1", "web", "shop", "app", false, ContainerState::kCreated};
+    RuntimeContainer rc{id, false, "app", {"uid-1", "web", "shop"}, ContainerState::kCreated};
     table_.adopt_listed(rec, rc);
     return rec;
   }
@@ -115,7 +115,7 @@ TEST_F(ContainerTableTest, TheLatestSandboxOfAPodDecidesTheLikelyKindOfANewId) {
   Record& fresh = table_.at("x", "uid-1");
   EXPECT_TRUE(table_.likely_sandbox(fresh));  // no sandbox yet: the first id is the sandbox
   Record& sb = table_.at("sb", "uid-1");
-  table_.adopt_listed(sb, {"sb", "uid-1", "web", "shop", "", true, ContainerState::kRunning});
+  table_.adopt_listed(sb, {"sb", true, "", {"uid-1", "web", "shop"}, ContainerState::kRunning});
   step(sb, ContainerState::kRunning);
   EXPECT_FALSE(table_.likely_sandbox(fresh));
   step(sb, ContainerState::kExited);
@@ -139,8 +139,8 @@ TEST_F(ContainerTableTest, ListShowsOnlyWhatTheRuntimeConfirmed) {
   step(gone, ContainerState::kNonExistent);
   auto list = table_.confirmed();
   ASSERT_EQ(list.size(), 1u);
-  EXPECT_EQ(list[0].identity.id, "running");
-  EXPECT_EQ(list[0].identity.state, ContainerState::kRunning);
+  EXPECT_EQ(list[0].id, "running");
+  EXPECT_EQ(list[0].state, ContainerState::kRunning);
 }
 
 }  // namespace

@@ -24,9 +24,9 @@ TEST(RequestSubject, RunPodSandboxNamesItsPod) {
   md->set_namespace_("shop");
   md->set_uid("u-1");
   auto s = request_subject("/runtime.v1.RuntimeService/RunPodSandbox", req.SerializeAsString());
-  EXPECT_EQ(s.pod_uid, "u-1");
-  EXPECT_EQ(s.pod_name, "web-0");
-  EXPECT_EQ(s.pod_namespace, "shop");
+  EXPECT_EQ(s.pod.uid, "u-1");
+  EXPECT_EQ(s.pod.name, "web-0");
+  EXPECT_EQ(s.pod.namespace_, "shop");
   EXPECT_TRUE(s.id.empty());
 }
 
@@ -38,8 +38,8 @@ TEST(RequestSubject, CreateContainerNamesPodSandboxAndContainer) {
   req.mutable_sandbox_config()->mutable_metadata()->set_name("api");
   auto s = request_subject("/runtime.v1.RuntimeService/CreateContainer", req.SerializeAsString());
   EXPECT_EQ(s.id, "sb-9");
-  EXPECT_EQ(s.pod_uid, "u-2");
-  EXPECT_EQ(s.pod_name, "api");
+  EXPECT_EQ(s.pod.uid, "u-2");
+  EXPECT_EQ(s.pod.name, "api");
   EXPECT_EQ(s.container_name, "app");
 }
 
@@ -74,12 +74,14 @@ TEST(RequestSubject, AnIdGivenTwiceIsTheLastOneAsTheRuntimeReadsIt) {
 TEST(RequestSubject, ListsByPodUidLabelNameThePod) {
   v1::ListContainersRequest lc;
   (*lc.mutable_filter()->mutable_label_selector())["io.kubernetes.pod.uid"] = "u-7";
-  EXPECT_EQ(request_subject("/runtime.v1.RuntimeService/ListContainers", lc.SerializeAsString()).pod_uid,
-            "u-7");
+  EXPECT_EQ(
+      request_subject("/runtime.v1.RuntimeService/ListContainers", lc.SerializeAsString()).pod.uid,
+      "u-7");
   v1::ListPodSandboxRequest lp;
   (*lp.mutable_filter()->mutable_label_selector())["io.kubernetes.pod.uid"] = "u-8";
-  EXPECT_EQ(request_subject("/runtime.v1.RuntimeService/ListPodSandbox", lp.SerializeAsString()).pod_uid,
-            "u-8");
+  EXPECT_EQ(
+      request_subject("/runtime.v1.RuntimeService/ListPodSandbox", lp.SerializeAsString()).pod.uid,
+      "u-8");
 }
 
 TEST(RequestSubject, UnknownMethodsAndGarbageHaveNoSubject) {

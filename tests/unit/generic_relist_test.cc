@@ -222,7 +222,7 @@ TEST_F(GenericRelistTest, ASnapshotTakenWhileEventsArePublishedMatchesItsSequenc
       snapshots.push_back(std::async(std::launch::async, [this] {
         auto [s, pods] = relist->pods_at([&] { return seq.load(); });
         size_t n = 0;
-        for (const auto& p : pods) n += p.containers.size() + p.sandboxes.size();
+        for (const auto& p : pods) n += p.containers.size();
         return std::pair<uint64_t, size_t>{s, n};
       }));
       snapshots.back().wait_for(100ms);
@@ -373,7 +373,7 @@ TEST_F(GenericRelistTest, FailedInspectionIsRetriedNextRelistAndItsEventsComeOnc
   auto h = r.health();
   EXPECT_TRUE(h.healthy) << "a failed inspection is not a failed relist";
   ASSERT_EQ(h.pending_inspections.size(), 1u);
-  EXPECT_EQ(h.pending_inspections[0].pod_uid, failed_uid);
+  EXPECT_EQ(h.pending_inspections[0].pod.uid, failed_uid);
   EXPECT_EQ(h.pending_inspections[0].attempts, 1u);
   EXPECT_NE(h.pending_inspections[0].error.find("deadline"), std::string::npos);
   EXPECT_EQ(r.stats().failed_inspections, 1u);
@@ -415,7 +415,7 @@ TEST_F(GenericRelistTest, ChangeDuringFailedInspectionsIsReportedAsTheKubeletWou
   auto h = r.health();
   ASSERT_EQ(h.pending_inspections.size(), 1u);
   EXPECT_EQ(h.pending_inspections[0].attempts, 3u);
-  EXPECT_EQ(h.pending_inspections[0].pod_name, "web");
+  EXPECT_EQ(h.pending_inspections[0].pod.name, "web");
   ASSERT_EQ(r.pods().size(), 1u);
   EXPECT_EQ(r.pods()[0].find(app)->state, ContainerState::kRunning)
       << "the confirmed view keeps the last inspected state";
@@ -539,8 +539,9 @@ TEST_F(GenericRelistTest, PodsIsTheConfirmedViewWithInspectedStatus) {
   auto pods = r.pods();
   ASSERT_EQ(pods.size(), 1u);
   EXPECT_EQ(pods[0].uid, "uid-web");
-  ASSERT_EQ(pods[0].sandboxes.size(), 1u);
-  EXPECT_EQ(pods[0].sandboxes[0].state, ContainerState::kRunning);
+  ASSERT_EQ(pods[0].containers.size(), 2u);
+  ASSERT_TRUE(pods[0].containers[0].sandbox);
+  EXPECT_EQ(pods[0].containers[0].state, ContainerState::kRunning);
   const ContainerRecord* c = pods[0].find(app);
   ASSERT_NE(c, nullptr);
   EXPECT_EQ(c->state, ContainerState::kExited);

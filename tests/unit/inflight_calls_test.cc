@@ -54,10 +54,10 @@ TEST(InflightCalls, OnlyCallsOldEnoughAreListedOldestFirst) {
 TEST(InflightCalls, IdsAreResolvedToPodsOnlyWhenListed) {
   InflightCalls calls;
   int lookups = 0;
-  calls.set_resolver([&](const CallSubject& s) -> std::optional<PodIdentity> {
+  calls.set_resolver([&](const CallSubject& s) -> std::optional<CallSubject> {
     ++lookups;
     if (s.id != "c1") return std::nullopt;
-    return PodIdentity{"uid-1", "web", "default", "app", false};
+    return CallSubject{s.id, {"uid-1", "web", "default"}, "app"};
   });
   auto t1 = calls.begin("ContainerStatus", CallOrigin::kDaemon, id_subject("c1"));
   auto t2 = calls.begin("StopContainer", CallOrigin::kEndpoint, id_subject("unknown"));
@@ -65,8 +65,8 @@ TEST(InflightCalls, IdsAreResolvedToPodsOnlyWhenListed) {
   auto listed = calls.older_than(0ms);
   ASSERT_EQ(listed.size(), 2u);
   EXPECT_EQ(lookups, 2);
-  EXPECT_EQ(listed[0].subject.pod_uid, "uid-1");
-  EXPECT_EQ(listed[0].subject.pod_namespace, "default");
+  EXPECT_EQ(listed[0].subject.pod.uid, "uid-1");
+  EXPECT_EQ(listed[0].subject.pod.namespace_, "default");
   EXPECT_EQ(listed[0].subject.container_name, "app");
   EXPECT_NE(describe(listed[0]).find("ContainerStatus for default/web (uid uid-1), container app"),
             std::string::npos)
@@ -80,10 +80,10 @@ TEST(InflightCalls, IdsAreResolvedToPodsOnlyWhenListed) {
 TEST(InflightCalls, AStuckCallIsResolvedOnceHoweverOftenItIsListed) {
   InflightCalls calls;
   int lookups = 0;
-  calls.set_resolver([&](const CallSubject& s) -> std::optional<PodIdentity> {
+  calls.set_resolver([&](const CallSubject& s) -> std::optional<CallSubject> {
     ++lookups;
     if (s.id.rfind("known-", 0) != 0) return std::nullopt;
-    return PodIdentity{"uid-" + s.id, "web", "default", "app", false};
+    return CallSubject{s.id, {"uid-" + s.id, "web", "default"}, "app"};
   });
   constexpr int kStuck = 50, kReads = 200;
   std::vector<InflightCalls::Ticket> tickets;
@@ -94,8 +94,8 @@ TEST(InflightCalls, AStuckCallIsResolvedOnceHoweverOftenItIsListed) {
   for (int r = 0; r < kReads; ++r) {
     auto listed = calls.older_than(0ms);
     ASSERT_EQ(listed.size(), size_t(kStuck));
-    EXPECT_EQ(listed[1].subject.pod_uid, "uid-known-1") << "a hit is kept on the call";
-    EXPECT_TRUE(listed[0].subject.pod_uid.empty());
+    EXPECT_EQ(listed[1].subject.pod.uid, "uid-known-1") << "a hit is kept on the call";
+    EXPECT_TRUE(listed[0].subject.pod.uid.empty());
   }
   // Once per call: the known ones keep their pod, the unknown ones are asked again only after
   // a while (well beyond this loop).
@@ -104,17 +104,17 @@ TEST(InflightCalls, AStuckCallIsResolvedOnceHoweverOftenItIsListed) {
 
 TEST(InflightCalls, ARequestThatNamesItsPodIsNotResolved) {
   InflightCalls calls;
-  calls.set_resolver([](const CallSubject&) -> std::optional<PodIdentity> {
-    return PodIdentity{"wrong", "wrong", "wrong", "", true};
+  calls.set_resolver([](const CallSubject&) -> std::optional<CallSubject> {
+    return CallSubject{"", {"wrong", "wrong", "wrong"}, ""};
   });
   CallSubject s;
-  s.pod_uid = "uid-2";
-  s.pod_name = "db";
-  s.pod_namespace = "prod";
+  s.pod.uid = "uid-2";
+  s.pod.name = "db";
+  s.pod.namespace_ = "prod";
   auto t = calls.begin("RunPodSandbox", CallOrigin::kEndpoint, s);
   auto listed = calls.older_than(0ms);
   ASSERT_EQ(listed.size(), 1u);
-  EXPECT_EQ(listed[0].subject.pod_name, "db");
+  EXPECT_EQ(listed[0].subject.pod.name, "db");
   std::string d = describe(listed[0]);
   EXPECT_EQ(d.rfind("RunPodSandbox for prod/db (uid uid-2) in flight for ", 0), 0u) << d;
   EXPECT_NE(d.find("through the CRI endpoint"), std::string::npos) << d;
@@ -122,17 +122,17 @@ TEST(InflightCalls, ARequestThatNamesItsPodIsNotResolved) {
 
 TEST(InflightCalls, ABarePodUidIsResolvedToItsPod) {
   InflightCalls calls;
-  calls.set_resolver([](const CallSubject& s) -> std::optional<PodIdentity> {
-    if (s.pod_uid != "uid-3") return std::nullopt;
-    return PodIdentity{"uid-3", "cache", "infra", "", false};
+  calls.set_resolver([](const CallSubject& s) -> std::optional<CallSubject> {
+    if (s.pod.uid != "uid-3") return std::nullopt;
+    return CallSubject{"", {"uid-3", "cache", "infra"}, ""};
   });
   CallSubject s;
-  s.pod_uid = "uid-3";  // ListContainers by the pod uid label
+  s.pod.uid = "uid-3";  // ListContainers by the pod uid label
   auto t = calls.begin("ListContainers", CallOrigin::kDaemon, s);
   auto listed = calls.older_than(0ms);
   ASSERT_EQ(listed.size(), 1u);
-  EXPECT_EQ(listed[0].subject.pod_name, "cache");
-  EXPECT_EQ(listed[0].subject.pod_namespace, "infra");
+  EXPECT_EQ(listed[0].subject.pod.name, "cache");
+  EXPECT_EQ(listed[0].subject.pod.namespace_, "infra");
 }
 
 TEST(InflightCalls, PerMethodCountsFallBackToZeroInsteadOfVanishing) {

@@ -153,31 +153,33 @@ TEST(RuntimeView, SnapshotGroupsSandboxesAndContainersIntoPodsLikeGetPods) {
   const PodRecord& p1 = snap.pods.at("u1");
   EXPECT_EQ(p1.name, "web-u1");
   EXPECT_EQ(p1.namespace_, "prod");
-  ASSERT_EQ(p1.sandboxes.size(), 2u);
-  EXPECT_TRUE(p1.sandboxes[0].sandbox);
-  EXPECT_EQ(p1.sandboxes[0].state, CS::kRunning);
-  EXPECT_EQ(p1.sandboxes[0].pod_sandbox_id, "s1");
-  EXPECT_TRUE(p1.sandboxes[0].name.empty());
-  EXPECT_EQ(p1.sandboxes[1].state, CS::kExited);
-  ASSERT_EQ(p1.containers.size(), 2u);
-  EXPECT_EQ(p1.containers[0].id, "c1");
-  EXPECT_EQ(p1.containers[0].name, "app");
-  EXPECT_EQ(p1.containers[0].status.created_at_ns, 1'700'000'000'500'000'000);
-  EXPECT_FALSE(p1.containers[0].sandbox);
-  EXPECT_EQ(p1.pleg_state_of("c0"), CS::kExited);
-  EXPECT_EQ(p1.pleg_state_of("s0"), CS::kExited) << "sandboxes are containers of their pod";
-  EXPECT_EQ(p1.pleg_state_of("c9"), CS::kNonExistent);
+  // Its sandboxes first, then its containers, each in list order.
+  ASSERT_EQ(p1.containers.size(), 4u);
+  EXPECT_EQ(p1.containers[0].id, "s1");
+  EXPECT_TRUE(p1.containers[0].sandbox);
+  EXPECT_EQ(p1.containers[0].state, CS::kRunning);
+  EXPECT_TRUE(p1.containers[0].name.empty());
+  EXPECT_EQ(p1.containers[1].id, "s0");
+  EXPECT_EQ(p1.containers[1].state, CS::kExited);
+  EXPECT_EQ(p1.containers[2].id, "c1");
+  EXPECT_EQ(p1.containers[2].name, "app");
+  EXPECT_EQ(p1.containers[2].status.created_at_ns, 1'700'000'000'500'000'000);
+  EXPECT_FALSE(p1.containers[2].sandbox);
+  EXPECT_EQ(p1.containers[3].id, "c0");
+  EXPECT_EQ(pleg_state_of(p1, "c0"), CS::kExited);
+  EXPECT_EQ(pleg_state_of(p1, "s0"), CS::kExited) << "sandboxes are containers of their pod";
+  EXPECT_EQ(pleg_state_of(p1, "c9"), CS::kNonExistent);
 
   const PodRecord& p2 = snap.pods.at("u2");
   EXPECT_FALSE(p2.labelled);
   EXPECT_EQ(p2.name, "meta-u2");
-  ASSERT_EQ(p2.containers.size(), 1u);
-  EXPECT_EQ(p2.containers[0].state, CS::kCreated);
-  EXPECT_EQ(p2.pleg_state_of("c2"), CS::kUnknown);
+  ASSERT_EQ(p2.containers.size(), 2u);
+  EXPECT_EQ(p2.containers[1].state, CS::kCreated);
+  EXPECT_EQ(pleg_state_of(p2, "c2"), CS::kUnknown);
 
   const PodRecord& p3 = snap.pods.at("u3");
-  EXPECT_TRUE(p3.sandboxes.empty());
-  EXPECT_EQ(p3.containers.size(), 1u);
+  ASSERT_EQ(p3.containers.size(), 1u);
+  EXPECT_FALSE(p3.containers[0].sandbox) << "a container whose sandbox is gone";
 }
 
 TEST(RuntimeView, ContainersOfOldAndNewPodInTheKubeletsOrderEachOnce) {

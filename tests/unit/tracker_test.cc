@@ -667,9 +667,9 @@ TEST_F(TrackerTest, TheStartUpSyncCarriesTheRuntimesStatusOfExitedContainers) {
   EXPECT_FALSE(died.correction);
   bool listed = false;
   for (const auto& c : tracker_->containers()) {
-    if (c.identity.id != id) continue;
+    if (c.id != id) continue;
     listed = true;
-    EXPECT_EQ(c.status.exit_code, 3) << "List shows the runtime's exit code";
+    EXPECT_EQ(c.snapshot.exit_code, 3) << "List shows the runtime's exit code";
   }
   EXPECT_TRUE(listed);
 }
@@ -1544,7 +1544,7 @@ class ReadingSink : public EventSink {
   void publish(PodLifecycleEvent ev) override {
     ContainerState listed = ContainerState::kNonExistent;
     for (const auto& c : tracker->containers())
-      if (c.identity.id == ev.container_id) listed = c.identity.state;
+      if (c.id == ev.container_id) listed = c.state;
     std::lock_guard lk(mu_);
     seen_.emplace_back(to_string(ev.type), listed);
     cv_.notify_all();

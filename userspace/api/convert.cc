@@ -115,10 +115,10 @@ void to_proto(const pleg::PodLifecycleEvent& in, v1::Event* out) {
   if (in.type != pleg::EventType::kResync) to_proto(in.status, out->mutable_status());
 }
 
-void to_proto(const PodRecord& in, v1::Pod* out) {
+void to_proto(const pleg::PodRecord& in, v1::Pod* out) {
   out->set_uid(in.uid);
   out->set_name(in.name);
-  out->set_namespace_(in.pod_namespace);
+  out->set_namespace_(in.namespace_);
   for (const auto& c : in.containers) {
     auto* pc = out->add_containers();
     pc->set_id(c.id);

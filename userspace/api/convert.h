@@ -18,7 +18,7 @@ pleg::ContainerState from_proto(v1::ContainerState s);
 
 void to_proto(const pleg::ContainerSnapshot& in, v1::ContainerStatus* out);
 void to_proto(const pleg::PodLifecycleEvent& in, v1::Event* out);
-void to_proto(const PodRecord& in, v1::Pod* out);
+void to_proto(const pleg::PodRecord& in, v1::Pod* out);
 
 pleg::ContainerSnapshot from_proto(const v1::ContainerStatus& in);
 pleg::PodLifecycleEvent from_proto(const v1::Event& in);

@@ -10,9 +10,9 @@
 namespace kpleg::api {
 namespace {
 
-bool matches(const PodRecord& pod, const v1::ListRequest& req) {
+bool matches(const pleg::PodRecord& pod, const v1::ListRequest& req) {
   if (!req.pod_uid().empty() && pod.uid != req.pod_uid()) return false;
-  if (!req.pod_namespace().empty() && pod.pod_namespace != req.pod_namespace()) return false;
+  if (!req.pod_namespace().empty() && pod.namespace_ != req.pod_namespace()) return false;
   return true;
 }
 
@@ -82,9 +82,9 @@ grpc::Status PodLifecycleService::InflightCalls(grpc::ServerContext*,
     auto* out = resp->add_calls();
     out->set_method(c.method);
     out->set_origin(c.origin);
-    out->set_pod_uid(c.pod_uid);
-    out->set_pod_name(c.pod_name);
-    out->set_pod_namespace(c.pod_namespace);
+    out->set_pod_uid(c.pod.uid);
+    out->set_pod_name(c.pod.name);
+    out->set_pod_namespace(c.pod.namespace_);
     out->set_id(c.id);
     out->set_container_name(c.container_name);
     out->set_age_ms(uint64_t(c.age.count()));

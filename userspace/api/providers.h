@@ -12,30 +12,20 @@
 #include <string>
 #include <vector>
 
+#include "common/pod_identity.h"
+#include "pleg/containers.h"
 #include "pleg/event.h"
 
 namespace kpleg::api {
 
-struct ContainerRecord {
-  std::string id;  // the sandbox id when `sandbox` is true
-  std::string name;
-  bool sandbox = false;
-  pleg::ContainerSnapshot status;
-};
-
-struct PodRecord {
-  std::string uid;
-  std::string name;
-  std::string pod_namespace;
-  std::vector<ContainerRecord> containers;  // sandboxes and containers
-};
-
-// A List snapshot and the last event seq it reflects. Take it inside
+// A List snapshot and the last event seq it reflects. Its pods are pleg::PodRecord
+// (pleg/containers.h), the generic relist's own records, so that both modes answer in one
+// shape; a container's `status` is what List shows, its state included. Take it inside
 // bus::EventBus::with_seq() so that the seq is exact: a consumer then watches from `seq`
 // without a gap or a duplicate.
 struct StateSnapshot {
   uint64_t seq = 0;
-  std::vector<PodRecord> pods;
+  std::vector<pleg::PodRecord> pods;
 };
 
 class StateProvider {
@@ -93,7 +83,8 @@ struct DaemonStats {
 // A CRI call in flight (cri/inflight_calls.h), as the InflightCalls RPC reports it.
 struct InflightCallRecord {
   std::string method, origin;
-  std::string pod_uid, pod_name, pod_namespace, id, container_name;
+  PodIdentity pod;
+  std::string id, container_name;
   std::chrono::milliseconds age{0};
   std::string description;
 };

@@ -58,7 +58,8 @@ CallSubject filter_subject(const std::string& id,
                            const google::protobuf::Map<std::string, std::string>& selector) {
   CallSubject s;
   s.id = id;
-  if (auto it = selector.find("io.kubernetes.pod.uid"); it != selector.end()) s.pod_uid = it->second;
+  if (auto it = selector.find("io.kubernetes.pod.uid"); it != selector.end())
+    s.pod.uid = it->second;
   return s;
 }
 
@@ -372,8 +373,10 @@ Result<std::string> GrpcCriClient::run_pod_sandbox(const v1::PodSandboxConfig& c
   *req.mutable_config() = config;
   req.set_runtime_handler(runtime_handler);
   auto r = invoke(CriMethod::kRunPodSandbox, &Stub::RunPodSandbox, req, options_.call_timeout,
-                  CallSubject{{}, config.metadata().uid(), config.metadata().name(),
-                              config.metadata().namespace_(), {}});
+                  CallSubject{{},
+                              {config.metadata().uid(), config.metadata().name(),
+                               config.metadata().namespace_()},
+                              {}});
   if (!r) return r.error();
   return std::move(*r->mutable_pod_sandbox_id());
 }

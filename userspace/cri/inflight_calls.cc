@@ -29,10 +29,10 @@ std::string human_age(std::chrono::milliseconds age) {
 std::string describe(const InflightCall& call) {
   const CallSubject& s = call.subject;
   std::string what = call.method;
-  if (!s.pod_name.empty() || !s.pod_uid.empty()) {
-    what += " for " + (s.pod_namespace.empty() ? std::string() : s.pod_namespace + "/") +
-            (s.pod_name.empty() ? "pod" : s.pod_name);
-    if (!s.pod_uid.empty()) what += " (uid " + s.pod_uid + ")";
+  if (!s.pod.name.empty() || !s.pod.uid.empty()) {
+    what += " for " + (s.pod.namespace_.empty() ? std::string() : s.pod.namespace_ + "/") +
+            (s.pod.name.empty() ? "pod" : s.pod.name);
+    if (!s.pod.uid.empty()) what += " (uid " + s.pod.uid + ")";
     if (!s.container_name.empty()) what += ", container " + s.container_name;
     if (!s.id.empty()) what += " [" + s.id.substr(0, 12) + "]";
   } else if (!s.id.empty()) {
@@ -96,7 +96,7 @@ std::vector<InflightCall> InflightCalls::older_than(std::chrono::milliseconds mi
       // Serials grow with start time: once one is too young, so are all after it.
       if (age < min_age) break;
       const auto& s = e.subject;
-      if (resolver && s.pod_name.empty() && !(s.id.empty() && s.pod_uid.empty()) &&
+      if (resolver && s.pod.name.empty() && !(s.id.empty() && s.pod.uid.empty()) &&
           now >= e.resolve_after)
         unresolved.push_back(out.size());
       out.push_back(InflightCall{serial, e.method, e.origin, e.subject, age});
@@ -107,15 +107,13 @@ std::vector<InflightCall> InflightCalls::older_than(std::chrono::milliseconds mi
   // answer kept on its entry, so that a stuck call costs a lookup once, not at every health
   // check, scrape or Stats while it hangs. A miss is asked again after kResolveRetry (the pod
   // may not be known yet).
-  std::vector<std::optional<PodIdentity>> found(unresolved.size());
+  std::vector<std::optional<CallSubject>> found(unresolved.size());
   for (size_t i = 0; i < unresolved.size(); ++i) {
     auto& c = out[unresolved[i]];
     found[i] = resolver(c.subject);
-    if (const auto& pod = found[i]) {
-      c.subject.pod_uid = pod->uid;
-      c.subject.pod_name = pod->name;
-      c.subject.pod_namespace = pod->pod_namespace;
-      if (c.subject.container_name.empty()) c.subject.container_name = pod->container_name;
+    if (const auto& known = found[i]) {
+      c.subject.pod = known->pod;
+      if (c.subject.container_name.empty()) c.subject.container_name = known->container_name;
     }
   }
   std::lock_guard lk(mu_);

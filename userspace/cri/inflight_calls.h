@@ -20,6 +20,8 @@
 #include <string_view>
 #include <vector>
 
+#include "common/pod_identity.h"
+
 namespace kpleg::cri {
 
 // Who made the call.
@@ -32,17 +34,8 @@ const char* to_string(CallOrigin origin);
 // What a call is about, as far as its request says.
 struct CallSubject {
   std::string id;              // a sandbox or container id the request names ("" none)
-  std::string pod_uid;         // the pod, when the request carries its metadata
-  std::string pod_name;
-  std::string pod_namespace;
+  PodIdentity pod;             // the pod, when the request carries its metadata (or its uid)
   std::string container_name;  // CreateContainer's container
-};
-
-// A pod as the resolver knows it.
-struct PodIdentity {
-  std::string uid, name, pod_namespace;
-  std::string container_name;  // the container the id names ("" for a sandbox)
-  bool sandbox = false;
 };
 
 struct InflightCall {
@@ -66,8 +59,9 @@ struct MethodInflight {
 class InflightCalls {
  public:
   using Clock = std::chrono::steady_clock;
-  // Finds the pod of a subject that names only an id or a pod uid.
-  using Resolver = std::function<std::optional<PodIdentity>(const CallSubject& subject)>;
+  // Finds the pod of a subject that names only an id or a pod uid: the subject's pod, and the
+  // name of the container its id names ("" for a sandbox), as far as the resolver knows them.
+  using Resolver = std::function<std::optional<CallSubject>(const CallSubject& subject)>;
 
   // Holds a call's entry while it lives; movable, ends the call when destroyed.
   class Ticket {

@@ -62,28 +62,28 @@ cri::CallSubject request_subject(std::string_view path, std::string_view request
     v1::RunPodSandboxRequest req;
     if (!req.ParseFromArray(request.data(), static_cast<int>(request.size()))) return s;
     const auto& md = req.config().metadata();
-    s.pod_uid = md.uid();
-    s.pod_name = md.name();
-    s.pod_namespace = md.namespace_();
+    s.pod.uid = md.uid();
+    s.pod.name = md.name();
+    s.pod.namespace_ = md.namespace_();
   } else if (method == "CreateContainer") {
     v1::CreateContainerRequest req;
     if (!req.ParseFromArray(request.data(), static_cast<int>(request.size()))) return s;
     s.id = req.pod_sandbox_id();
     const auto& md = req.sandbox_config().metadata();
-    s.pod_uid = md.uid();
-    s.pod_name = md.name();
-    s.pod_namespace = md.namespace_();
+    s.pod.uid = md.uid();
+    s.pod.name = md.name();
+    s.pod.namespace_ = md.namespace_();
     s.container_name = req.config().metadata().name();
   } else if (method == "ListContainers") {
     v1::ListContainersRequest req;
     if (!req.ParseFromArray(request.data(), static_cast<int>(request.size()))) return s;
     s.id = req.filter().pod_sandbox_id().empty() ? req.filter().id() : req.filter().pod_sandbox_id();
-    s.pod_uid = label_uid(req.filter().label_selector());
+    s.pod.uid = label_uid(req.filter().label_selector());
   } else if (method == "ListPodSandbox") {
     v1::ListPodSandboxRequest req;
     if (!req.ParseFromArray(request.data(), static_cast<int>(request.size()))) return s;
     s.id = req.filter().id();
-    s.pod_uid = label_uid(req.filter().label_selector());
+    s.pod.uid = label_uid(req.filter().label_selector());
   } else {
     for (auto m : kIdFirst) {
       if (m == method) {

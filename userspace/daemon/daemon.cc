@@ -90,19 +90,17 @@ Status Daemon::start_cri_endpoint() {
   return {};
 }
 
-std::optional<cri::PodIdentity> Daemon::identify(const cri::CallSubject& subject) {
+std::optional<cri::CallSubject> Daemon::identify(const cri::CallSubject& subject) {
   auto* pipeline = running_.load();
   if (pipeline == nullptr || stopped_) return std::nullopt;
   for (const auto& pod : pipeline->snapshot().pods) {
     if (subject.id.empty()) {
-      if (pod.uid == subject.pod_uid)
-        return cri::PodIdentity{pod.uid, pod.name, pod.pod_namespace, "", false};
+      if (pod.uid == subject.pod.uid) return cri::CallSubject{subject.id, pod, ""};
       continue;
     }
     for (const auto& c : pod.containers) {
       if (c.id != subject.id) continue;
-      return cri::PodIdentity{pod.uid, pod.name, pod.pod_namespace, c.sandbox ? "" : c.name,
-                              c.sandbox};
+      return cri::CallSubject{subject.id, pod, c.sandbox ? "" : c.name};
     }
   }
   return std::nullopt;
@@ -112,9 +110,8 @@ std::vector<api::InflightCallRecord> Daemon::inflight_calls(std::chrono::millise
   std::vector<api::InflightCallRecord> out;
   for (const auto& c : inflight_->older_than(min_age)) {
     const auto& s = c.subject;
-    out.push_back(api::InflightCallRecord{c.method, cri::to_string(c.origin), s.pod_uid, s.pod_name,
-                                          s.pod_namespace, s.id, s.container_name, c.age,
-                                          cri::describe(c)});
+    out.push_back(api::InflightCallRecord{c.method, cri::to_string(c.origin), s.pod, s.id,
+                                          s.container_name, c.age, cri::describe(c)});
   }
   return out;
 }

@@ -57,7 +57,7 @@ class Daemon : public api::StateProvider, public api::HealthProvider, public api
   // What the health policy reads, for readiness and liveness alike.
   HealthPolicy::Components health_components();
   // The pod a sandbox or container id (or a bare pod uid) belongs to, from kpleg's state.
-  std::optional<cri::PodIdentity> identify(const cri::CallSubject& subject);
+  std::optional<cri::CallSubject> identify(const cri::CallSubject& subject);
 
   const DaemonOptions opts_;
   MetricsMirror metrics_;

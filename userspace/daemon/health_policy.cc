@@ -89,8 +89,9 @@ api::HealthReport HealthPolicy::health(const Components& c) const {
     auto h = c.relist->health();
     if (!h.healthy) fail(h.reason);
     for (const auto& p : h.pending_inspections) {
-      r.reasons.push_back("pod " + p.pod_namespace + "/" + p.pod_name + " (" + p.pod_uid +
-                          ") failed inspection " + std::to_string(p.attempts) + " times: " + p.error);
+      r.reasons.push_back("pod " + p.pod.namespace_ + "/" + p.pod.name + " (" + p.pod.uid +
+                          ") failed inspection " + std::to_string(p.attempts) +
+                          " times: " + p.error);
     }
     if (!c.fallback_reason.empty())
       r.reasons.push_back("relist mode because: " + c.fallback_reason);

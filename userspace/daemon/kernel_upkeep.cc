@@ -81,8 +81,8 @@ void KernelUpkeep::check_coverage(const std::vector<pleg::RuntimeContainer>& vie
     auto cgroup = index_.find_container(rc.id);
     if (cgroup && program->is_tracked(*cgroup)) continue;
     if (uncovered++ > 0) continue;
-    example = std::string(rc.sandbox ? "sandbox " : "container ") + rc.pod_namespace + "/" +
-              rc.pod_name + (rc.sandbox ? "" : "/" + rc.name) + " (" + rc.id.substr(0, 12) +
+    example = std::string(rc.sandbox ? "sandbox " : "container ") + rc.pod.namespace_ + "/" +
+              rc.pod.name + (rc.sandbox ? "" : "/" + rc.name) + " (" + rc.id.substr(0, 12) +
               "): " + why_not_tracked(cgroup, ks);
   }
   ctx_.metrics.on_coverage(uncovered);

@@ -33,9 +33,9 @@ void OverBudgetLog::on_over_budget(const kernel::CgroupMkdir& mk) {
   if (!due(pod_uid.empty() ? mk.path : pod_uid)) return;
   std::string name;
   if (!pod_uid.empty()) {
-    for (const auto& tc : tracker_.containers()) {
-      if (tc.identity.pod_uid != pod_uid) continue;
-      name = tc.identity.pod_namespace + "/" + tc.identity.pod_name + " ";
+    for (const auto& c : tracker_.containers()) {
+      if (c.pod.uid != pod_uid) continue;
+      name = c.pod.namespace_ + "/" + c.pod.name + " ";
       break;
     }
   }

@@ -35,7 +35,7 @@ class RelistPipeline final : public Pipeline {
     // The records of the last relist, with the sequence number of the last event published for
     // them.
     auto [seq, pods] = relist_.pods_at([this] { return ctx_.bus.last_seq(); });
-    return snapshot_of(seq, pods);
+    return snapshot_of(seq, std::move(pods));
   }
 
   void describe(HealthPolicy::Components& c) override {

@@ -1,5 +1,6 @@
 #include "daemon/state_snapshot.h"
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <utility>
@@ -8,65 +9,36 @@ namespace kpleg::daemon {
 
 namespace {
 
-// Pods by uid, in uid order.
-class PodsByUid {
- public:
-  api::PodRecord& pod(const std::string& uid) {
-    auto& p = pods_[uid];
-    p.uid = uid;
-    return p;
-  }
-  api::StateSnapshot take(uint64_t seq) {
-    api::StateSnapshot snap;
-    snap.seq = seq;
-    for (auto& [_, p] : pods_) snap.pods.push_back(std::move(p));
-    return snap;
-  }
-
- private:
-  std::map<std::string, api::PodRecord> pods_;
-};
-
-api::ContainerRecord record_of(const std::string& id, const std::string& name, bool sandbox,
-                               const pleg::ContainerSnapshot& status, pleg::ContainerState state) {
-  api::ContainerRecord cr;
-  cr.id = id;
-  cr.name = name;
-  cr.sandbox = sandbox;
-  cr.status = status;
-  cr.status.state = state;
+// List shows a container's state in its status.
+pleg::ContainerRecord record_of(const pleg::RuntimeContainer& c,
+                                const pleg::ContainerSnapshot& status) {
+  pleg::ContainerRecord cr{c.id, c.name, c.sandbox, c.state, status};
+  cr.status.state = c.state;
   return cr;
 }
 
 }  // namespace
 
-api::StateSnapshot snapshot_of(uint64_t seq,
-                               const std::vector<pleg::TrackedContainer>& containers) {
-  PodsByUid pods;
-  for (const auto& tc : containers) {
-    const auto& id = tc.identity;
-    auto& pod = pods.pod(id.pod_uid);
-    if (!id.pod_name.empty()) pod.name = id.pod_name;
-    if (!id.pod_namespace.empty()) pod.pod_namespace = id.pod_namespace;
-    auto cr = record_of(id.id, id.name, id.sandbox, tc.status, id.state);
-    if (tc.oom_killed && cr.status.reason.empty()) cr.status.reason = "OOMKilled";
-    pod.containers.push_back(std::move(cr));
+api::StateSnapshot snapshot_of(uint64_t seq, const std::vector<pleg::Observation>& containers) {
+  std::map<std::string, pleg::PodRecord> pods;  // by uid, in uid order
+  for (const auto& c : containers) {
+    auto& pod = pods[c.pod.uid];
+    pod.uid = c.pod.uid;
+    if (!c.pod.name.empty()) pod.name = c.pod.name;
+    if (!c.pod.namespace_.empty()) pod.namespace_ = c.pod.namespace_;
+    pod.containers.push_back(record_of(c, c.snapshot));
   }
-  return pods.take(seq);
+  api::StateSnapshot snap;
+  snap.seq = seq;
+  for (auto& [_, p] : pods) snap.pods.push_back(std::move(p));
+  return snap;
 }
 
-api::StateSnapshot snapshot_of(uint64_t seq, const std::vector<pleg::PodRecord>& records) {
-  PodsByUid pods;
-  for (const auto& pr : records) {
-    auto& pod = pods.pod(pr.uid);
-    pod.name = pr.name;
-    pod.pod_namespace = pr.namespace_;
-    for (const auto* list : {&pr.sandboxes, &pr.containers}) {
-      for (const auto& c : *list)
-        pod.containers.push_back(record_of(c.id, c.name, c.sandbox, c.status, c.state));
-    }
-  }
-  return pods.take(seq);
+api::StateSnapshot snapshot_of(uint64_t seq, std::vector<pleg::PodRecord> pods) {
+  std::sort(pods.begin(), pods.end(), [](const auto& a, const auto& b) { return a.uid < b.uid; });
+  for (auto& pod : pods)
+    for (auto& c : pod.containers) c.status.state = c.state;
+  return api::StateSnapshot{seq, std::move(pods)};
 }
 
 }  // namespace kpleg::daemon

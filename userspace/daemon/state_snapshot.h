@@ -7,12 +7,11 @@
 #include <vector>
 
 #include "api/providers.h"
-#include "pleg/container_table.h"
-#include "pleg/runtime_view.h"
+#include "pleg/containers.h"
 
 namespace kpleg::daemon {
 
-api::StateSnapshot snapshot_of(uint64_t seq, const std::vector<pleg::TrackedContainer>& containers);
-api::StateSnapshot snapshot_of(uint64_t seq, const std::vector<pleg::PodRecord>& pods);
+api::StateSnapshot snapshot_of(uint64_t seq, const std::vector<pleg::Observation>& containers);
+api::StateSnapshot snapshot_of(uint64_t seq, std::vector<pleg::PodRecord> pods);
 
 }  // namespace kpleg::daemon

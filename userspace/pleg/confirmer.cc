@@ -105,7 +105,7 @@ void Confirmer::confirm(const Look& look) {
   }
   const auto look_at = Clock::now() - look.signal_at;
   const bool known = rec.known();
-  core_.look(rec.identity.pod_uid, look.id, rec.sandbox_known, core_.table().likely_sandbox(rec),
+  core_.look(rec.identity.pod.uid, look.id, rec.sandbox_known, core_.table().likely_sandbox(rec),
              [this, look, look_at, known](Result<Observation> obs) {
                on_answer(look, look_at, known, std::move(obs));
              });

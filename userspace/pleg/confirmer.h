@@ -35,7 +35,7 @@ class Confirmer {
   // What the runtime's event stream said of container/sandbox `id` (runtime_events.h): taken
   // like a look's answer, for a record the tracker holds; the looks of the signals it settles
   // then find nothing to do. Any report makes the stream live (see set_live()).
-  void on_report(const std::string& id, const Observation& obs);
+  void on_report(const Observation& obs);
   // The event stream started or stopped delivering.
   void set_live(bool live);
 

@@ -105,7 +105,8 @@ void Confirmer::learn_from_report(const Record& rec, const Observation& obs) {
   }
 }
 
-void Confirmer::on_report(const std::string& id, const Observation& obs) {
+void Confirmer::on_report(const Observation& obs) {
+  const std::string& id = obs.id;
   set_live(true);
   if (obs.state == ContainerState::kNonExistent && core_.hooks().deleted_event)
     core_.hooks().deleted_event(id);

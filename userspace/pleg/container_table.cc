@@ -21,7 +21,7 @@ Record& ContainerTable::at(const std::string& id, const std::string& pod_uid) {
   auto& rec = records_[id];
   if (rec.identity.id.empty()) {
     rec.identity.id = id;
-    rec.identity.pod_uid = pod_uid;
+    rec.identity.pod.uid = pod_uid;
   }
   return rec;
 }
@@ -73,9 +73,9 @@ int ContainerTable::advance(Record& rec, ContainerState target, const ContainerS
   for (int i = 0; i < n; ++i) {
     PodLifecycleEvent& ev = out.emplace_back();
     ev.type = types[i];
-    ev.pod_uid = rec.identity.pod_uid;
-    ev.pod_name = rec.identity.pod_name;
-    ev.pod_namespace = rec.identity.pod_namespace;
+    ev.pod_uid = rec.identity.pod.uid;
+    ev.pod_name = rec.identity.pod.name;
+    ev.pod_namespace = rec.identity.pod.namespace_;
     ev.container_id = rec.identity.id;
     ev.container_name = rec.identity.name;
     ev.sandbox = rec.identity.sandbox;
@@ -97,11 +97,12 @@ int ContainerTable::advance(Record& rec, ContainerState target, const ContainerS
 
 void ContainerTable::adopt_identity(Record& rec, const Observation& obs) {
   rec.sandbox_known = true;
-  if (obs.sandbox && !obs.pod_uid.empty()) sandbox_of_pod_[obs.pod_uid] = rec.identity.id;
+  if (obs.sandbox && !obs.pod.uid.empty()) sandbox_of_pod_[obs.pod.uid] = rec.identity.id;
   rec.identity.sandbox = obs.sandbox;
-  if (!obs.pod_uid.empty()) rec.identity.pod_uid = obs.pod_uid;
-  if (!obs.pod_name.empty()) rec.identity.pod_name = obs.pod_name;
-  if (!obs.pod_namespace.empty()) rec.identity.pod_namespace = obs.pod_namespace;
+  PodIdentity& pod = rec.identity.pod;
+  if (!obs.pod.uid.empty()) pod.uid = obs.pod.uid;
+  if (!obs.pod.name.empty()) pod.name = obs.pod.name;
+  if (!obs.pod.namespace_.empty()) pod.namespace_ = obs.pod.namespace_;
   if (!obs.name.empty()) rec.identity.name = obs.name;
 }
 
@@ -114,7 +115,7 @@ void ContainerTable::adopt_listed(Record& rec, const RuntimeContainer& rc) {
   }
   rec.sandbox_known = true;
   rec.identity.sandbox = rc.sandbox;
-  if (rc.sandbox) sandbox_of_pod_[rc.pod_uid] = rc.id;
+  if (rc.sandbox) sandbox_of_pod_[rc.pod.uid] = rc.id;
 }
 
 bool ContainerTable::pod_has_live_sandbox(const std::string& pod_uid) const {
@@ -126,7 +127,7 @@ bool ContainerTable::pod_has_live_sandbox(const std::string& pod_uid) const {
 }
 
 bool ContainerTable::likely_sandbox(const Record& rec) const {
-  return rec.sandbox_known ? rec.identity.sandbox : !pod_has_live_sandbox(rec.identity.pod_uid);
+  return rec.sandbox_known ? rec.identity.sandbox : !pod_has_live_sandbox(rec.identity.pod.uid);
 }
 
 void ContainerTable::forget_removed(Clock::time_point now, Clock::duration retention) {
@@ -137,25 +138,24 @@ void ContainerTable::forget_removed(Clock::time_point now, Clock::duration reten
       ++it;
       continue;
     }
-    if (auto s = sandbox_of_pod_.find(rec.identity.pod_uid);
+    if (auto s = sandbox_of_pod_.find(rec.identity.pod.uid);
         s != sandbox_of_pod_.end() && s->second == it->first)
       sandbox_of_pod_.erase(s);
     it = records_.erase(it);
   }
 }
 
-std::vector<TrackedContainer> ContainerTable::confirmed() const {
-  std::vector<TrackedContainer> out;
+std::vector<Observation> ContainerTable::confirmed() const {
+  std::vector<Observation> out;
   for (const auto& [id, rec] : records_) {
     // Only what the runtime confirmed: a cgroup the runtime does not know (another runtime's
     // container, a start not yet confirmed) is not a container of this node's pods yet.
     if (rec.reported == ContainerState::kNonExistent || rank(rec.reported) == 0) continue;
-    TrackedContainer tc;
-    tc.identity = rec.identity;
-    tc.identity.state = rec.reported;
-    tc.status = rec.status;
-    tc.oom_killed = rec.oom_killed;
-    out.push_back(std::move(tc));
+    Observation& c = out.emplace_back();
+    static_cast<RuntimeContainer&>(c) = rec.identity;
+    c.state = rec.reported;
+    c.snapshot = rec.status;
+    if (rec.oom_killed && c.snapshot.reason.empty()) c.snapshot.reason = "OOMKilled";
   }
   return out;
 }

@@ -18,20 +18,13 @@
 #include <string>
 #include <vector>
 
+#include "pleg/containers.h"
 #include "pleg/event.h"
-#include "pleg/runtime_looks.h"
 
 namespace kpleg::pleg {
 
 // Forward order of the states a container id passes through; it never goes back.
 int rank(ContainerState s);
-
-// A container as the tracker last reported it (for List).
-struct TrackedContainer {
-  RuntimeContainer identity;  // state = last reported state
-  ContainerSnapshot status;   // what the runtime said at the last reported transition
-  bool oom_killed = false;
-};
 
 struct Record {
   RuntimeContainer identity;
@@ -52,7 +45,7 @@ struct Record {
   std::chrono::steady_clock::time_point removed_at{};  // when it became kNonExistent
 
   // The runtime reported it at least once (a list or a look named its pod).
-  bool known() const { return !identity.pod_name.empty(); }
+  bool known() const { return !identity.pod.name.empty(); }
 };
 
 using Events = std::vector<PodLifecycleEvent>;
@@ -85,8 +78,9 @@ class ContainerTable {
   // Forgets removed records older than `retention`.
   void forget_removed(Clock::time_point now, Clock::duration retention);
 
-  // What the runtime confirmed (not removed, not created/unknown), for List.
-  std::vector<TrackedContainer> confirmed() const;
+  // What the runtime confirmed (not removed, not created/unknown), for List: each as last
+  // reported (state) with the status that came with it, an OOM kill as its reason.
+  std::vector<Observation> confirmed() const;
 
   std::map<std::string, Record>& records() { return records_; }
   size_t size() const { return records_.size(); }

@@ -51,7 +51,8 @@ Result<GenericRelist::Inspection> GenericRelist::inspect(const PodRecord& pod) {
                      [](const auto& a, const auto& b) { return a.created_at() > b.created_at(); });
     for (const auto& s : *sandboxes) sandbox_ids.push_back(s.id());
   } else {
-    for (const auto& s : pod.sandboxes) sandbox_ids.push_back(s.id);
+    for (const auto& s : pod.containers)
+      if (s.sandbox) sandbox_ids.push_back(s.id);
   }
   for (const auto& id : sandbox_ids) {
     auto status = cri_.pod_sandbox_status(id);
@@ -137,9 +138,9 @@ Status GenericRelist::relist_once() {
     std::vector<PodLifecycleEvent> events;
     for (const ContainerRecord* c : containers_of(old_pod, pod)) {
       ContainerState old_state =
-          old_pod != nullptr ? old_pod->pleg_state_of(c->id) : ContainerState::kNonExistent;
+          old_pod != nullptr ? pleg_state_of(*old_pod, c->id) : ContainerState::kNonExistent;
       ContainerState new_state =
-          pod != nullptr ? pod->pleg_state_of(c->id) : ContainerState::kNonExistent;
+          pod != nullptr ? pleg_state_of(*pod, c->id) : ContainerState::kNonExistent;
       for (auto& ev : generate_events(identity, *c, old_state, new_state))
         events.push_back(std::move(ev));
     }
@@ -158,8 +159,7 @@ Status GenericRelist::relist_once() {
         // The record stays as it was, so this relist's diff comes back next time.
         ++failed_inspections;
         last_inspection_error = inspected.error().message;
-        PendingInspection p{uid, pod->name, pod->namespace_, inspected.error().message,
-                            1,   start_rt};
+        PendingInspection p{*pod, inspected.error().message, 1, start_rt};
         if (reinspect) {
           p.attempts = pending->second.attempts + 1;
           p.first_failed_ns = pending->second.first_failed_ns;
@@ -199,9 +199,8 @@ Status GenericRelist::relist_once() {
     std::shared_ptr<const PodRecord> confirmed;
     if (pod != nullptr) {
       auto updated = std::make_shared<PodRecord>(std::move(*record.current));
-      for (auto* list : {&updated->containers, &updated->sandboxes})
-        for (auto& c : *list)
-          if (auto s = inspection.find(c.id); s != inspection.end()) c.status = s->second;
+      for (auto& c : updated->containers)
+        if (auto s = inspection.find(c.id); s != inspection.end()) c.status = s->second;
       confirmed = updated;
       record.old = confirmed;
       record.current.reset();

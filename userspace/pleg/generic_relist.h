@@ -36,6 +36,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/pod_identity.h"
 #include "common/result.h"
 #include "cri/cri_client.h"
 #include "pleg/event.h"
@@ -68,9 +69,7 @@ struct RelistStats {
 
 // A pod whose last inspection failed; it is inspected again on every relist until one succeeds.
 struct PendingInspection {
-  std::string pod_uid;
-  std::string pod_name;
-  std::string pod_namespace;
+  PodIdentity pod;
   std::string error;            // of the last attempt
   uint64_t attempts = 0;        // failed attempts in a row
   int64_t first_failed_ns = 0;  // realtime

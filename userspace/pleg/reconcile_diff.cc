@@ -72,7 +72,7 @@ void ReconcileDiff::recheck(const std::string& id, milliseconds retry, bool corr
   const Record* rec = core_.table().find(id);
   if (rec == nullptr) return;                    // removed and forgotten meanwhile
   if (rec->pending > 0 && correction) return;  // the kernel path has it
-  core_.look(rec->identity.pod_uid, id, true, rec->identity.sandbox,
+  core_.look(rec->identity.pod.uid, id, true, rec->identity.sandbox,
              [this, id, retry, correction](Result<Observation> obs) {
                on_recheck(id, retry, correction, std::move(obs));
              });
@@ -98,7 +98,7 @@ void ReconcileDiff::on_recheck(const std::string& id, milliseconds retry, bool c
       core_.advance(rec, obs->state, obs->snapshot, EventSource::kReconcile, correction, out) > 0 &&
       correction;
   const std::string what = rec.identity.sandbox ? "sandbox" : "container";
-  const std::string ns = rec.identity.pod_namespace, name = rec.identity.pod_name;
+  const std::string ns = rec.identity.pod.namespace_, name = rec.identity.pod.name;
   core_.publish(out);
   if (corrected) spdlog::warn("reconcile corrected {} {}/{} to {}", what, ns, name, to_string(obs->state));
 }

@@ -24,7 +24,7 @@ void RemovalWatcher::check(const std::string& id) {
   const Record* rec = core_.table().find(id);
   if (rec == nullptr || rec->reported == ContainerState::kNonExistent) return;
   ++core_.stats().removal_checks;
-  core_.look(rec->identity.pod_uid, id, true, rec->identity.sandbox,
+  core_.look(rec->identity.pod.uid, id, true, rec->identity.sandbox,
              [this, id](Result<Observation> obs) {
                if (!obs.ok() || obs->state != ContainerState::kNonExistent) return;  // the sweep goes on
                Record* rec = core_.table().find(id);

@@ -10,44 +10,42 @@ namespace {
 
 bool is_not_found(const Error& e) { return e.code == grpc::StatusCode::NOT_FOUND; }
 
-Observation observe(const cri::v1::ContainerStatus& st) {
+// `id` is the id asked for (or named by the runtime's event).
+Observation observe(const std::string& id, const cri::v1::ContainerStatus& st) {
   Observation obs;
+  obs.id = id;
   obs.snapshot = from_status(st);
   obs.state = obs.snapshot.state;
   obs.name = container_name(st);
-  auto pod = pod_identity(st, nullptr);
-  obs.pod_uid = pod.uid;
-  obs.pod_name = pod.name;
-  obs.pod_namespace = pod.namespace_;
+  obs.pod = pod_identity(st, nullptr);
   return obs;
 }
 
-Observation observe(const cri::v1::PodSandboxStatus& ps) {
+Observation observe(const std::string& id, const cri::v1::PodSandboxStatus& ps) {
   Observation obs;
+  obs.id = id;
   obs.sandbox = true;
   obs.snapshot = from_status(ps);
   obs.state = obs.snapshot.state;
-  auto pod = pod_identity(ps);
-  obs.pod_uid = pod.uid;
-  obs.pod_name = pod.name;
-  obs.pod_namespace = pod.namespace_;
+  obs.pod = pod_identity(ps);
   return obs;
 }
 
 Result<Observation> look_container(cri::CriClient& cri, const std::string& id) {
   auto st = cri.container_status(id);
   if (!st) return st.error();
-  return observe(*st);
+  return observe(id, *st);
 }
 
 Result<Observation> look_sandbox(cri::CriClient& cri, const std::string& id) {
   auto ps = cri.pod_sandbox_status(id);
   if (!ps) return ps.error();
-  return observe(*ps);
+  return observe(id, *ps);
 }
 
-Observation nonexistent(bool sandbox) {
+Observation nonexistent(const std::string& id, bool sandbox) {
   Observation obs;
+  obs.id = id;
   obs.state = obs.snapshot.state = ContainerState::kNonExistent;
   obs.sandbox = sandbox;
   return obs;
@@ -63,11 +61,7 @@ Result<std::vector<RuntimeContainer>> list_runtime(cri::CriClient& cri) {
 
   std::vector<RuntimeContainer> out;
   for (const auto& [uid, pod] : build_snapshot(*sandboxes, *containers).pods) {
-    for (const auto* list : {&pod.sandboxes, &pod.containers}) {
-      for (const auto& c : *list) {
-        out.push_back({c.id, pod.uid, pod.name, pod.namespace_, c.name, c.sandbox, c.state});
-      }
-    }
+    for (const auto& c : pod.containers) out.push_back({c.id, c.sandbox, c.name, pod, c.state});
   }
   return out;
 }
@@ -79,20 +73,20 @@ Result<Observation> look(cri::CriClient& cri, const std::string& id, bool kind_k
     auto obs = as_sandbox ? look_sandbox(cri, id) : look_container(cri, id);
     if (obs || !is_not_found(obs.error())) return obs;
   }
-  return nonexistent(sandbox);
+  return nonexistent(id, sandbox);
 }
 
 void look_async(cri::AsyncStatusCalls& calls, const std::string& id, bool kind_known,
                 bool sandbox, std::function<void(Result<Observation>)> done) {
   // As look(): the other kind only when the guessed one is not found.
   auto then = [&calls, id, kind_known, sandbox, done](auto r) mutable {
-    if (r) return done(observe(*r));
+    if (r) return done(observe(id, *r));
     if (!is_not_found(r.error())) return done(r.error());
-    if (kind_known) return done(nonexistent(sandbox));
-    auto last = [sandbox, done = std::move(done)](auto r2) {
-      if (r2) return done(observe(*r2));
+    if (kind_known) return done(nonexistent(id, sandbox));
+    auto last = [id, sandbox, done = std::move(done)](auto r2) {
+      if (r2) return done(observe(id, *r2));
       if (!is_not_found(r2.error())) return done(r2.error());
-      done(nonexistent(sandbox));
+      done(nonexistent(id, sandbox));
     };
     if (sandbox) {
       calls.container_status(id, std::move(last));
@@ -107,20 +101,15 @@ void look_async(cri::AsyncStatusCalls& calls, const std::string& id, bool kind_k
   }
 }
 
-std::optional<std::pair<std::string, Observation>> observation_of(
-    const cri::v1::ContainerEventResponse& ev) {
+std::optional<Observation> observation_of(const cri::v1::ContainerEventResponse& ev) {
   const std::string& id = ev.container_id();
   if (id.empty() || ev.container_event_type() == cri::v1::CONTAINER_CREATED_EVENT) return {};
   const bool sandbox = ev.has_pod_sandbox_status() && ev.pod_sandbox_status().id() == id;
-  if (ev.container_event_type() == cri::v1::CONTAINER_DELETED_EVENT) {
-    Observation gone;
-    gone.state = gone.snapshot.state = ContainerState::kNonExistent;
-    gone.sandbox = sandbox;
-    return std::make_pair(id, gone);
-  }
-  if (sandbox) return std::make_pair(id, observe(ev.pod_sandbox_status()));
+  if (ev.container_event_type() == cri::v1::CONTAINER_DELETED_EVENT)
+    return nonexistent(id, sandbox);
+  if (sandbox) return observe(id, ev.pod_sandbox_status());
   for (const auto& st : ev.containers_statuses()) {
-    if (st.id() == id) return std::make_pair(id, observe(st));
+    if (st.id() == id) return observe(id, st);
   }
   return {};
 }

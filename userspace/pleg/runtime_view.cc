@@ -122,22 +122,14 @@ std::string container_name(const v1::ContainerStatus& status) {
   return name_of(status.labels(), status.metadata());
 }
 
-const ContainerRecord* PodRecord::find(const std::string& id) const {
-  for (const auto& c : containers)
-    if (c.id == id) return &c;
-  for (const auto& s : sandboxes)
-    if (s.id == id) return &s;
-  return nullptr;
-}
-
-ContainerState PodRecord::pleg_state_of(const std::string& id) const {
-  const ContainerRecord* c = find(id);
+ContainerState pleg_state_of(const PodRecord& pod, const std::string& id) {
+  const ContainerRecord* c = pod.find(id);
   return c == nullptr ? ContainerState::kNonExistent : pleg_state(c->state);
 }
 
 size_t RuntimeSnapshot::container_count() const {
   size_t n = 0;
-  for (const auto& [uid, pod] : pods) n += pod.sandboxes.size() + pod.containers.size();
+  for (const auto& [uid, pod] : pods) n += pod.containers.size();
   return n;
 }
 
@@ -151,20 +143,15 @@ RuntimeSnapshot build_snapshot(const std::vector<v1::PodSandbox>& sandboxes,
     sandbox_pods[s.id()] = id;
     auto [it, inserted] = snap.pods.try_emplace(id.uid);
     PodRecord& pod = it->second;
-    if (inserted) {
-      pod.uid = id.uid;
-      pod.name = id.name;
-      pod.namespace_ = id.namespace_;
-    }
+    if (inserted) static_cast<PodIdentity&>(pod) = id;
     pod.labelled = pod.labelled || id.labelled;
     ContainerRecord r;
     r.id = s.id();
-    r.pod_sandbox_id = s.id();
     r.sandbox = true;
     r.state = runtime_state(s.state());
     r.status.state = r.state;
     r.status.created_at_ns = s.created_at();
-    pod.sandboxes.push_back(std::move(r));
+    pod.containers.push_back(std::move(r));
   }
   for (const auto& c : containers) {
     if (c.id().empty() || !c.has_metadata()) continue;
@@ -172,16 +159,11 @@ RuntimeSnapshot build_snapshot(const std::vector<v1::PodSandbox>& sandboxes,
     PodIdentity id = pod_identity(c, sb == sandbox_pods.end() ? nullptr : &sb->second);
     auto [it, inserted] = snap.pods.try_emplace(id.uid);
     PodRecord& pod = it->second;
-    if (inserted) {
-      pod.uid = id.uid;
-      pod.name = id.name;
-      pod.namespace_ = id.namespace_;
-    }
+    if (inserted) static_cast<PodIdentity&>(pod) = id;
     pod.labelled = pod.labelled || id.labelled;
     ContainerRecord r;
     r.id = c.id();
     r.name = container_name(c);
-    r.pod_sandbox_id = c.pod_sandbox_id();
     r.state = runtime_state(c.state());
     r.status.state = r.state;
     r.status.created_at_ns = c.created_at();
@@ -194,14 +176,14 @@ std::vector<const ContainerRecord*> containers_of(const PodRecord* old_pod,
                                                   const PodRecord* new_pod) {
   std::vector<const ContainerRecord*> out;
   std::set<std::string> seen;
-  auto add = [&](const std::vector<ContainerRecord>& records) {
-    for (const auto& r : records)
-      if (seen.insert(r.id).second) out.push_back(&r);
+  auto add = [&](const PodRecord& pod, bool sandboxes) {
+    for (const auto& r : pod.containers)
+      if (r.sandbox == sandboxes && seen.insert(r.id).second) out.push_back(&r);
   };
   for (const PodRecord* p : {old_pod, new_pod}) {
     if (p == nullptr) continue;
-    add(p->containers);
-    add(p->sandboxes);
+    add(*p, false);
+    add(*p, true);
   }
   return out;
 }

@@ -12,7 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "common/pod_identity.h"
 #include "cri/api.pb.h"
+#include "pleg/containers.h"
 #include "pleg/event.h"
 
 namespace kpleg::pleg {
@@ -46,15 +48,7 @@ ContainerSnapshot from_status(const v1::ContainerStatus& status);
 // empty because the CRI reports none for sandboxes.
 ContainerSnapshot from_status(const v1::PodSandboxStatus& status);
 
-// --- who a pod is ----------------------------------------------------------------------------
-
-struct PodIdentity {
-  std::string uid;
-  std::string name;
-  std::string namespace_;
-  // True when the uid came from the kubelet's labels (so the pod can be selected by label).
-  bool labelled = false;
-};
+// --- who a pod is (PodIdentity, common/pod_identity.h) -------------------------------------------
 
 // A sandbox's pod: the kubelet's labels, else the sandbox's metadata (which the CRI requires).
 PodIdentity pod_identity(const v1::PodSandbox& sandbox);
@@ -71,33 +65,9 @@ std::string container_name(const v1::ContainerStatus& status);
 
 // --- the runtime at one instant --------------------------------------------------------------
 
-// One container of a pod as listed; a sandbox is one too (sandbox = true, empty name: the
-// kubelet gives sandboxes no container name).
-struct ContainerRecord {
-  std::string id;
-  std::string name;
-  std::string pod_sandbox_id;  // the sandbox's own id for a sandbox
-  bool sandbox = false;
-  // The runtime's state as listed (created is kept; compare with pleg_state()).
-  ContainerState state = ContainerState::kUnknown;
-  // As listed (state, created_at_ns), or, once the pod was inspected, what the inspection said.
-  ContainerSnapshot status;
-};
-
-struct PodRecord {
-  std::string uid;
-  std::string name;
-  std::string namespace_;
-  bool labelled = false;  // see PodIdentity::labelled
-  std::vector<ContainerRecord> sandboxes;
-  std::vector<ContainerRecord> containers;
-
-  // The container or sandbox with this id, or nullptr.
-  const ContainerRecord* find(const std::string& id) const;
-  // The generic PLEG's state of the container or sandbox `id` in this pod; kNonExistent when
-  // it is not there.
-  ContainerState pleg_state_of(const std::string& id) const;
-};
+// The generic PLEG's state of the container or sandbox `id` in `pod`; kNonExistent when it is
+// not there.
+ContainerState pleg_state_of(const PodRecord& pod, const std::string& id);
 
 // pod uid -> pod, like the kubelet's GetPods(all = true).
 struct RuntimeSnapshot {
@@ -107,8 +77,8 @@ struct RuntimeSnapshot {
 };
 
 // Groups listed sandboxes and containers into pods. Sandboxes and containers without an id,
-// and containers without metadata, are skipped as the kubelet skips them. Order within a pod
-// is the runtime's list order.
+// and containers without metadata, are skipped as the kubelet skips them. Within a pod, its
+// sandboxes come first, then its containers, each in the runtime's list order.
 RuntimeSnapshot build_snapshot(const std::vector<v1::PodSandbox>& sandboxes,
                                const std::vector<v1::Container>& containers);
 

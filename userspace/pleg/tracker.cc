@@ -38,13 +38,13 @@ void Tracker::on_runtime_event(const cri::v1::ContainerEventResponse& ev) {
   loop_.post([this, report = std::move(report)] { take_runtime_event(report); });
 }
 
-void Tracker::take_runtime_event(const std::optional<std::pair<std::string, Observation>>& report) {
+void Tracker::take_runtime_event(const std::optional<Observation>& report) {
   if (!report) {
     confirmer_.set_live(true);
     ++core_.stats().runtime_events_unmatched;
     return;
   }
-  confirmer_.on_report(report->first, report->second);
+  confirmer_.on_report(*report);
 }
 
 std::unique_ptr<RuntimeEvents> Tracker::runtime_events(RuntimeEvents::Options opts) {
@@ -219,11 +219,11 @@ TrackerStats Tracker::stats() const {
   });
 }
 
-std::vector<TrackedContainer> Tracker::containers() const {
+std::vector<Observation> Tracker::containers() const {
   return loop_.call([this] { return core_.table().confirmed(); });
 }
 
-std::pair<uint64_t, std::vector<TrackedContainer>> Tracker::containers_at(
+std::pair<uint64_t, std::vector<Observation>> Tracker::containers_at(
     const std::function<uint64_t()>& seq_now) const {
   // On the loop, every event of the state read has been published, and none after it.
   return loop_.call([&] { return std::make_pair(seq_now(), core_.table().confirmed()); });

@@ -95,10 +95,10 @@ class Tracker {
   void set_cgroup_parents(cgroup::CgroupIndex::ParentOf parent_of);
 
   TrackerStats stats() const;
-  std::vector<TrackedContainer> containers() const;
+  std::vector<Observation> containers() const;
   // The containers together with `seq_now()`, read with the state exactly as it is after the
   // events published up to that sequence number.
-  std::pair<uint64_t, std::vector<TrackedContainer>> containers_at(
+  std::pair<uint64_t, std::vector<Observation>> containers_at(
       const std::function<uint64_t()>& seq_now) const;
   std::vector<PodTrouble> troubled_pods() const;
   // Ends the loop and the looks' threads; the readers above then read the final state.
@@ -108,7 +108,7 @@ class Tracker {
 
  private:
   void handle(const kernel::KernelEvent& ev);
-  void take_runtime_event(const std::optional<std::pair<std::string, Observation>>& report);
+  void take_runtime_event(const std::optional<Observation>& report);
   // The index entry of an event's cgroup; resolves one the index missed (a lost mkdir record).
   std::optional<cgroup::CgroupIndex::Entry> entry_of(const kernel::KernelEvent& ev);
 

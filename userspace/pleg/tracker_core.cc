@@ -89,8 +89,8 @@ void TrackerCore::inconsistent(const std::string& reason) {
 
 void TrackerCore::note_call(const std::string& id, const Error* error) {
   const Record* rec = table_.find(id);
-  const std::string& pod = rec == nullptr || rec->identity.pod_uid.empty() ? id
-                                                                           : rec->identity.pod_uid;
+  const std::string& pod =
+      rec == nullptr || rec->identity.pod.uid.empty() ? id : rec->identity.pod.uid;
   if (!error) {
     if (!troubles_.empty()) troubles_.erase(pod);
     return;

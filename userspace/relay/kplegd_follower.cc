@@ -250,15 +250,15 @@ KplegdFollowerStats KplegdFollower::stats() const {
   return stats_;
 }
 
-std::optional<cri::PodIdentity> KplegdFollower::identify(const cri::CallSubject& subject) const {
+std::optional<cri::CallSubject> KplegdFollower::identify(const cri::CallSubject& subject) const {
   if (subject.id.empty()) return std::nullopt;
   std::lock_guard lk(mu_);
   for (const auto& [uid, pod] : known_) {
     auto it = pod.containers.find(subject.id);
     if (it == pod.containers.end()) continue;
-    return cri::PodIdentity{uid, pod.name, pod.pod_namespace,
-                            it->second.sandbox ? std::string() : it->second.name,
-                            it->second.sandbox};
+    return cri::CallSubject{subject.id,
+                            {uid, pod.name, pod.pod_namespace},
+                            it->second.sandbox ? std::string() : it->second.name};
   }
   return std::nullopt;
 }

@@ -57,7 +57,7 @@ class KplegdFollower {
   void stop();
   KplegdFollowerStats stats() const;
   // The pod a container or sandbox id belongs to, as far as the follower knows.
-  std::optional<cri::PodIdentity> identify(const cri::CallSubject& subject) const;
+  std::optional<cri::CallSubject> identify(const cri::CallSubject& subject) const;
 
   // The catch-up for a new List: what differs from what was known, as events, in the pods' and
   // containers' order; `known` becomes the List. Exposed for tests.

@@ -37,9 +37,9 @@ class StatusService final : public kpleg::v1::PodLifecycle::Service {
       auto* out = resp->add_calls();
       out->set_method(c.method);
       out->set_origin(c.origin == cri::CallOrigin::kEndpoint ? "endpoint" : kWho);
-      out->set_pod_uid(c.subject.pod_uid);
-      out->set_pod_name(c.subject.pod_name);
-      out->set_pod_namespace(c.subject.pod_namespace);
+      out->set_pod_uid(c.subject.pod.uid);
+      out->set_pod_name(c.subject.pod.name);
+      out->set_pod_namespace(c.subject.pod.namespace_);
       out->set_id(c.subject.id);
       out->set_container_name(c.subject.container_name);
       out->set_age_ms(uint64_t(c.age.count()));
