@@ -1,5 +1,5 @@
 // The removal hint from inotify on the runtime's per-container directories, on a real
-// directory tree (no root needed).
+// directory tree (no root needed), read on an event loop.
 #include "kernel/dir_removal_watch.h"
 
 #include <fcntl.h>
@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "pleg/event_loop.h"
 #include "support/eventually.h"
 
 namespace kpleg::kernel {
@@ -26,6 +27,9 @@ namespace fs = std::filesystem;
 
 std::string id_of(char c) { return std::string(64, c); }
 
+// The watch lives on an event loop of the test's own (in kplegd, the tracker's): everything it
+// does runs on that loop's thread, so the test arms and disarms through the loop (arm(),
+// disarm(), armed()) and reads only the counters from its own thread.
 class DirRemovalWatchTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -34,22 +38,39 @@ class DirRemovalWatchTest : public ::testing::Test {
     root_ = tmpl;
     containers_ = root_ + "/containers";
     ASSERT_EQ(mkdir(containers_.c_str(), 0755), 0);
+    loop_.start("kpleg-test-loop");
   }
   void TearDown() override {
-    watch_.reset();
+    loop_.call([this] { watch_.reset(); });
+    loop_.stop();
     fs::remove_all(root_);
   }
   void start(const std::vector<std::string>& dirs,
              std::chrono::milliseconds hold_off = DirRemovalWatch::kHoldOff) {
-    auto w = DirRemovalWatch::start(
-        dirs,
-        [this](const std::string& id) {
-          std::lock_guard lk(mu_);
-          hinted_.push_back(id);
-        },
-        hold_off);
+    start(
+        dirs, [this](const std::string& id) { record(id); }, hold_off);
+  }
+  void start(const std::vector<std::string>& dirs, DirRemovalWatch::OnHint on_hint,
+             std::chrono::milliseconds hold_off = DirRemovalWatch::kHoldOff) {
+    auto w = loop_.call(
+        [&] { return DirRemovalWatch::start(loop_, dirs, std::move(on_hint), hold_off); });
     ASSERT_TRUE(w.ok()) << w.error().message;
     watch_ = std::move(*w);
+  }
+  DirRemovalWatch::Arm arm(const std::string& id) {
+    return loop_.call([&] { return watch_->watch(id); });
+  }
+  void disarm(const std::string& id) {
+    loop_.call([&] { watch_->unwatch(id); });
+  }
+  size_t armed() {
+    return loop_.call([&] { return watch_->watch_count(); });
+  }
+  // The hint callback's record; also whether it ran anywhere but on the loop's thread.
+  void record(const std::string& id) {
+    std::lock_guard lk(mu_);
+    hinted_.push_back(id);
+    if (!loop_.in_loop()) ++hinted_off_loop_;
   }
   std::vector<std::string> hinted() {
     std::lock_guard lk(mu_);
@@ -60,7 +81,7 @@ class DirRemovalWatchTest : public ::testing::Test {
     return std::find(h.begin(), h.end(), id) != h.end();
   }
   // Removes a directory named by `id` in `dir` until its removal is hinted: a watch the
-  // watch's thread adds when it reads a creation is not there at once.
+  // loop adds when it reads a creation is not there at once.
   bool hinted_once_watched(const std::string& dir, const std::string& id) {
     return eventually(
         [&] {
@@ -81,23 +102,25 @@ class DirRemovalWatchTest : public ::testing::Test {
   }
 
   std::string root_, containers_;
+  pleg::EventLoop loop_;
   std::unique_ptr<DirRemovalWatch> watch_;
   std::mutex mu_;
   std::vector<std::string> hinted_;
+  size_t hinted_off_loop_ = 0;
 };
 
 TEST_F(DirRemovalWatchTest, TheRemovalOfAnArmedIdsDirectoryHintsItOncePerArming) {
   start({containers_});
   const std::string a = id_of('a'), b = id_of('b'), c = id_of('c'), d = id_of('d'),
                     sentinel = id_of('e');
-  ASSERT_EQ(watch_->watch(a), DirRemovalWatch::Arm::kArmed);
-  ASSERT_EQ(watch_->watch(c), DirRemovalWatch::Arm::kArmed);
-  EXPECT_EQ(watch_->watch("abc"), DirRemovalWatch::Arm::kNotAnId);
-  EXPECT_EQ(watch_->watch_count(), 2u);
+  ASSERT_EQ(arm(a), DirRemovalWatch::Arm::kArmed);
+  ASSERT_EQ(arm(c), DirRemovalWatch::Arm::kArmed);
+  EXPECT_EQ(arm("abc"), DirRemovalWatch::Arm::kNotAnId);
+  EXPECT_EQ(armed(), 2u);
 
   make_and_remove(containers_ + "/" + a);
   ASSERT_TRUE(eventually([&] { return hinted_has(a); }));
-  EXPECT_EQ(watch_->watch_count(), 1u) << "the hint disarms its id";
+  EXPECT_EQ(armed(), 1u) << "the hint disarms its id";
 
   // None of these hints: the same id again (disarmed), an id nobody armed, a file named by an
   // armed id, an id no longer armed, an armed id's directory elsewhere.
@@ -108,15 +131,15 @@ TEST_F(DirRemovalWatchTest, TheRemovalOfAnArmedIdsDirectoryHintsItOncePerArming)
   ASSERT_GE(fd, 0);
   close(fd);
   ASSERT_EQ(unlink(file.c_str()), 0);
-  watch_->unwatch(c);
+  disarm(c);
   make_and_remove(containers_ + "/" + c);
-  ASSERT_EQ(watch_->watch(d), DirRemovalWatch::Arm::kArmed);
+  ASSERT_EQ(arm(d), DirRemovalWatch::Arm::kArmed);
   make_and_remove(root_ + "/" + d);
 
   // Moved away (renamed aside before its removal): a hint. Then the sentinel, after all above.
   ASSERT_EQ(mkdir((containers_ + "/" + d).c_str(), 0755), 0);
   ASSERT_EQ(rename((containers_ + "/" + d).c_str(), (root_ + "/trash").c_str()), 0);
-  ASSERT_EQ(watch_->watch(sentinel), DirRemovalWatch::Arm::kArmed);
+  ASSERT_EQ(arm(sentinel), DirRemovalWatch::Arm::kArmed);
   make_and_remove(containers_ + "/" + sentinel);
   ASSERT_TRUE(eventually([&] { return hinted_has(sentinel); }));
   EXPECT_EQ(hinted(), (std::vector<std::string>{a, d, sentinel}));
@@ -131,23 +154,23 @@ TEST_F(DirRemovalWatchTest, ArmingAnIdWhoseDirectoryWentAlreadySaysSo) {
   const std::string early = id_of('1'), later = id_of('2');
   make_and_remove(containers_ + "/" + early);
   ASSERT_TRUE(eventually([&] { return watch_->reads() >= 1; })) << "the removal was never read";
-  EXPECT_EQ(watch_->watch(early), DirRemovalWatch::Arm::kGone);
-  EXPECT_EQ(watch_->watch_count(), 0u) << "nothing armed for a removal already seen";
-  EXPECT_EQ(watch_->watch(early), DirRemovalWatch::Arm::kArmed) << "remembered once";
+  EXPECT_EQ(arm(early), DirRemovalWatch::Arm::kGone);
+  EXPECT_EQ(armed(), 0u) << "nothing armed for a removal already seen";
+  EXPECT_EQ(arm(early), DirRemovalWatch::Arm::kArmed) << "remembered once";
   // Armed, it is hinted as before.
-  ASSERT_EQ(watch_->watch(later), DirRemovalWatch::Arm::kArmed);
+  ASSERT_EQ(arm(later), DirRemovalWatch::Arm::kArmed);
   make_and_remove(containers_ + "/" + later);
   ASSERT_TRUE(eventually([&] { return hinted_has(later); }));
   EXPECT_FALSE(hinted_has(early));
 }
 
 // Under churn the runtime removes directories several times a second: after a read, the
-// thread holds off reading for half a second, so removals that come meanwhile cost it one
+// watch holds off reading for half a second, so removals that come meanwhile cost it one
 // wakeup together, not one each, and each is still hinted.
 TEST_F(DirRemovalWatchTest, RemovalsThatComeWhileItHoldsOffAreReadTogether) {
   start({containers_});
   const std::string first = id_of('0');
-  ASSERT_EQ(watch_->watch(first), DirRemovalWatch::Arm::kArmed);
+  ASSERT_EQ(arm(first), DirRemovalWatch::Arm::kArmed);
   make_and_remove(containers_ + "/" + first);
   ASSERT_TRUE(eventually([&] { return hinted_has(first); }));
   const uint64_t reads_before = watch_->reads();
@@ -157,7 +180,7 @@ TEST_F(DirRemovalWatchTest, RemovalsThatComeWhileItHoldsOffAreReadTogether) {
   std::vector<std::string> ids;
   for (char c : std::string("123456789a")) {
     ids.push_back(id_of(c));
-    ASSERT_EQ(watch_->watch(ids.back()), DirRemovalWatch::Arm::kArmed);
+    ASSERT_EQ(arm(ids.back()), DirRemovalWatch::Arm::kArmed);
   }
   for (const auto& id : ids) {
     make_and_remove(containers_ + "/" + id);
@@ -168,19 +191,19 @@ TEST_F(DirRemovalWatchTest, RemovalsThatComeWhileItHoldsOffAreReadTogether) {
   EXPECT_LE(watch_->reads() - reads_before, 2u) << "one read for the ten removals, two at most";
   EXPECT_GE(all_hinted - first_hinted, DirRemovalWatch::kHoldOff - std::chrono::milliseconds(50))
       << "the ten were hinted before the hold-off ended";
-  EXPECT_EQ(watch_->watch_count(), 0u);
+  EXPECT_EQ(armed(), 0u);
 }
 
 // The removal of an id not armed yet (remembered for its arming) is followed by a hold-off too:
 // under churn most removals come before the tracker arms their ids, and each would otherwise
-// wake the thread. The remembered removal is answered at once all the same.
+// wake the loop. The remembered removal is answered at once all the same.
 TEST_F(DirRemovalWatchTest, ARemovalRememberedForItsArmingIsFollowedByAHoldOff) {
   start({containers_}, std::chrono::seconds(30));
   const std::string early = id_of('1'), armed = id_of('2');
-  ASSERT_EQ(watch_->watch(armed), DirRemovalWatch::Arm::kArmed);
+  ASSERT_EQ(arm(armed), DirRemovalWatch::Arm::kArmed);
   make_and_remove(containers_ + "/" + early);
   ASSERT_TRUE(eventually([&] { return watch_->reads() == 1; }));
-  EXPECT_EQ(watch_->watch(early), DirRemovalWatch::Arm::kGone) << "not delayed by the hold-off";
+  EXPECT_EQ(arm(early), DirRemovalWatch::Arm::kGone) << "not delayed by the hold-off";
   make_and_remove(containers_ + "/" + armed);
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // a bounded negative wait
   EXPECT_FALSE(hinted_has(armed)) << "read at once after a remembered removal: no hold-off";
@@ -192,7 +215,7 @@ TEST_F(DirRemovalWatchTest, ARemovalRememberedForItsArmingIsFollowedByAHoldOff) 
 TEST_F(DirRemovalWatchTest, NoHoldOffAfterAReadThatHintedNothing) {
   start({containers_}, std::chrono::seconds(30));
   const std::string a = id_of('a');
-  ASSERT_EQ(watch_->watch(a), DirRemovalWatch::Arm::kArmed);
+  ASSERT_EQ(arm(a), DirRemovalWatch::Arm::kArmed);
   const std::string file = containers_ + "/" + a;
   int fd = open(file.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0644);
   ASSERT_GE(fd, 0);
@@ -208,10 +231,10 @@ TEST_F(DirRemovalWatchTest, ADirectoryMadeAfterTheStartIsWatchedFromItsCreation)
   const std::string sandboxes = root_ + "/sandboxes";
   start({containers_, sandboxes});
   const std::string s = id_of('5');
-  ASSERT_EQ(watch_->watch(s), DirRemovalWatch::Arm::kArmed);
+  ASSERT_EQ(arm(s), DirRemovalWatch::Arm::kArmed);
   // The runtime makes the directory with its first sandbox.
   ASSERT_EQ(mkdir(sandboxes.c_str(), 0755), 0);
-  // The watch is added on the watch's thread when it reads the creation: retried until then
+  // The watch is added on the loop when it reads the creation: retried until then
   // (a removal before it is found by the removal sweep, not hinted).
   ASSERT_TRUE(hinted_once_watched(sandboxes, s));
   EXPECT_EQ(hinted(), std::vector<std::string>{s});
@@ -221,16 +244,16 @@ TEST_F(DirRemovalWatchTest, ADirectoryMadeAfterTheStartIsWatchedFromItsCreation)
 TEST_F(DirRemovalWatchTest, AWatchedDirectoryThatGoesHintsEveryArmedIdAndIsWatchedWhenMadeAgain) {
   start({containers_});
   const std::string a = id_of('a'), b = id_of('b'), c = id_of('c');
-  ASSERT_EQ(watch_->watch(a), DirRemovalWatch::Arm::kArmed);
-  ASSERT_EQ(watch_->watch(b), DirRemovalWatch::Arm::kArmed);
+  ASSERT_EQ(arm(a), DirRemovalWatch::Arm::kArmed);
+  ASSERT_EQ(arm(b), DirRemovalWatch::Arm::kArmed);
   ASSERT_EQ(rmdir(containers_.c_str()), 0);
   ASSERT_TRUE(eventually([&] { return hinted().size() == 2; }));
   EXPECT_EQ(watch_->overflows(), 1u);
-  EXPECT_EQ(watch_->watch_count(), 0u);
+  EXPECT_EQ(armed(), 0u);
 
-  // Made again: its removals hint again (retried until the watch's thread has added it).
+  // Made again: its removals hint again (retried until the loop has added it).
   ASSERT_EQ(mkdir(containers_.c_str(), 0755), 0);
-  ASSERT_EQ(watch_->watch(c), DirRemovalWatch::Arm::kArmed);
+  ASSERT_EQ(arm(c), DirRemovalWatch::Arm::kArmed);
   ASSERT_TRUE(hinted_once_watched(containers_, c));
   EXPECT_EQ(watch_->overflows(), 1u);
 }
@@ -241,44 +264,64 @@ TEST_F(DirRemovalWatchTest, AWatchedDirectoryMovedAwayIsWatchedWhereItWas) {
   ASSERT_TRUE(eventually([&] { return watch_->overflows() == 1; }));
   // A removal in the moved directory is not a removal in the watched one.
   const std::string a = id_of('a'), b = id_of('b');
-  ASSERT_EQ(watch_->watch(a), DirRemovalWatch::Arm::kArmed);
+  ASSERT_EQ(arm(a), DirRemovalWatch::Arm::kArmed);
   make_and_remove(root_ + "/old/" + a);
   ASSERT_EQ(mkdir(containers_.c_str(), 0755), 0);
-  ASSERT_EQ(watch_->watch(b), DirRemovalWatch::Arm::kArmed);
+  ASSERT_EQ(arm(b), DirRemovalWatch::Arm::kArmed);
   ASSERT_TRUE(hinted_once_watched(containers_, b));
   EXPECT_FALSE(hinted_has(a));
 }
 
-// The tracker arms ids again from inside the hint (a sweep that still lists it): no deadlock,
-// and the id re-armed in the callback is hinted by its next removal.
+// The tracker arms ids again from inside the hint (a sweep that still lists it): the id
+// re-armed in the callback is hinted by its next removal.
 TEST_F(DirRemovalWatchTest, TheCallbackMayArmAgain) {
-  std::unique_ptr<DirRemovalWatch>* self = &watch_;
-  auto w = DirRemovalWatch::start({containers_}, [this, self](const std::string& id) {
-    {
-      std::lock_guard lk(mu_);
-      hinted_.push_back(id);
-    }
-    if (hinted().size() == 1) (*self)->watch(id);
+  start({containers_}, [this](const std::string& id) {
+    record(id);
+    if (hinted().size() == 1) watch_->watch(id);
   });
-  ASSERT_TRUE(w.ok()) << w.error().message;
-  watch_ = std::move(*w);
   const std::string a = id_of('a');
-  ASSERT_EQ(watch_->watch(a), DirRemovalWatch::Arm::kArmed);
+  ASSERT_EQ(arm(a), DirRemovalWatch::Arm::kArmed);
   make_and_remove(containers_ + "/" + a);
   ASSERT_TRUE(eventually([&] { return hinted().size() == 1; }));
-  ASSERT_TRUE(eventually([&] { return watch_->watch_count() == 1; }));
+  ASSERT_TRUE(eventually([&] { return armed() == 1; }));
   make_and_remove(containers_ + "/" + a);
   ASSERT_TRUE(eventually([&] { return hinted().size() == 2; }));
-  EXPECT_EQ(watch_->watch_count(), 0u);
-  EXPECT_EQ(watch_->watch(std::string(64, 'G')), DirRemovalWatch::Arm::kNotAnId) << "not hex";
+  EXPECT_EQ(armed(), 0u);
+  EXPECT_EQ(arm(std::string(64, 'G')), DirRemovalWatch::Arm::kNotAnId) << "not hex";
+}
+
+// No thread of its own: the hints run on the loop's thread (in kplegd, the tracker's, which
+// takes them there at once), and starting the watch adds no thread to the process.
+TEST_F(DirRemovalWatchTest, HintsRunOnTheLoopsThreadWithNoThreadOfItsOwn) {
+  auto threads = [] {
+    size_t n = 0;
+    for ([[maybe_unused]] const auto& t : fs::directory_iterator("/proc/self/task")) ++n;
+    return n;
+  };
+  const size_t before = threads();
+  start({containers_, root_ + "/sandboxes"}, std::chrono::milliseconds(50));
+  EXPECT_EQ(threads(), before);
+  const std::string a = id_of('a'), b = id_of('b');
+  ASSERT_EQ(arm(a), DirRemovalWatch::Arm::kArmed);
+  ASSERT_EQ(arm(b), DirRemovalWatch::Arm::kArmed);
+  make_and_remove(containers_ + "/" + a);
+  ASSERT_TRUE(eventually([&] { return hinted_has(a); }));
+  // Hinted all at once (the watched directory went), and after a hold-off's timer.
+  ASSERT_EQ(rmdir(containers_.c_str()), 0);
+  ASSERT_TRUE(eventually([&] { return hinted_has(b); }));
+  EXPECT_EQ(threads(), before);
+  std::lock_guard lk(mu_);
+  EXPECT_EQ(hinted_off_loop_, 0u) << "a hint ran off the loop's thread";
 }
 
 TEST(DirRemovalWatchStart, FailsWhenADirectoryAndItsParentAreMissing) {
-  auto w = DirRemovalWatch::start({"/nonexistent-kpleg/a/containers"}, [](const std::string&) {});
+  pleg::EventLoop loop;  // not started: a watch that fails to start never uses it
+  auto w =
+      DirRemovalWatch::start(loop, {"/nonexistent-kpleg/a/containers"}, [](const std::string&) {});
   ASSERT_FALSE(w.ok());
   EXPECT_NE(w.error().message.find("/nonexistent-kpleg/a/containers"), std::string::npos)
       << w.error().message;
-  EXPECT_FALSE(DirRemovalWatch::start({}, [](const std::string&) {}).ok());
+  EXPECT_FALSE(DirRemovalWatch::start(loop, {}, [](const std::string&) {}).ok());
 }
 
 TEST(RemovalDirsFromStatusInfo, ContainerdsRootDirNamesItsContainersAndSandboxes) {

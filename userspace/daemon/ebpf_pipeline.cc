@@ -154,12 +154,13 @@ void EbpfPipeline::start_removal_hints() {
       .dirs = ctx_.opts.removal_hint_dirs,
       .cri = &ctx_.cri,
       .runtime_name = ctx_.runtime_name,
+      .tracker = &tracker_,
       .on_removed =
           [this](const std::string& id) {
-            // The tracker takes a hint as the kernel event its BPF hook would have sent.
-            kernel::KernelEvent ev;
-            ev.body = kernel::RemovalHint{id};
-            on_kernel_event(ev);
+            // On the tracker's loop, where the watch is read: taken at once. Counted with the
+            // kernel's own hints (kpleg_kernel_events_total{kind="removal_hint"}).
+            ctx_.metrics.on_removal_hint();
+            tracker_.on_removal_hint(id);
           },
   });
   removal_dirs_ = std::move(attached.dir_watch);
@@ -189,8 +190,9 @@ void EbpfPipeline::stop() {
   if (runtime_events_) runtime_events_->stop();
   reconciler_.stop();
   tracker_.set_removal_hints(nullptr);  // the program goes with the kernel source
-  removal_dirs_.reset();                // its thread calls into the tracker
-  tracker_.stop();                      // its loop reads the kernel source's ring buffer
+  // The inotify watch lives on the tracker's loop: it goes there.
+  tracker_.on_loop([this](cri::Reactor&) { removal_dirs_.reset(); });
+  tracker_.stop();  // its loop reads the kernel source's ring buffer
   kernel_.stop();
 }
 

@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <functional>
 #include <string_view>
+#include <type_traits>
+#include <variant>
 
 #include "bus/event_bus.h"
 #include "cri/call_stats.h"
@@ -58,6 +60,9 @@ class MetricsMirror {
   void on_kernel_event(const kernel::KernelEvent& ev) {
     kernel_events_by_kind_[ev.body.index()]->inc();
   }
+  // A removal hint of the inotify watch (--removal-hints auto), which never passes through the
+  // ring buffer: counted with the kernel's own, kpleg_kernel_events_total{kind="removal_hint"}.
+  void on_removal_hint() { kernel_events_by_kind_[kRemovalHintKind]->inc(); }
   void on_records_lost(uint64_t n);
   // ebpf mode: the reconcile is kpleg's relist, so the kubelet's relist metrics describe it.
   void on_reconcile(const pleg::ReconcilerStats& rs, bool ok);
@@ -73,6 +78,10 @@ class MetricsMirror {
   metrics::Registry registry_;
   metrics::KplegMetrics metrics_{registry_};
   metrics::Counter* kernel_events_by_kind_[kernel::kKernelEventKinds] = {};
+  static constexpr size_t kRemovalHintKind = kernel::kKernelEventKinds - 1;
+  static_assert(
+      std::is_same_v<std::variant_alternative_t<kRemovalHintKind, kernel::KernelEventBody>,
+                     kernel::RemovalHint>);
 };
 
 }  // namespace kpleg::daemon

@@ -53,7 +53,10 @@ RemovalHintsAttached attach_removal_hints(RemovalHintsRequest req) {
         return out;
       }
     }
-    auto watch = kernel::DirRemovalWatch::start(dirs, std::move(req.on_removed));
+    // On the tracker's loop: its hints are taken there as they are read, with no thread of its own.
+    auto watch = req.tracker->on_loop([&](cri::Reactor& loop) {
+      return kernel::DirRemovalWatch::start(loop, dirs, std::move(req.on_removed));
+    });
     if (!watch) {
       spdlog::warn("removal hint: {}: exited containers are swept for", watch.error().message);
       return out;

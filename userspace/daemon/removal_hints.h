@@ -14,6 +14,7 @@
 #include "kernel/bpf_program.h"
 #include "kernel/dir_removal_watch.h"
 #include "pleg/removal_watcher.h"
+#include "pleg/tracker.h"
 
 namespace kpleg::daemon {
 
@@ -25,8 +26,10 @@ enum class RemovalHintSource {
 
 // The hint source attached, for the tracker's set_removal_hints; `hints` null: none.
 struct RemovalHintsAttached {
-  std::unique_ptr<kernel::DirRemovalWatch> dir_watch;  // auto: its thread calls `on_removed`
-  std::unique_ptr<pleg::RemovalHints> hints;           // over the program or dir_watch
+  // auto: read on the tracker's loop, where it calls `on_removed`; destroyed there too
+  // (Tracker::on_loop), after the tracker's set_removal_hints(nullptr).
+  std::unique_ptr<kernel::DirRemovalWatch> dir_watch;
+  std::unique_ptr<pleg::RemovalHints> hints;  // over the program or dir_watch
   bool trusted = false;
   bool after_removal = false;  // a hint comes once the directory is gone (inotify's)
 };
@@ -36,8 +39,10 @@ struct RemovalHintsRequest {
   kernel::BpfProgram* program = nullptr;  // its hook is attached when source is kKernel
   std::vector<std::string> dirs;  // auto: --removal-hint-dir; none: the runtime's, from Status
   cri::GrpcCriClient* cri = nullptr;
-  std::string runtime_name;  // from the runtime's Version answer
-  std::function<void(const std::string& id)> on_removed;  // auto: a directory named `id` went
+  std::string runtime_name;          // from the runtime's Version answer
+  pleg::Tracker* tracker = nullptr;  // auto: the watch is read on its loop
+  // auto: a directory named `id` went; on the tracker's loop.
+  std::function<void(const std::string& id)> on_removed;
 };
 
 // Attaches the source asked for; one that cannot be (no directories known, inotify failing)

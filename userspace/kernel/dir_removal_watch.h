@@ -5,14 +5,17 @@
 // disarms it, like the BPF program's removal_watch map (bpf/kpleg.bpf.c); nothing else on the
 // node pays for it (fsnotify costs only operations inside the watched directories).
 //
-// One thread (`kpleg-rmdirs`) blocks in poll() on the inotify descriptor: no periodic wakeup.
-// After a read that saw an id's subdirectory removed, it holds off reading for `hold_off` (the
-// kernel queues what comes meanwhile): under churn the runtime removes a directory several
-// times a second, and each removal would otherwise be a wakeup of its own. The tracker sweeps
-// for hinted removals once a second at most anyway (TrackerOptions::removal_sweep_period), so a
-// hint held half a second costs that sweep little, and the thread wakes at most about twice a
-// second. A read that saw no such removal (a file named by an id) is not followed by a
-// hold-off: the hint of the directory's removal just after it is not held.
+// It has no thread of its own: it lives on an event loop (cri::Reactor; in kplegd the tracker's,
+// pleg/event_loop.h), which reads the inotify descriptor when it is readable, so a hint is
+// taken by the tracker on the thread that reads it, without a hand-off. After a read that saw
+// an id's subdirectory removed, it holds off reading for `hold_off` (the descriptor is left out
+// of the loop's epoll set until a timer of the loop ends it; the kernel queues what comes
+// meanwhile): under churn the runtime removes a directory several times a second, and each
+// removal would otherwise be a wakeup of its own. The tracker sweeps for hinted removals once a
+// second at most anyway (TrackerOptions::removal_sweep_period), so a hint held half a second
+// costs that sweep little, and the reads come about twice a second at most. A read that saw no
+// such removal (a file named by an id) is not followed by a hold-off: the hint of the
+// directory's removal just after it is not held.
 // The removal of an id not armed yet is remembered for a while: arming it then answers kGone
 // (the hold-off does not delay that answer).
 // A lost event (the inotify queue overflowed) or a watched directory that went away hints every
@@ -27,14 +30,13 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
 #include "common/result.h"
+#include "cri/reactor.h"
 
 namespace kpleg::kernel {
 
@@ -42,19 +44,22 @@ namespace kpleg::kernel {
 // plugin names its "rootDir" in the "config" document, with one subdirectory per container
 // (`containers/`) and per sandbox (`sandboxes/`). Empty when the information has none (another
 // runtime, or not a document): the caller says which directories (--removal-hint-dir).
-std::vector<std::string> removal_dirs_from_status_info(const std::map<std::string, std::string>& info);
+std::vector<std::string> removal_dirs_from_status_info(
+    const std::map<std::string, std::string>& info);
 
+// Everything below runs on the loop's thread: start(), watch(), unwatch(), watch_count(), the
+// destructor (or once the loop has stopped), and on_hint. So nothing takes a lock.
 class DirRemovalWatch {
  public:
   using OnHint = std::function<void(const std::string& id)>;
   static constexpr std::chrono::milliseconds kHoldOff{500};
 
-  // Watches every directory of `dirs`; one that does not exist yet (a runtime makes them with
-  // its first container) is watched from its creation, found by a watch on its parent (which
-  // must exist). on_hint runs on the watch's thread, without the watch's lock held: it may call
-  // watch() and unwatch().
-  static Result<std::unique_ptr<DirRemovalWatch>> start(const std::vector<std::string>& dirs, OnHint on_hint,
-                                                        std::chrono::milliseconds hold_off = kHoldOff);
+  // Watches every directory of `dirs`, read on `loop`; one that does not exist yet (a runtime
+  // makes them with its first container) is watched from its creation, found by a watch on its
+  // parent (which must exist). on_hint runs on the loop: it may call watch() and unwatch().
+  static Result<std::unique_ptr<DirRemovalWatch>> start(
+      cri::Reactor& loop, const std::vector<std::string>& dirs, OnHint on_hint,
+      std::chrono::milliseconds hold_off = kHoldOff);
   ~DirRemovalWatch();
   DirRemovalWatch(const DirRemovalWatch&) = delete;
   DirRemovalWatch& operator=(const DirRemovalWatch&) = delete;
@@ -76,19 +81,23 @@ class DirRemovalWatch {
   // caller takes that answer as the hint (nothing is armed).
   Arm watch(const std::string& id);
   void unwatch(const std::string& id);
-  size_t watch_count() const;
+  size_t watch_count() const { return armed_.size(); }
 
   const std::vector<std::string>& dirs() const { return dirs_; }
-  // Times every armed id was hinted at once (a lost inotify event, a watched directory gone).
+  // From any thread: times every armed id was hinted at once (a lost inotify event, a watched
+  // directory gone), and times it read inotify events (a wakeup of the loop for it, or a
+  // hold-off's end that found some), counted once it has taken what it read.
   uint64_t overflows() const { return overflows_.load(std::memory_order_relaxed); }
-  // Times the thread read inotify events (its wakeups, but for its hold-offs' ends and the stop),
-  // counted once it has taken what it read.
   uint64_t reads() const { return reads_.load(std::memory_order_relaxed); }
 
  private:
-  DirRemovalWatch(int inotify_fd, int stop_fd, std::vector<std::string> dirs, OnHint on_hint,
+  DirRemovalWatch(cri::Reactor& loop, int inotify_fd, std::vector<std::string> dirs, OnHint on_hint,
                   std::chrono::milliseconds hold_off);
-  void run();
+  // The descriptor is readable, or a hold-off ended: reads what the kernel queued, then holds
+  // off or reads on.
+  void take();
+  enum class Read { kNothing, kSome, kRemoval, kFailed };
+  Read read_queued();
   void hint_all(const char* why);
   // Watches `dir`, or its parent for its creation when it does not exist (yet).
   Status add(const std::string& dir);
@@ -96,6 +105,8 @@ class DirRemovalWatch {
   void on_created(int parent_wd, const std::string& name);
   // A watch the kernel dropped (IN_IGNORED: its directory removed, or moved away).
   void on_watch_gone(int wd);
+  // Remembers the removal of unarmed `name` (an id's subdirectory).
+  void remember_gone(std::string name, std::chrono::steady_clock::time_point now);
 
   struct Pending {
     int parent_wd;
@@ -103,25 +114,22 @@ class DirRemovalWatch {
     std::string path;
   };
 
+  cri::Reactor& loop_;
   const int inotify_fd_;
-  const int stop_fd_;  // eventfd: stop
   const std::vector<std::string> dirs_;
   const OnHint on_hint_;
   const std::chrono::milliseconds hold_off_;
-  // The watch's thread only, after start().
+  bool registered_ = false;  // with the loop; not after reading failed (no more hints then)
+  bool reading_ = false;     // in the loop's epoll set for EPOLLIN (not while holding off)
+  uint64_t hold_timer_ = 0;  // the loop's timer that ends a hold-off; 0: none
   std::map<int, std::string> watched_;  // watch descriptor -> directory
   std::vector<Pending> pending_;
-  // Remembers the removal of unarmed `name` (an id's subdirectory). Caller holds mu_.
-  void remember_gone(std::string name, std::chrono::steady_clock::time_point now);
-
-  mutable std::mutex mu_;
   std::unordered_set<std::string> armed_;
   // Unarmed ids whose subdirectory was removed, when; and in the order they came.
   std::unordered_map<std::string, std::chrono::steady_clock::time_point> gone_;
   std::deque<std::pair<std::chrono::steady_clock::time_point, std::string>> gone_order_;
   std::atomic<uint64_t> overflows_{0};
   std::atomic<uint64_t> reads_{0};
-  std::thread thread_;
 };
 
 }  // namespace kpleg::kernel

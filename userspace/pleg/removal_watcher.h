@@ -38,7 +38,8 @@
 namespace kpleg::pleg {
 
 // The source of the removal hint: arms and disarms ids (in an inotify watch's set, or the BPF
-// map); a hinted id reaches the tracker as a kernel::RemovalHint event.
+// map); a hinted id reaches the tracker as a kernel::RemovalHint event (the kernel's) or
+// through Tracker::on_removal_hint (the inotify watch's, on the tracker's loop).
 class RemovalHints {
  public:
   virtual ~RemovalHints() = default;

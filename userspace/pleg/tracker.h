@@ -56,14 +56,23 @@ class Tracker {
   // A kernel event: handled at once on the loop's thread (the ring buffer read by the loop),
   // posted to the loop from any other. Never blocks on the runtime.
   void on_kernel_event(const kernel::KernelEvent& ev);
-  // The removal hint's source saw a directory named by `id` removed (RemovalHints). From any
-  // thread.
+  // The removal hint's source saw a directory named by `id` removed (RemovalHints): taken at
+  // once on the loop's thread (the inotify watch is read there, on_loop()), posted to the loop
+  // from any other.
   void on_removal_hint(const std::string& id);
   // Reads `fd` on the loop: `on_readable` runs on the loop's thread whenever it is readable
   // (the kernel source's ring buffer, consumed without a thread of its own; the events it hands
   // to on_kernel_event are then handled at once). The descriptor stays registered until
   // stop(), which is to come before `fd` is closed.
   void watch(int fd, std::function<void()> on_readable);
+  // Runs `f` with the loop on the loop's thread and returns what it returns (at once on that
+  // thread, and on the caller's once the tracker has stopped): a component that lives on the
+  // loop, its descriptors and timers there (the removal hint's inotify watch,
+  // kernel/dir_removal_watch.h), is made and destroyed through it.
+  template <typename F>
+  auto on_loop(F&& f) {
+    return loop_.call([&] { return f(static_cast<cri::Reactor&>(loop_)); });
+  }
   // The removal hint (removal_watcher.h), armed for every container and sandbox that
   // exits from now on; nullptr: none. `hints` outlives the tracker's use of it (stop()).
   // `trusted` and `after_removal`: see RemovalWatcher::set_hints.
