@@ -6,7 +6,7 @@
 #                           fuzz targets included, the benchmarks left out), runs the unit, bpf,
 #                           cri, e2e and deploy tests against containerd 1.6 but the long ones
 #                           listed in LONG below, one VM kernel, and a short fuzz of every target.
-#   scripts/test.sh --all   the whole matrix (CI; 44.5 min measured with the tools and kernels
+#   scripts/test.sh --all   the whole matrix (CI; 45 min measured with the tools and kernels
 #                           cached, about 10 more on a fresh machine):
 #                           every test against containerd 1.6 (kubelet, critest, the quick bench,
 #                           the restart storm, every VM kernel, a container in the VM on two of
