@@ -28,39 +28,37 @@ class H2StatusCalls final : public AsyncStatusCalls {
   void container_status(const std::string& id, Done<v1::ContainerStatus> done) override {
     v1::ContainerStatusRequest req;
     req.set_container_id(id);
-    call<v1::ContainerStatusResponse>(
-        CriMethod::kContainerStatus, req, id,
-        [done = std::move(done)](Result<v1::ContainerStatusResponse> r) {
-          if (!r) return done(r.error());
-          done(std::move(*r->mutable_status()));
-        });
+    call<v1::ContainerStatus>(
+        CriMethod::kContainerStatus, req.SerializeAsString(), id,
+        [](const std::string& wire, v1::ContainerStatus& out) {
+          v1::ContainerStatusResponse r;
+          if (!r.ParseFromString(wire)) return false;
+          out = std::move(*r.mutable_status());
+          return true;
+        },
+        std::move(done));
   }
   void pod_sandbox_status(const std::string& id, Done<v1::PodSandboxStatus> done) override {
     v1::PodSandboxStatusRequest req;
     req.set_pod_sandbox_id(id);
-    call<v1::PodSandboxStatusResponse>(
-        CriMethod::kPodSandboxStatus, req, id,
-        [done = std::move(done)](Result<v1::PodSandboxStatusResponse> r) {
-          if (!r) return done(r.error());
-          done(std::move(*r->mutable_status()));
-        });
+    call<v1::PodSandboxStatus>(
+        CriMethod::kPodSandboxStatus, req.SerializeAsString(), id,
+        [](const std::string& wire, v1::PodSandboxStatus& out) {
+          v1::PodSandboxStatusResponse r;
+          if (!r.ParseFromString(wire)) return false;
+          out = std::move(*r.mutable_status());
+          return true;
+        },
+        std::move(done));
   }
-
   bool list_ids(bool sandboxes, Done<std::vector<std::string>> done) override {
-    const CriMethod method = sandboxes ? CriMethod::kListPodSandbox : CriMethod::kListContainers;
-    auto ticket = begin(method, "");
-    // An empty request: no filter.
-    mux_.call(cri_method_path(method), std::string_view(),
-              std::chrono::steady_clock::now() + timeout_,
-              [this, method, ticket, done = std::move(done)](Result<std::string> answer) {
-                ticket->end();
-                if (!answer) return done(failed(method, answer.error().code, answer.error().message));
-                std::vector<std::string> ids;
-                if (!decode_listed_ids(*answer, ids))
-                  return done(failed(method, grpc::StatusCode::INTERNAL, "the answer does not parse"));
-                stats_.record(method, grpc::StatusCode::OK);
-                done(std::move(ids));
-              });
+    // An empty request: no filter. Of the answer only the ids are read.
+    call<std::vector<std::string>>(
+        sandboxes ? CriMethod::kListPodSandbox : CriMethod::kListContainers, std::string(), "",
+        [](const std::string& wire, std::vector<std::string>& ids) {
+          return decode_listed_ids(wire, ids);
+        },
+        std::move(done));
     return true;
   }
 
@@ -99,31 +97,28 @@ class H2StatusCalls final : public AsyncStatusCalls {
     H2StreamReader reader;
   };
 
-  template <typename Response>
-  void call(CriMethod method, const google::protobuf::MessageLite& request, const std::string& id,
-            std::function<void(Result<Response>)> done) {
-    auto ticket = begin(method, id);
-    mux_.call(cri_method_path(method), request.SerializeAsString(),
-              std::chrono::steady_clock::now() + timeout_,
-              [this, method, ticket, done = std::move(done)](Result<std::string> answer) {
-                ticket->end();
-                if (!answer) return done(failed(method, answer.error().code, answer.error().message));
-                Response response;
-                if (!response.ParseFromString(*answer))
-                  return done(failed(method, grpc::StatusCode::INTERNAL, "the answer does not parse"));
-                stats_.record(method, grpc::StatusCode::OK);
-                done(std::move(response));
-              });
-  }
-  // The call in the in-flight registry (the stuck-call watchdog's).
-  std::shared_ptr<InflightCalls::Ticket> begin(CriMethod method, const std::string& id) {
+  // One unary call on the mux: in the in-flight registry (the stuck-call watchdog's) while it
+  // runs, counted when it ends, its answer read by `parse` (false: it does not parse).
+  template <typename Answer>
+  void call(CriMethod method, std::string request, const std::string& id,
+            std::function<bool(const std::string&, Answer&)> parse, Done<Answer> done) {
     auto ticket = std::make_shared<InflightCalls::Ticket>();
     if (inflight_) {
       CallSubject subject;
       subject.id = id;
       *ticket = inflight_->begin(cri_method_name(method), CallOrigin::kDaemon, std::move(subject));
     }
-    return ticket;
+    mux_.call(cri_method_path(method), request, std::chrono::steady_clock::now() + timeout_,
+              [this, method, ticket, parse = std::move(parse),
+               done = std::move(done)](Result<std::string> answer) {
+                ticket->end();
+                if (!answer) return done(failed(method, answer.error().code, answer.error().message));
+                Answer out;
+                if (!parse(*answer, out))
+                  return done(failed(method, grpc::StatusCode::INTERNAL, "the answer does not parse"));
+                stats_.record(method, grpc::StatusCode::OK);
+                done(std::move(out));
+              });
   }
   Error failed(CriMethod method, int code, std::string_view what) {
     stats_.record(method, code);
