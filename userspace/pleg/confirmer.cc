@@ -222,11 +222,11 @@ void Confirmer::learn_exit_wakeup(const Record& rec, Signal signal) {
   // The rmdir of a cgroup whose exit's chain still waits for a look (its timer is set) or, while
   // the runtime's stream is live, for the runtime's event: that exit did not need to wake the
   // loop. (A death the exit's own chain confirmed is noted in on_answer().)
-  const bool sandbox = core_.table().likely_sandbox(rec);
   if (rank(rec.reported) < rank(ContainerState::kExited) &&
       rec.exit_signal_at != Clock::time_point{} &&
-      (rec.death_look != 0 || (core_.runtime_events_live() &&
-                               Clock::now() - rec.exit_signal_at <= exit_look_after(sandbox))))
+      (rec.death_look != 0 ||
+       (core_.runtime_events_live() &&
+        Clock::now() - rec.exit_signal_at <= exit_look_after(core_.table().likely_sandbox(rec)))))
     exit_wakeup_.rmdir_in_time();
 }
 
