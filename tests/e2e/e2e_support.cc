@@ -4,6 +4,8 @@
 #include <spawn.h>
 #include <unistd.h>
 
+#include <cstdlib>
+
 #include <nlohmann/json.hpp>
 
 namespace kpleg::testing {
@@ -49,8 +51,11 @@ Result<std::unique_ptr<KplegdProcess>> start_kplegd(const std::string& endpoint,
   // Each daemon gets its own API socket and an ephemeral metrics port: tests run several.
   static int n = 0;
   std::string socket = "/tmp/kpleg-e2e-" + std::to_string(getpid()) + "-" + std::to_string(n++) + ".sock";
+  // KPLEG_E2E_LOG_LEVEL=trace logs every look, for a failure that debug does not explain.
+  const char* level = std::getenv("KPLEG_E2E_LOG_LEVEL");
   std::vector<std::string> args{"--runtime-endpoint", endpoint, "--mode", mode, "--print-events",
-                                "json", "--log-level", "debug", "--socket", socket,
+                                "json", "--log-level", level != nullptr ? level : "debug",
+                                "--socket", socket,
                                 "--metrics-address", "127.0.0.1:0"};
   args.insert(args.end(), extra.begin(), extra.end());
   auto d = KplegdProcess::start(args);

@@ -34,7 +34,19 @@ struct Life {
 struct Instance {
   int64_t from = 0, to = 0;
   std::vector<json> events;
+  std::string log;  // its stderr, for a failure's message
 };
+
+// The lines of a log that name an id, with the instance's first lines (its start-up).
+std::string lines_mentioning(const std::string& log, const std::string& id) {
+  std::string out;
+  int n = 0;
+  for (const auto& line : lines_of(log)) {
+    if (line.find("libbpf:") != std::string::npos) continue;
+    if (n++ < 15 || line.find(id) != std::string::npos) out += line + "\n";
+  }
+  return out;
+}
 
 class RestartStormTest : public CriTestBedTest {};
 
@@ -65,6 +77,7 @@ TEST_F(RestartStormTest, TwentyRestartsUnderChurnNeverReportAContainerWronglyOrT
     inst.to = int64_t(pleg::realtime_now_ns());
     EXPECT_EQ((*d)->stop(), 0) << "restart " << i;
     inst.events = (*d)->events();
+    inst.log = (*d)->log();
     instances.push_back(std::move(inst));
   }
   auto result = churn.get();
@@ -112,7 +125,8 @@ TEST_F(RestartStormTest, TwentyRestartsUnderChurnNeverReportAContainerWronglyOrT
       const int count = started.count(id) ? started[id] : 0;
       EXPECT_LE(count, 1) << "instance " << n << " reported " << id << " started " << count << " times";
       if (alive) {
-        EXPECT_EQ(count, 1) << "instance " << n << " did not report " << id << " started";
+        EXPECT_EQ(count, 1) << "instance " << n << " did not report " << id << " started; its log of it:\n"
+                            << lines_mentioning(inst.log, id.substr(0, 12));
         ++checked_starts;
       }
     }

@@ -12,6 +12,11 @@ using std::chrono::milliseconds;
 void Confirmer::on_signal(const std::string& id, const std::string& pod_uid, Signal signal,
                           uint64_t ts_ns) {
   Record& rec = core_.table().at(id, pod_uid);
+  if (spdlog::should_log(spdlog::level::trace)) {
+    static constexpr const char* kNames[] = {"exec", "exit", "exit (OOM)", "rmdir"};
+    spdlog::trace("tracker: {} of {} (reported {}, {} looks pending)", kNames[int(signal)],
+                  std::string_view(id).substr(0, 12), to_string(rec.reported), rec.pending);
+  }
   if (rec.foreign) {
     ++core_.stats().foreign_signals;
     if (signal == Signal::kRmdir) {

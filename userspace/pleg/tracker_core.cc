@@ -29,12 +29,23 @@ void TrackerCore::stop() {
   offload_.stop();
 }
 
+void TrackerCore::trace_look(const std::string& id, bool kind_known, bool sandbox,
+                             const Result<Observation>& obs) {
+  // Checked first: the arguments would cost a copy or two per look even with tracing off.
+  if (!spdlog::should_log(spdlog::level::trace)) return;
+  spdlog::trace("tracker: look at {} ({}{}): {}", std::string_view(id).substr(0, 12),
+                sandbox ? "sandbox" : "container", kind_known ? "" : ", kind guessed",
+                obs.ok() ? std::string_view(to_string(obs->state))
+                         : std::string_view(obs.error().message));
+}
+
 void TrackerCore::look(const std::string& pod_uid, const std::string& id, bool kind_known,
                        bool sandbox, OnLook done) {
   if (stopping_) return;
   if (async_looks_) {
     look_async(*async_looks_, id, kind_known, sandbox,
-               [this, id, done = std::move(done)](Result<Observation> obs) {
+               [this, id, kind_known, sandbox, done = std::move(done)](Result<Observation> obs) {
+                 trace_look(id, kind_known, sandbox, obs);
                  note_call(id, obs.ok() ? nullptr : &obs.error());
                  done(std::move(obs));
                });
@@ -43,13 +54,7 @@ void TrackerCore::look(const std::string& pod_uid, const std::string& id, bool k
   offload_.run(pod_uid.empty() ? id : pod_uid, [this, id, kind_known, sandbox,
                                                 done = std::move(done)]() mutable {
     auto obs = pleg::look(cri_, id, kind_known, sandbox);
-    // Checked first: the arguments would cost a copy or two per look even with tracing off.
-    if (spdlog::should_log(spdlog::level::trace)) {
-      spdlog::trace("tracker: look at {} ({}{}): {}", std::string_view(id).substr(0, 12),
-                    sandbox ? "sandbox" : "container", kind_known ? "" : ", kind guessed",
-                    obs.ok() ? std::string_view(to_string(obs->state))
-                             : std::string_view(obs.error().message));
-    }
+    trace_look(id, kind_known, sandbox, obs);
     loop_.post([this, id, obs = std::move(obs), done = std::move(done)]() mutable {
       note_call(id, obs.ok() ? nullptr : &obs.error());
       done(std::move(obs));

@@ -171,6 +171,10 @@ class TrackerCore {
   void stop();
 
  private:
+  // At trace level: each look's answer.
+  static void trace_look(const std::string& id, bool kind_known, bool sandbox,
+                         const Result<Observation>& obs);
+
   cri::CriClient& cri_;
   const TrackerOptions opts_;
   EventLoop& loop_;
