@@ -705,6 +705,38 @@ TEST_F(TrackerTest, AConfirmationPastItsBudgetKeepsLooking) {
   EXPECT_EQ(tracker_->stats().corrections_total(), 0u);
 }
 
+// Hole: kplegd seeded a container's cgroup while runc was still setting it up, took one of
+// runc's setup processes for the init, and saw it exit; the real init's exec was then no news to
+// the kernel program. The exit's looks found the container running and waited for a death only:
+// its start was never reported.
+TEST_F(TrackerTest, AnExitsLookThatFindsTheContainerRunningReportsItsStart) {
+  auto id = create("seeded-while-set-up");
+  kernel_exit(id, 0);  // a setup process taken for the init; the runtime says CREATED
+  EXPECT_FALSE(sink_.wait_count(1, 50ms)) << "an event for a state the runtime does not report";
+  ASSERT_TRUE(cri_.start_container(id).ok());  // no exec signal follows
+  ASSERT_TRUE(wait_types(id, {"ContainerStarted"}));
+  EXPECT_EQ(sink_.events().back().source, EventSource::kKernel);
+  // Its death still comes, from the cgroup's rmdir.
+  ASSERT_TRUE(cri_.exit_container(id, 2).ok());
+  kernel_rmdir(cgroup_of(id));
+  ASSERT_TRUE(wait_types(id, {"ContainerStarted", "ContainerDied"}));
+  EXPECT_EQ(sink_.events().back().exit_code, 2);
+  EXPECT_EQ(tracker_->stats().corrections_total(), 0u);
+}
+
+// The same for a sandbox: its setup process exits before RunPodSandbox put it in the runtime's
+// store (containerd 1.6 adds it last). Not found is not yet, not gone: it was reported dead
+// before it was known, so its start never was.
+TEST_F(TrackerTest, AnExitOfASandboxNotMadeYetWaitsForItAndReportsItsStart) {
+  const grpc::StatusCode kNotFound = grpc::StatusCode::NOT_FOUND;
+  cri_.fail_next(cri::CriMethod::kPodSandboxStatus, Error{kNotFound, "not found"});
+  cri_.fail_next(cri::CriMethod::kContainerStatus, Error{kNotFound, "not found"});
+  kernel_exit(sandbox_, 0);  // no exec: the real init's exec was no news to the program
+  ASSERT_TRUE(wait_types(sandbox_, {"ContainerStarted"}));
+  EXPECT_TRUE(sink_.events()[0].sandbox);
+  EXPECT_EQ(tracker_->stats().foreign_containers, 0u);
+}
+
 // ... and a cgroup rmdir (the init is gone for sure) makes an overdue exit confirmation look now.
 TEST_F(TrackerTest, ACgroupRmdirConfirmsAnOverdueDeathAtOnce) {
   TrackerOptions o;

@@ -120,15 +120,18 @@ void Confirmer::on_answer(const Look& look, Clock::duration look_at, bool known,
                           Result<Observation> obs) {
   const Want want = want_of(look.anchor);
   const int want_rank = want == Want::kRunning ? 1 : 2;
-  // A start the runtime does not know yet (RunPodSandbox/StartContainer still in progress, the
-  // id not in its store) is not a removal: wait for it like for any other lag. One it knew and
-  // no longer has is settled: it is gone.
-  const bool unknown_start = want == Want::kRunning && obs.ok() &&
-                             obs->state == ContainerState::kNonExistent && !known;
-  const bool settled = obs.ok() && rank(obs->state) >= want_rank && !unknown_start;
   const auto now = Clock::now();
   const std::string& id = look.id;
   Record& rec = core_.table().at(id);
+  // A start the runtime does not know yet (RunPodSandbox/StartContainer still in progress, the
+  // id not in its store) is not a removal: wait for it like for any other lag. So is the exit
+  // of a process of a cgroup kplegd found with processes in it and never saw start: a runtime's
+  // setup process taken for the init of a sandbox still being made. One the runtime knew and
+  // no longer has is settled: it is gone.
+  const bool unknown_start =
+      (look.anchor == Anchor::kExec || (look.anchor == Anchor::kExit && !rec.kernel_exec_seen)) &&
+      obs.ok() && obs->state == ContainerState::kNonExistent && !known;
+  const bool settled = obs.ok() && rank(obs->state) >= want_rank && !unknown_start;
   if (unknown_start && now - look.signal_at >= core_.opts().foreign_after &&
       rank(rec.reported) == 0 && !rec.known()) {
     // Still unknown long after its start: not this runtime's container. Not an inconsistency
@@ -142,6 +145,17 @@ void Confirmer::on_answer(const Look& look, Clock::duration look_at, bool known,
     return;
   }
   if (!settled) {
+    // Not what this chain waits for, but news all the same: an exit's chain that finds the
+    // container running, not reported yet, reports the start. (A process taken for the init of
+    // a container seeded while runc was still setting it up exits, and the real init's exec
+    // is then no longer news to the kernel program: the runtime's answer is all there is.)
+    if (obs.ok() && !unknown_start && obs->state != ContainerState::kNonExistent &&
+        rank(obs->state) > rank(rec.reported)) {
+      core_.table().adopt_identity(rec, *obs);
+      Events out;
+      core_.advance(rec, obs->state, obs->snapshot, EventSource::kKernel, false, out);
+      core_.publish(out);
+    }
     Look next = look;
     next.delay = next_delay(rec, look, unknown_start, obs);
     next.last_miss = look_at;
