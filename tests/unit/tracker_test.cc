@@ -1270,6 +1270,25 @@ class RuntimeEventsTrackerTest : public TrackerTest {
   uint64_t own_calls_ = 0;
 };
 
+// The check for overdue events (a look for a signal whose event is late) is a timer of the
+// loop; once the events settled every signal that waited, it would wake the loop for nothing.
+TEST_F(RuntimeEventsTrackerTest, AnEventThatSettlesTheLastAwaitedSignalSparesTheLoopItsCheck) {
+  restart_with_events(200ms);
+  auto id = create("app");
+  ASSERT_TRUE(cri_.start_container(id).ok());
+  auto started_ev = event(id, v1::CONTAINER_STARTED_EVENT);
+  const auto before = calls();
+  kernel_exec(id);
+  tracker_->on_runtime_event(started_ev);
+  ASSERT_TRUE(wait_types(id, {"ContainerStarted"}));
+  (void)tracker_->stats();  // on the loop: what the event left behind is set by now
+  const auto wakeups = tracker_->loop_wakeups();
+  // Past the check's due time (the learned first look + the 200 ms grace).
+  EXPECT_FALSE(eventually([&] { return tracker_->loop_wakeups() != wakeups; }, 600ms))
+      << "the loop woke for a check with nothing to check";
+  EXPECT_EQ(calls(), before) << "a look for a signal its event had settled";
+}
+
 // With the stream live, a container's whole lifecycle (start, death, removal) is confirmed by
 // the runtime's events: no CRI call, and the events carry what a look would have said.
 TEST_F(RuntimeEventsTrackerTest, ALifecycleConfirmedByTheRuntimesEventsCostsNoCall) {

@@ -87,6 +87,9 @@ class Confirmer {
   };
   void check_awaiting();
   void schedule_check(Clock::time_point at);
+  // When the runtime's events settled every awaited signal: the check's timer goes, since it
+  // would wake the loop only to find nothing overdue.
+  void drop_settled_awaiting();
   bool settled_or_superseded(const Record& rec, Anchor anchor, uint32_t chain) const;
   static Want want_of(Anchor a) { return a == Anchor::kExec ? Want::kRunning : Want::kExited; }
   LagLearner& learner(Anchor anchor, bool sandbox) {

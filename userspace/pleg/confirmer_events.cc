@@ -81,6 +81,22 @@ void Confirmer::check_awaiting() {
   if (next) schedule_check(*next);
 }
 
+void Confirmer::drop_settled_awaiting() {
+  if (awaiting_.empty() || check_timer_ == 0) return;
+  for (const auto& a : awaiting_) {
+    const Record* rec = core_.table().find(a.look.id);
+    if (rec != nullptr && !rec->foreign && !settled_or_superseded(*rec, a.look.anchor, a.look.chain))
+      return;  // the check still has one to look at, if its event is late
+  }
+  for (const auto& a : awaiting_) {
+    if (Record* rec = core_.table().find(a.look.id)) --rec->pending;
+  }
+  awaiting_.clear();
+  core_.cancel(check_timer_);
+  check_timer_ = 0;
+  check_due_.reset();
+}
+
 void Confirmer::set_live(bool live) {
   if (core_.runtime_events_live() == live) return;
   core_.set_runtime_events_live(live);
@@ -129,6 +145,7 @@ void Confirmer::on_report(const Observation& obs) {
   if (core_.advance(*rec, obs.state, obs.snapshot, EventSource::kKernel, false, out) > 0)
     ++core_.stats().runtime_event_confirmations;
   core_.publish(out);
+  drop_settled_awaiting();
 }
 
 }  // namespace kpleg::pleg
