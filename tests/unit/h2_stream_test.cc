@@ -11,7 +11,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <mutex>
 #include <thread>
+#include <vector>
 
 #include "cri/api.grpc.pb.h"
 #include "cri/h2_stream.h"
@@ -31,6 +33,7 @@ struct Script {
   size_t big_label_bytes = 0;      // one more event with a label this large
   bool wait_for_cancel = false;    // then block until the client goes away
   std::chrono::milliseconds first_after{0};  // send nothing at all for this long first
+  std::chrono::milliseconds gap{0};          // between one event and the next
   int events_after_wait = 0;                 // then this many more events
   grpc::Status end = grpc::Status::OK;
 };
@@ -42,6 +45,7 @@ class EventsService final : public v1::RuntimeService::Service {
                                   grpc::ServerWriter<v1::ContainerEventResponse>* w) override {
     std::this_thread::sleep_for(s_.first_after);  // a quiet runtime
     for (int i = 0; i < s_.events + s_.events_after_wait; ++i) {
+      if (i > 0) std::this_thread::sleep_for(s_.gap);
       v1::ContainerEventResponse ev;
       ev.set_container_id("c" + std::to_string(i));
       ev.set_container_event_type(v1::CONTAINER_STOPPED_EVENT);
@@ -290,6 +294,72 @@ TEST(H2StreamTest, OnAnEventLoopEveryMessageAndTheEndArriveOnTheLoop) {
   EXPECT_EQ(end.error().message, "going away");
   loop.call([&] { reader.reset(); });
   loop.stop();
+}
+
+// A reader held off after its first message reads nothing until the hold ends, then the rest
+// together; resume() ends a hold at once.
+struct HeldRead {
+  pleg::EventLoop loop;
+  std::unique_ptr<H2StreamReader> reader;
+  std::mutex mu;
+  std::vector<std::chrono::steady_clock::time_point> at;  // each message's arrival
+  std::chrono::steady_clock::time_point held_at;
+
+  HeldRead(const std::string& path, std::chrono::milliseconds hold) {
+    loop.start("test-loop");
+    loop.call([&, hold] {
+      reader = std::make_unique<H2StreamReader>(loop);
+      reader->start(
+          path, kMethod, v1::GetEventsRequest{}.SerializeAsString(),
+          [this, hold](std::string_view) {
+            const auto now = std::chrono::steady_clock::now();
+            std::lock_guard lk(mu);
+            at.push_back(now);
+            if (at.size() == 1) {
+              held_at = now;
+              reader->hold(now + hold);
+            }
+            return true;
+          },
+          [](Status) {});
+    });
+  }
+  ~HeldRead() {
+    loop.call([&] { reader.reset(); });
+    loop.stop();
+  }
+  size_t received() {
+    std::lock_guard lk(mu);
+    return at.size();
+  }
+};
+
+TEST(H2StreamTest, AHeldReaderReadsWhatCameMeanwhileTogetherWhenTheHoldEnds) {
+  Script s;
+  s.events = 3;
+  s.gap = 50ms;
+  s.wait_for_cancel = true;
+  Server server(s);
+  HeldRead r(server.path, 600ms);
+  ASSERT_TRUE(testing::eventually([&] { return r.received() == 3; }, 10s));
+  std::lock_guard lk(r.mu);
+  // The 2nd and 3rd were sent 50 and 100 ms after the 1st: both waited for the hold's end.
+  EXPECT_GE(r.at[1] - r.held_at, 550ms);
+  EXPECT_LT(r.at[2] - r.at[1], 50ms) << "read apart, not together";
+}
+
+TEST(H2StreamTest, ResumeEndsAHoldAtOnce) {
+  Script s;
+  s.events = 2;
+  s.gap = 50ms;
+  s.wait_for_cancel = true;
+  Server server(s);
+  HeldRead r(server.path, 60s);
+  ASSERT_TRUE(testing::eventually([&] { return r.received() == 1; }, 10s));
+  // The 2nd is sent 50 ms after the 1st and waits in the socket.
+  EXPECT_FALSE(testing::eventually([&] { return r.received() == 2; }, 300ms)) << "not held";
+  r.loop.call([&] { r.reader->resume(); });
+  EXPECT_TRUE(testing::eventually([&] { return r.received() == 2; }, 5s));
 }
 
 }  // namespace

@@ -69,5 +69,52 @@ TEST(RuntimeEventsTest, ARuntimeWithoutTheStreamIsAskedAgainOnlyAfterItCameBack)
   feed.stop();
 }
 
+// On an event loop: after an event that no signal waits for, the stream holds off (its next
+// events are read together); while one waits, it does not; the resume function the tracker is
+// given ends a hold, and is taken back when the feed stops.
+TEST(RuntimeEventsTest, OnALoopTheStreamHoldsOffAfterAnEventNoSignalWaitsFor) {
+  struct FakeStream : cri::AsyncStatusCalls::Stream {
+    explicit FakeStream(std::atomic<int>& h, std::atomic<int>& r) : holds(h), resumes(r) {}
+    void hold(std::chrono::steady_clock::time_point) override { ++holds; }
+    void resume() override { ++resumes; }
+    std::atomic<int>& holds;
+    std::atomic<int>& resumes;
+  };
+  std::atomic<int> holds{0}, resumes{0}, events{0};
+  std::atomic<bool> wanted{false};
+  RuntimeEvents::OnEvent deliver;
+  std::function<void()> resume;
+  EventLoop loop;
+  loop.start("test-loop");
+  RuntimeEvents::Options o;
+  o.hold_off = 250ms;
+  o.wanted = [&] { return wanted.load(); };
+  o.set_resume = [&](std::function<void()> f) { resume = std::move(f); };
+  RuntimeEvents feed(
+      loop,
+      [&](RuntimeEvents::OnEvent on_event, std::function<void(Status)>)
+          -> std::unique_ptr<cri::AsyncStatusCalls::Stream> {
+        deliver = std::move(on_event);
+        return std::make_unique<FakeStream>(holds, resumes);
+      },
+      [&](v1::ContainerEventResponse&) { ++events; }, [] {}, o);
+  feed.start();
+  ASSERT_TRUE(eventually([&] { return loop.call([&] { return bool(deliver); }); }));
+  v1::ContainerEventResponse ev;
+  ev.set_container_id("c1");
+  loop.call([&] { deliver(ev); });
+  EXPECT_EQ(events.load(), 1);
+  EXPECT_EQ(holds.load(), 1) << "an event no signal waits for: the stream holds off";
+  wanted = true;
+  loop.call([&] { deliver(ev); });
+  EXPECT_EQ(holds.load(), 1) << "held off while a signal waits for its event";
+  ASSERT_TRUE(loop.call([&] { return bool(resume); }));
+  loop.call([&] { resume(); });
+  EXPECT_EQ(resumes.load(), 1);
+  feed.stop();
+  EXPECT_FALSE(loop.call([&] { return bool(resume); })) << "the resume outlived the stream";
+  loop.stop();
+}
+
 }  // namespace
 }  // namespace kpleg::pleg

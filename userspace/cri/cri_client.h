@@ -7,6 +7,7 @@
 // grpc::StatusCode and whose message names the CRI method and carries the runtime's message.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -50,6 +51,10 @@ class AsyncStatusCalls {
   class Stream {
    public:
     virtual ~Stream() = default;
+    // Reads nothing until `until` (what comes waits, and is handed on together), or until
+    // resume(); on the loop, also from `on_event`. A stream that cannot does nothing.
+    virtual void hold(std::chrono::steady_clock::time_point until) { (void)until; }
+    virtual void resume() {}
   };
   virtual std::unique_ptr<Stream> container_events(
       std::function<void(v1::ContainerEventResponse&)> on_event,

@@ -94,6 +94,8 @@ class H2StatusCalls final : public AsyncStatusCalls {
  private:
   struct EventStream final : Stream {
     explicit EventStream(Reactor& reactor) : reader(reactor) {}
+    void hold(std::chrono::steady_clock::time_point until) override { reader.hold(until); }
+    void resume() override { reader.resume(); }
     H2StreamReader reader;
   };
 

@@ -263,8 +263,34 @@ H2StreamReader::H2StreamReader(Reactor& reactor) : reactor_(reactor) {}
 H2StreamReader::~H2StreamReader() { end(); }
 
 void H2StreamReader::end() {
+  if (hold_timer_ != 0) reactor_.cancel(hold_timer_);
+  hold_timer_ = 0;
+  held_ = false;
   if (state_ && state_->call.fd >= 0) reactor_.unwatch(state_->call.fd);
   state_.reset();
+}
+
+void H2StreamReader::hold(std::chrono::steady_clock::time_point until) {
+  if (!state_ || held_) return;
+  held_ = true;
+  watch_events();
+  hold_timer_ = reactor_.at(until, [this] {
+    hold_timer_ = 0;
+    resume();
+  });
+}
+
+void H2StreamReader::resume() {
+  if (!held_) return;
+  held_ = false;
+  if (hold_timer_ != 0) reactor_.cancel(hold_timer_);
+  hold_timer_ = 0;
+  // Level-triggered: what came meanwhile is read at the loop's next turn, without a sleep.
+  if (state_) watch_events();
+}
+
+void H2StreamReader::watch_events() {
+  reactor_.modify(state_->call.fd, (held_ ? 0u : uint32_t(EPOLLIN)) | (want_write_ ? uint32_t(EPOLLOUT) : 0u));
 }
 
 void H2StreamReader::start(const std::string& socket_path, std::string_view method,
@@ -298,7 +324,7 @@ void H2StreamReader::pump() {
     const bool want = nghttp2_session_want_write(c.session) != 0;
     if (want != want_write_) {
       want_write_ = want;
-      reactor_.modify(c.fd, want ? EPOLLIN | EPOLLOUT : EPOLLIN);
+      watch_events();
     }
     return;
   }

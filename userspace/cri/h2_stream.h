@@ -13,7 +13,9 @@
 // (--cri-listen) use grpc++.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -62,17 +64,27 @@ class H2StreamReader {
              std::function<void(Status)> on_end, const H2StreamOptions& opts = {});
   void end();
   bool open() const { return state_ != nullptr; }
+  // Reads nothing more until `until` (the socket leaves the loop's epoll set; what the server
+  // sends meanwhile waits in the socket), then reads on as before; resume() ends it sooner.
+  // Messages are then handed on together, in order, without a wakeup each. May be called from
+  // on_message. A hold while held keeps the earlier end.
+  void hold(std::chrono::steady_clock::time_point until);
+  void resume();
 
  private:
   struct State;
   void on_ready(uint32_t events);
   // Sends what is due; hands the end over once the call ended.
   void pump();
+  // The socket's epoll events: reading unless held, writing while nghttp2 has something to send.
+  void watch_events();
 
   Reactor& reactor_;
   std::unique_ptr<State> state_;
   std::function<void(Status)> on_end_;
   bool want_write_ = false;
+  bool held_ = false;
+  uint64_t hold_timer_ = 0;  // the loop's timer that ends a hold; 0: none
 };
 
 }  // namespace kpleg::cri

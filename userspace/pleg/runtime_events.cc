@@ -44,6 +44,7 @@ void RuntimeEvents::stop() {
     event_loop_->call([this] {
       loop_stopping_ = true;
       event_loop_->cancel(retry_timer_);
+      if (opts_.set_resume) opts_.set_resume(nullptr);
       stream_.reset();
     });
     return;
@@ -89,6 +90,11 @@ void RuntimeEvents::subscribe_on_loop() {
     std::lock_guard lk(mu_);  // once per subscription, for stats()
     ++stats_.subscriptions;
   }
+  if (opts_.set_resume) {
+    opts_.set_resume([this] {
+      if (stream_) stream_->resume();
+    });
+  }
   stream_ = open_(
       [this](cri::v1::ContainerEventResponse& ev) {
         if (received_++ == 0) {
@@ -98,11 +104,17 @@ void RuntimeEvents::subscribe_on_loop() {
         }
         events_.fetch_add(1, std::memory_order_relaxed);
         on_event_(ev);
+        hold_unless_wanted();
       },
       [this](Status st) {
         // From inside the stream's own reader: it is let go at the next subscription.
         ended_on_loop(st);
       });
+}
+
+void RuntimeEvents::hold_unless_wanted() {
+  if (opts_.hold_off.count() <= 0 || !stream_ || (opts_.wanted && opts_.wanted())) return;
+  stream_->hold(std::chrono::steady_clock::now() + opts_.hold_off);
 }
 
 void RuntimeEvents::ended_on_loop(const Status& st) {

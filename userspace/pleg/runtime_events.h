@@ -49,6 +49,14 @@ class RuntimeEvents {
   struct Options {
     std::chrono::milliseconds retry_first{1000};
     std::chrono::milliseconds retry_max{30'000};
+    // On an event loop: after an event, the stream is not read for `hold_off` unless `wanted()`
+    // (an event is awaited now); the events that come meanwhile (a container's CREATED, a
+    // DELETED, another pod's) are read together, without a wakeup each. `set_resume` is given
+    // the function that reads on at once (when a signal starts waiting for its event), and
+    // nullptr when the stream goes. 0: every event is read when it comes.
+    std::chrono::milliseconds hold_off{0};
+    std::function<bool()> wanted;
+    std::function<void(std::function<void()>)> set_resume;
   };
 
   // `on_event` gets every event; `on_stopped` is called each time a stream ended or failed.
@@ -78,6 +86,8 @@ class RuntimeEvents {
   // The loop's way (the constructor with an event loop), on that loop.
   void subscribe_on_loop();
   void ended_on_loop(const Status& st);
+  // After an event, on the loop: the stream holds off unless an event is awaited.
+  void hold_unless_wanted();
   // How a stream ended, in the log and the stats; whether the runtime has no stream at all.
   bool note_end(const Status& st);
 

@@ -49,6 +49,12 @@ void Tracker::take_runtime_event(const std::optional<Observation>& report) {
 
 std::unique_ptr<RuntimeEvents> Tracker::runtime_events(RuntimeEvents::Options opts) {
   if (!loop_.call([this] { return core_.async_calls() != nullptr; })) return nullptr;
+  // Read as events come only while a signal waits for one; else they are read together.
+  opts.hold_off = core_.opts().runtime_event_hold_off;
+  opts.wanted = [this] { return confirmer_.awaiting_events(); };
+  opts.set_resume = [this](std::function<void()> resume) {
+    confirmer_.set_resume_reading(std::move(resume));
+  };
   return std::make_unique<RuntimeEvents>(
       loop_,
       [this](RuntimeEvents::OnEvent on_event, std::function<void(Status)> on_end)

@@ -44,7 +44,10 @@ struct TrackerOptions {
   std::chrono::milliseconds removal_sweep_idle_max{10'000};  // doubling up to this while idle
   // The runtime's event stream live (runtime_events.h): a look waits this for a late event.
   std::chrono::milliseconds runtime_event_grace{100};
-  std::chrono::milliseconds runtime_event_check{250};  // at most one check of overdue events per
+  // While no signal waits for its event, the stream is read this often at most (its events
+  // are then read together: a container's CREATED, a DELETED, what no signal waits for).
+  std::chrono::milliseconds runtime_event_hold_off{250};
+  std::chrono::milliseconds runtime_event_check{250};  // overdue events checked this often at most
   std::chrono::milliseconds removal_sweep_with_events{30'000};  // only for a lost DELETED
   // A swept removal's DELETED later than this: the stream misses removals; sweep as without it.
   std::chrono::milliseconds removal_event_grace{1000};
