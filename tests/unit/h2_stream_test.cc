@@ -334,12 +334,17 @@ struct HeldRead {
   }
 };
 
-TEST(H2StreamTest, AHeldReaderReadsWhatCameMeanwhileTogetherWhenTheHoldEnds) {
+// `n` events 50 ms apart, then the stream stays open.
+Script spaced(int n) {
   Script s;
-  s.events = 3;
+  s.events = n;
   s.gap = 50ms;
   s.wait_for_cancel = true;
-  Server server(s);
+  return s;
+}
+
+TEST(H2StreamTest, AHeldReaderReadsWhatCameMeanwhileTogetherWhenTheHoldEnds) {
+  Server server(spaced(3));
   HeldRead r(server.path, 600ms);
   ASSERT_TRUE(testing::eventually([&] { return r.received() == 3; }, 10s));
   std::lock_guard lk(r.mu);
@@ -349,11 +354,7 @@ TEST(H2StreamTest, AHeldReaderReadsWhatCameMeanwhileTogetherWhenTheHoldEnds) {
 }
 
 TEST(H2StreamTest, ResumeEndsAHoldAtOnce) {
-  Script s;
-  s.events = 2;
-  s.gap = 50ms;
-  s.wait_for_cancel = true;
-  Server server(s);
+  Server server(spaced(2));
   HeldRead r(server.path, 60s);
   ASSERT_TRUE(testing::eventually([&] { return r.received() == 1; }, 10s));
   // The 2nd is sent 50 ms after the 1st and waits in the socket.

@@ -1260,6 +1260,18 @@ class RuntimeEventsTrackerTest : public TrackerTest {
     EXPECT_TRUE(wait_types(id, {"ContainerStarted", "ContainerDied"}));
     return id;
   }
+  // A container whose start the runtime's STARTED event confirmed; `before`: the tracker's
+  // calls before its exec.
+  std::string started_with_event(const std::string& name, uint64_t& before) {
+    auto id = create(name);
+    EXPECT_TRUE(cri_.start_container(id).ok());
+    auto started_ev = event(id, v1::CONTAINER_STARTED_EVENT);
+    before = calls();
+    kernel_exec(id);
+    tracker_->on_runtime_event(started_ev);
+    EXPECT_TRUE(wait_types(id, {"ContainerStarted"}));
+    return id;
+  }
   // The tracker's calls (not event()'s).
   uint64_t calls() {
     return cri_.calls(cri::CriMethod::kContainerStatus) +
@@ -1274,13 +1286,9 @@ class RuntimeEventsTrackerTest : public TrackerTest {
 // loop; once the events settled every signal that waited, it would wake the loop for nothing.
 TEST_F(RuntimeEventsTrackerTest, AnEventThatSettlesTheLastAwaitedSignalSparesTheLoopItsCheck) {
   restart_with_events(200ms);
-  auto id = create("app");
-  ASSERT_TRUE(cri_.start_container(id).ok());
-  auto started_ev = event(id, v1::CONTAINER_STARTED_EVENT);
-  const auto before = calls();
-  kernel_exec(id);
-  tracker_->on_runtime_event(started_ev);
-  ASSERT_TRUE(wait_types(id, {"ContainerStarted"}));
+  uint64_t before = 0;
+  auto id = started_with_event("app", before);
+  ASSERT_FALSE(HasFailure());
   (void)tracker_->stats();  // on the loop: what the event left behind is set by now
   const auto wakeups = tracker_->loop_wakeups();
   // Past the check's due time (the learned first look + the 200 ms grace).
@@ -1293,13 +1301,9 @@ TEST_F(RuntimeEventsTrackerTest, AnEventThatSettlesTheLastAwaitedSignalSparesThe
 // the runtime's events: no CRI call, and the events carry what a look would have said.
 TEST_F(RuntimeEventsTrackerTest, ALifecycleConfirmedByTheRuntimesEventsCostsNoCall) {
   restart_with_events(5s);
-  auto id = create("app");
-  ASSERT_TRUE(cri_.start_container(id).ok());
-  auto started_ev = event(id, v1::CONTAINER_STARTED_EVENT);
-  const auto before = calls();
-  kernel_exec(id);
-  tracker_->on_runtime_event(started_ev);
-  ASSERT_TRUE(wait_types(id, {"ContainerStarted"}));
+  uint64_t before = 0;
+  auto id = started_with_event("app", before);
+  ASSERT_FALSE(HasFailure());
 
   ASSERT_TRUE(cri_.exit_container(id, 3).ok());
   auto stopped_ev = event(id, v1::CONTAINER_STOPPED_EVENT);
