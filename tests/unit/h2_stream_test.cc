@@ -363,5 +363,18 @@ TEST(H2StreamTest, ResumeEndsAHoldAtOnce) {
   EXPECT_TRUE(testing::eventually([&] { return r.received() == 2; }, 5s));
 }
 
+TEST(H2StreamTest, ReadQueuedHandsOnWhatCameWhileHeldAtOnce) {
+  Server server(spaced(2));
+  HeldRead r(server.path, 60s);
+  ASSERT_TRUE(testing::eventually([&] { return r.received() == 1; }, 10s));
+  EXPECT_FALSE(testing::eventually([&] { return r.received() == 2; }, 300ms)) << "not held";
+  // Within the call: no turn of the loop in between.
+  EXPECT_EQ(r.loop.call([&] {
+    r.reader->read_queued();
+    return r.received();
+  }),
+            2u);
+}
+
 }  // namespace
 }  // namespace kpleg::cri

@@ -70,32 +70,35 @@ TEST(RuntimeEventsTest, ARuntimeWithoutTheStreamIsAskedAgainOnlyAfterItCameBack)
 }
 
 // On an event loop: after an event that no signal waits for, the stream holds off (its next
-// events are read together); while one waits, it does not; the resume function the tracker is
-// given ends a hold, and is taken back when the feed stops.
+// events are read together); while one waits, it does not; the reader function the tracker is
+// given ends a hold (or reads what came, at once), and is taken back when the feed stops.
 TEST(RuntimeEventsTest, OnALoopTheStreamHoldsOffAfterAnEventNoSignalWaitsFor) {
   struct FakeStream : cri::AsyncStatusCalls::Stream {
-    explicit FakeStream(std::atomic<int>& h, std::atomic<int>& r) : holds(h), resumes(r) {}
+    FakeStream(std::atomic<int>& h, std::atomic<int>& r, std::atomic<int>& q)
+        : holds(h), resumes(r), reads(q) {}
     void hold(std::chrono::steady_clock::time_point) override { ++holds; }
     void resume() override { ++resumes; }
+    void read_queued() override { ++reads; }
     std::atomic<int>& holds;
     std::atomic<int>& resumes;
+    std::atomic<int>& reads;
   };
-  std::atomic<int> holds{0}, resumes{0}, events{0};
+  std::atomic<int> holds{0}, resumes{0}, reads{0}, events{0};
   std::atomic<bool> wanted{false};
   RuntimeEvents::OnEvent deliver;
-  std::function<void()> resume;
+  std::function<void(bool)> reader;
   EventLoop loop;
   loop.start("test-loop");
   RuntimeEvents::Options o;
   o.hold_off = 250ms;
   o.wanted = [&] { return wanted.load(); };
-  o.set_resume = [&](std::function<void()> f) { resume = std::move(f); };
+  o.set_reader = [&](std::function<void(bool)> f) { reader = std::move(f); };
   RuntimeEvents feed(
       loop,
       [&](RuntimeEvents::OnEvent on_event, std::function<void(Status)>)
           -> std::unique_ptr<cri::AsyncStatusCalls::Stream> {
         deliver = std::move(on_event);
-        return std::make_unique<FakeStream>(holds, resumes);
+        return std::make_unique<FakeStream>(holds, resumes, reads);
       },
       [&](v1::ContainerEventResponse&) { ++events; }, [] {}, o);
   feed.start();
@@ -108,11 +111,13 @@ TEST(RuntimeEventsTest, OnALoopTheStreamHoldsOffAfterAnEventNoSignalWaitsFor) {
   wanted = true;
   loop.call([&] { deliver(ev); });
   EXPECT_EQ(holds.load(), 1) << "held off while a signal waits for its event";
-  ASSERT_TRUE(loop.call([&] { return bool(resume); }));
-  loop.call([&] { resume(); });
+  ASSERT_TRUE(loop.call([&] { return bool(reader); }));
+  loop.call([&] { reader(false); });
   EXPECT_EQ(resumes.load(), 1);
+  loop.call([&] { reader(true); });
+  EXPECT_EQ(reads.load(), 1);
   feed.stop();
-  EXPECT_FALSE(loop.call([&] { return bool(resume); })) << "the resume outlived the stream";
+  EXPECT_FALSE(loop.call([&] { return bool(reader); })) << "the reader outlived the stream";
   loop.stop();
 }
 

@@ -55,6 +55,8 @@ class AsyncStatusCalls {
     // resume(); on the loop, also from `on_event`. A stream that cannot does nothing.
     virtual void hold(std::chrono::steady_clock::time_point until) { (void)until; }
     virtual void resume() {}
+    // Hands on now what has come, held or not (on the loop, not from `on_event`).
+    virtual void read_queued() {}
   };
   virtual std::unique_ptr<Stream> container_events(
       std::function<void(v1::ContainerEventResponse&)> on_event,

@@ -96,6 +96,7 @@ class H2StatusCalls final : public AsyncStatusCalls {
     explicit EventStream(Reactor& reactor) : reader(reactor) {}
     void hold(std::chrono::steady_clock::time_point until) override { reader.hold(until); }
     void resume() override { reader.resume(); }
+    void read_queued() override { reader.read_queued(); }
     H2StreamReader reader;
   };
 

@@ -289,6 +289,10 @@ void H2StreamReader::resume() {
   if (state_) watch_events();
 }
 
+void H2StreamReader::read_queued() {
+  if (state_) on_ready(EPOLLIN);
+}
+
 void H2StreamReader::watch_events() {
   reactor_.modify(state_->call.fd, (held_ ? 0u : uint32_t(EPOLLIN)) | (want_write_ ? uint32_t(EPOLLOUT) : 0u));
 }

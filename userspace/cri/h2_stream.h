@@ -70,6 +70,8 @@ class H2StreamReader {
   // on_message. A hold while held keeps the earlier end.
   void hold(std::chrono::steady_clock::time_point until);
   void resume();
+  // Reads what the server has sent so far, held or not, without waiting (not from on_message).
+  void read_queued();
 
  private:
   struct State;

@@ -80,7 +80,7 @@ void Confirmer::start_chain(Record& rec, const std::string& pod_uid, Anchor anch
   if (core_.runtime_events_live()) {
     // The runtime's event is the confirmation; a look only for an event late or lost.
     awaiting_.push_back({std::move(look), now + first});
-    if (resume_reading_) resume_reading_();  // the stream may be holding off
+    core_.read_events(false);  // the stream may be holding off
     schedule_check(now + first + core_.opts().runtime_event_grace);
     return;
   }

@@ -40,8 +40,6 @@ class Confirmer {
   void set_live(bool live);
   // Whether a signal waits for its event now (the stream should then be read as events come).
   bool awaiting_events() const { return !awaiting_.empty(); }
-  // How the stream is read at once when a signal starts waiting (RuntimeEvents::Options).
-  void set_resume_reading(std::function<void()> resume) { resume_reading_ = std::move(resume); }
 
   // Whether an init's exit wakes the loop (exit_wakeup.h), learned from the signals here.
   ExitWakeup& exit_wakeup() { return exit_wakeup_; }
@@ -124,7 +122,6 @@ class Confirmer {
   LogLimiter late_log_{std::chrono::seconds(10)};
   ExitWakeup exit_wakeup_;
   std::deque<Awaiting> awaiting_;
-  std::function<void()> resume_reading_;
   std::optional<Clock::time_point> check_due_;
   TrackerCore::TimerId check_timer_ = 0;
   Clock::time_point last_check_{};

@@ -39,6 +39,8 @@ void RemovalWatcher::check(const std::string& id) {
 void RemovalWatcher::sweep() {
   sweep_timer_ = 0;
   due_.reset();
+  // The runtime's events held back meanwhile (a DELETED) may settle what this would list for.
+  core_.read_events(true);
   last_sweep_ = Clock::now();
   find_missed_deleted_events(Clock::now());
   find_missed_hints(Clock::now());

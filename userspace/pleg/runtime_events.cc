@@ -44,7 +44,7 @@ void RuntimeEvents::stop() {
     event_loop_->call([this] {
       loop_stopping_ = true;
       event_loop_->cancel(retry_timer_);
-      if (opts_.set_resume) opts_.set_resume(nullptr);
+      if (opts_.set_reader) opts_.set_reader(nullptr);
       stream_.reset();
     });
     return;
@@ -90,9 +90,14 @@ void RuntimeEvents::subscribe_on_loop() {
     std::lock_guard lk(mu_);  // once per subscription, for stats()
     ++stats_.subscriptions;
   }
-  if (opts_.set_resume) {
-    opts_.set_resume([this] {
-      if (stream_) stream_->resume();
+  if (opts_.set_reader) {
+    opts_.set_reader([this](bool now) {
+      if (!stream_) return;
+      if (now) {
+        stream_->read_queued();
+      } else {
+        stream_->resume();
+      }
     });
   }
   stream_ = open_(

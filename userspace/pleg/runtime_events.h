@@ -51,12 +51,13 @@ class RuntimeEvents {
     std::chrono::milliseconds retry_max{30'000};
     // On an event loop: after an event, the stream is not read for `hold_off` unless `wanted()`
     // (an event is awaited now); the events that come meanwhile (a container's CREATED, a
-    // DELETED, another pod's) are read together, without a wakeup each. `set_resume` is given
-    // the function that reads on at once (when a signal starts waiting for its event), and
-    // nullptr when the stream goes. 0: every event is read when it comes.
+    // DELETED, another pod's) are read together, without a wakeup each. `set_reader` is given
+    // the function that ends a hold (false: read on as events come, from the loop's next turn;
+    // true: also hand on at once what has come), and nullptr when the stream goes. 0: every
+    // event is read when it comes.
     std::chrono::milliseconds hold_off{0};
     std::function<bool()> wanted;
-    std::function<void(std::function<void()>)> set_resume;
+    std::function<void(std::function<void(bool now)>)> set_reader;
   };
 
   // `on_event` gets every event; `on_stopped` is called each time a stream ended or failed.

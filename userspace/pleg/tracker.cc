@@ -52,8 +52,8 @@ std::unique_ptr<RuntimeEvents> Tracker::runtime_events(RuntimeEvents::Options op
   // Read as events come only while a signal waits for one; else they are read together.
   opts.hold_off = core_.opts().runtime_event_hold_off;
   opts.wanted = [this] { return confirmer_.awaiting_events(); };
-  opts.set_resume = [this](std::function<void()> resume) {
-    confirmer_.set_resume_reading(std::move(resume));
+  opts.set_reader = [this](std::function<void(bool)> reader) {
+    core_.set_event_reader(std::move(reader));
   };
   return std::make_unique<RuntimeEvents>(
       loop_,

@@ -157,6 +157,12 @@ class TrackerCore {
   // The runtime's event stream is delivering (runtime_events.h): the confirmations wait for it.
   bool runtime_events_live() const { return runtime_events_live_; }
   void set_runtime_events_live(bool live) { runtime_events_live_ = live; }
+  // The stream's reading (RuntimeEvents::Options::set_reader): a hold ends, and with `now` what
+  // has come is handed on at once (before a removal sweep lists what its DELETEDs may say).
+  void set_event_reader(std::function<void(bool now)> reader) { event_reader_ = std::move(reader); }
+  void read_events(bool now) {
+    if (event_reader_) event_reader_(now);
+  }
 
   ContainerTable& table() { return table_; }
   const ContainerTable& table() const { return table_; }
@@ -190,6 +196,7 @@ class TrackerCore {
   TrackerStats stats_;
   Hooks hooks_;
   bool runtime_events_live_ = false;
+  std::function<void(bool now)> event_reader_;
   bool stopping_ = false;
   struct Trouble {
     Clock::time_point since;
