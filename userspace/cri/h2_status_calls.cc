@@ -28,28 +28,13 @@ class H2StatusCalls final : public AsyncStatusCalls {
   void container_status(const std::string& id, Done<v1::ContainerStatus> done) override {
     v1::ContainerStatusRequest req;
     req.set_container_id(id);
-    call<v1::ContainerStatus>(
-        CriMethod::kContainerStatus, req.SerializeAsString(), id,
-        [](const std::string& wire, v1::ContainerStatus& out) {
-          v1::ContainerStatusResponse r;
-          if (!r.ParseFromString(wire)) return false;
-          out = std::move(*r.mutable_status());
-          return true;
-        },
-        std::move(done));
+    status_call<v1::ContainerStatusResponse>(CriMethod::kContainerStatus, req, id, std::move(done));
   }
   void pod_sandbox_status(const std::string& id, Done<v1::PodSandboxStatus> done) override {
     v1::PodSandboxStatusRequest req;
     req.set_pod_sandbox_id(id);
-    call<v1::PodSandboxStatus>(
-        CriMethod::kPodSandboxStatus, req.SerializeAsString(), id,
-        [](const std::string& wire, v1::PodSandboxStatus& out) {
-          v1::PodSandboxStatusResponse r;
-          if (!r.ParseFromString(wire)) return false;
-          out = std::move(*r.mutable_status());
-          return true;
-        },
-        std::move(done));
+    status_call<v1::PodSandboxStatusResponse>(CriMethod::kPodSandboxStatus, req, id,
+                                              std::move(done));
   }
   bool list_ids(bool sandboxes, Done<std::vector<std::string>> done) override {
     // An empty request: no filter. Of the answer only the ids are read.
@@ -100,6 +85,20 @@ class H2StatusCalls final : public AsyncStatusCalls {
     H2StreamReader reader;
   };
 
+  // A status look: the answer's `status` field, parsed from `Response`.
+  template <typename Response, typename Out>
+  void status_call(CriMethod method, const google::protobuf::MessageLite& request,
+                   const std::string& id, Done<Out> done) {
+    call<Out>(
+        method, request.SerializeAsString(), id,
+        [](const std::string& wire, Out& out) {
+          Response r;
+          if (!r.ParseFromString(wire)) return false;
+          out = std::move(*r.mutable_status());
+          return true;
+        },
+        std::move(done));
+  }
   // One unary call on the mux: in the in-flight registry (the stuck-call watchdog's) while it
   // runs, counted when it ends, its answer read by `parse` (false: it does not parse).
   template <typename Answer>
