@@ -265,7 +265,7 @@ static __always_inline void cgroup__emit(struct cgroup *cgrp, const char *path, 
 	event__submit(e, type != KPLEG_EVENT_CGROUP_MKDIR || (flags & KPLEG_FLAG_UNTRACKED));
 }
 
-#define KPLEG_QOS_NAME_MAX 64
+#define KPLEG_LEVEL_NAME_MAX 64
 
 /* Whether the first `n` bytes of `a` and `b` are equal (n a constant: unrolled, fixed offsets). */
 static __always_inline bool bytes__equal(const char *a, const char *b, int n)
@@ -278,20 +278,26 @@ static __always_inline bool bytes__equal(const char *a, const char *b, int n)
 }
 
 /*
- * A QoS level: burstable, besteffort (cgroupfs) or <root>-burstable.slice, ... (systemd). The
- * suffix is read again from the name's end, at a computed kernel address: stack reads at a
- * variable offset are refused by verifiers before 5.12.
+ * A level between a root and its pods: a QoS level, burstable, besteffort (cgroupfs) or
+ * <root>-burstable.slice, ... (systemd), or the kubelet's own kubepods / kubepods.slice below a
+ * root of another name (`kubelet --cgroup-root=/x` puts its pods at /x/kubepods/..., and a
+ * `--cgroup-root x` here makes x the root). The suffix is read again from the name's end, at a
+ * computed kernel address: stack reads at a variable offset are refused by verifiers before 5.12.
  */
-static __always_inline bool cgroup__name_is_qos(struct cgroup *cgrp)
+static __always_inline bool cgroup__name_is_level(struct cgroup *cgrp)
 {
 	const char *kn_name = BPF_CORE_READ(cgrp, kn, name);
-	char name[KPLEG_QOS_NAME_MAX];
+	char name[KPLEG_LEVEL_NAME_MAX];
 	long n = bpf_probe_read_kernel_str(name, sizeof(name), kn_name);
 
 	if (n <= 0 || n == sizeof(name)) /* unreadable, or longer than any QoS level's name */
 		return false;
 	long len = n - 1;
 
+	if (len == 8)
+		return bytes__equal(name, "kubepods", 8);
+	if (len == 14)
+		return bytes__equal(name, "kubepods.slice", 14);
 	if (len == 9)
 		return bytes__equal(name, "burstable", 9);
 	if (len == 10)
@@ -367,7 +373,8 @@ int BPF_PROG(cgroup_mkdir, struct cgroup *cgrp, const char *path)
 	if (pt) {
 		t.kind = KPLEG_TRACKED_DESCENDANT;
 		t.parent_id = parent_id;
-		if (pt->kind == KPLEG_TRACKED_ROOT && cgroup__name_is_qos(cgrp))
+		if ((pt->kind == KPLEG_TRACKED_ROOT || pt->kind == KPLEG_TRACKED_QOS) &&
+		    cgroup__name_is_level(cgrp))
 			t.kind = KPLEG_TRACKED_QOS;
 		else if (pt->kind == KPLEG_TRACKED_ROOT || pt->kind == KPLEG_TRACKED_QOS)
 			t.pod_id = id; /* a pod-level cgroup: its own budget */

@@ -83,8 +83,10 @@ enum kpleg_prog {
 enum kpleg_tracked_kind {
 	KPLEG_TRACKED_ROOT = 1,       /* a tracked root (kubepods, kubepods.slice, ...) */
 	KPLEG_TRACKED_DESCENDANT = 2, /* any other cgroup below a tracked root */
-	KPLEG_TRACKED_QOS = 3,        /* a QoS level right below a root (burstable, besteffort,
-				       * *-burstable.slice, *-besteffort.slice) */
+	KPLEG_TRACKED_QOS = 3,        /* a level between a root and its pods, below a root or
+				       * another level: a QoS level (burstable, besteffort,
+				       * *-burstable.slice, *-besteffort.slice), or kubepods,
+				       * kubepods.slice below a root of another name */
 };
 
 /* exec_seen: 0 not yet, 1 claimed by the exec program, 2 running before the loader (seeded). */

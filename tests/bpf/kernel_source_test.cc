@@ -512,6 +512,47 @@ TEST_F(KernelSourceTest, QosLevelsAreToldApartFromPodsInBothLayouts) {
   EXPECT_EQ(source_->program()->tracked_entry(pod)->pod_id, pod);
 }
 
+// `kubelet --cgroup-root=/x` puts its pods at /x/kubepods/<qos>/pod<uid>, and `--cgroup-root x`
+// makes x the tracked root: kubepods and the QoS level below it are levels, each pod has a budget
+// of its own (not one budget, kubepods's, for every pod of the node), whether the cgroups were
+// there before the start (the walk) or made after it (the mkdir program).
+TEST_F(KernelSourceTest, KubepodsBelowARootOfAnotherNameIsALevelEachPodHasItsOwnBudget) {
+  const std::string root_name = "kpleg-test-root-" + std::to_string(getpid());
+  const std::string qos = base_->path() + "/" + root_name + "/kubepods/besteffort";
+  const std::string pod_a = qos + "/pod" + kPodUid;
+  const std::string pod_b = qos + "/pod" + std::string(8, '2') + "-2222-4333-8444-555555555555";
+  auto before = make_tree(pod_a + "/" + hex_id('1'));  // there before the start: the walk
+  ASSERT_TRUE(before.ok()) << before.error().message;
+  KernelSourceOptions opts;
+  opts.bpf.root_names = {root_name};
+  opts.bpf.max_cgroups_per_pod = 2;
+  opts.bpf.max_mkdirs_per_pod_per_sec = 0;
+  start(opts);
+  auto after = make_tree(pod_b + "/" + hex_id('2'));  // made after it: the mkdir program
+  ASSERT_TRUE(after.ok()) << after.error().message;
+  for (const auto* ctr : {&*before, &*after}) {
+    const uint64_t pod = source_->tracked_parent(ctr->id()).value_or(0);
+    ASSERT_NE(pod, 0u) << ctr->path();
+    const uint64_t qos_id = source_->tracked_parent(pod).value_or(0);
+    const uint64_t kubepods = source_->tracked_parent(qos_id).value_or(0);
+    ASSERT_NE(kubepods, 0u) << ctr->path();
+    EXPECT_EQ(source_->program()->tracked_entry(kubepods)->kind, uint32_t(KPLEG_TRACKED_QOS));
+    EXPECT_EQ(source_->program()->tracked_entry(qos_id)->kind, uint32_t(KPLEG_TRACKED_QOS));
+    EXPECT_EQ(source_->program()->tracked_entry(pod)->pod_id, pod) << ctr->path();
+    EXPECT_EQ(source_->program()->tracked_entry(ctr->id())->pod_id, pod) << ctr->path();
+  }
+  // Two pods, two budgets of 2: each pod's second container is tracked (one shared budget
+  // would have refused the second pod's).
+  auto a2 = ScratchCgroup::create(pod_a + "/" + hex_id('3'));
+  auto b2 = ScratchCgroup::create(pod_b + "/" + hex_id('4'));
+  ASSERT_TRUE(a2.ok() && b2.ok());
+  EXPECT_TRUE(source_->program()->is_tracked(a2->id()));
+  EXPECT_TRUE(source_->program()->is_tracked(b2->id()));
+  EXPECT_EQ(source_->stats().bpf.over_budget, 0u);
+  ASSERT_TRUE(a2->remove().ok());
+  ASSERT_TRUE(b2->remove().ok());
+}
+
 // A mkdir/rmdir loop below one pod: held to its mkdirs per second, the rest counted.
 TEST_F(KernelSourceTest, APodsMkdirLoopIsHeldToItsRatePerSecond) {
   KernelSourceOptions opts;

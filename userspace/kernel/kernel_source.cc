@@ -54,13 +54,15 @@ uint32_t find_init(const std::vector<uint32_t>& pids) {
   return best;
 }
 
-// A QoS level right below a root, by name, as the mkdir program decides (cgroup__name_is_qos).
-bool is_qos_name(const std::string& name) {
+// A level between a root and its pods (a QoS level, or the kubelet's kubepods below a root of
+// another name), by name, as the mkdir program decides (cgroup__name_is_level).
+bool is_level_name(const std::string& name) {
   auto ends_with = [&](std::string_view suffix) {
     return name.size() >= suffix.size() &&
            name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
   };
-  return name == "burstable" || name == "besteffort" || ends_with("-burstable.slice") ||
+  return name == "kubepods" || name == "kubepods.slice" || name == "burstable" ||
+         name == "besteffort" || ends_with("-burstable.slice") ||
          ends_with("-besteffort.slice");
 }
 
@@ -199,7 +201,8 @@ Status BpfKernelSource::walk_and_track(const std::string& root, Walk& out) {
         } else {
           v.kind = KPLEG_TRACKED_DESCENDANT;
           v.parent_id = at.parent_id;
-          if (at.parent_kind == KPLEG_TRACKED_ROOT && is_qos_name(name))
+          if ((at.parent_kind == KPLEG_TRACKED_ROOT || at.parent_kind == KPLEG_TRACKED_QOS) &&
+              is_level_name(name))
             v.kind = KPLEG_TRACKED_QOS;
           else if (at.parent_kind == KPLEG_TRACKED_ROOT || at.parent_kind == KPLEG_TRACKED_QOS)
             v.pod_id = id;
