@@ -16,7 +16,7 @@ import time
 
 from .measure import (LoadMeter, bpf_map_memlock, bpf_prog_run_ns, log, now_ns, thread_breakdown, threads,
                       vm_rss_kib)
-from .parts import Churn, Daemon, load_cmd, run_json_lines
+from .parts import Churn, Daemon, load_cmd, remove_gone_pod_cgroups, run_json_lines
 from .truth import evaluate, expected_transitions, wait_settled
 
 MODES = ("none", "ebpf", "relist")
@@ -263,6 +263,7 @@ def burst(cfg, mode, runtime, cgroups, pods, out_dir, sink):
             res["missing_after_settle"] = None if last else sum(1 for k in want if k not in got)
         res["node_cpu_s_per_min"] = res["runtime_cpu_s_per_min"] + daemon_s + bpf_s
         sink(res)
+        remove_gone_pod_cgroups(cfg)  # the removed pods' (after the window, as a kubelet would)
         log(f"  burst N={n} {mode}: node {res['node_cpu_s_per_min']:.3f} s/min, calls done "
             f"{res['calls_done_s']:.1f} s, settled {res.get('settle_s')}")
     finally:

@@ -1,6 +1,7 @@
 """The parts a window runs: one kplegd in its own cgroup with its Watch consumer, the runtime's
 cgroup, the steady pods, and the open-loop churn (kpleg-load churn --open-loop)."""
 
+import glob
 import json
 import os
 import signal
@@ -212,6 +213,23 @@ def run_json_lines(cmd, timeout):
     return p.returncode, lines, p.stderr
 
 
+def remove_gone_pod_cgroups(cfg):
+    """What the kubelet does once a pod is gone: its pod-level cgroup removed, in every hierarchy.
+    containerd and runc remove only the container cgroups they made below it, so without a kubelet
+    the pod cgroups of the churn's and the burst's pods would pile up under the benchmark's prefix
+    (hundreds an hour: each one more in kplegd's start-up walk and in its tracked map). A live
+    pod's cgroup has its containers' below it: rmdir refuses it."""
+    with open("/proc/self/mounts") as f:
+        mounts = [line.split()[1] for line in f if line.split()[2] in ("cgroup", "cgroup2")]
+    for mnt in mounts:
+        base = os.path.join(mnt, cfg.cgroup_prefix_name, "kubepods")
+        for pod_dir in glob.glob(base + "/pod*") + glob.glob(base + "/*/pod*"):
+            try:
+                os.rmdir(pod_dir)
+            except OSError:
+                pass  # still in use, or gone
+
+
 class Pods:
     """The steady population: N pods with one long-running container each."""
 
@@ -240,6 +258,7 @@ class Pods:
     def remove(self, pod):
         run_json_lines(load_cmd(self.cfg, "remove-pod", pod["sandbox_id"]), timeout=60)
         self.pods.remove(pod)
+        remove_gone_pod_cgroups(self.cfg)
 
 
 
@@ -249,7 +268,7 @@ class Churn:
     (`wait_ticking`), its lines are kept as they come."""
 
     def __init__(self, cfg, rate, duration, pods, out_path, namespace="kpleg-bench-churn"):
-        self.pods, self.duration = pods, duration
+        self.cfg, self.pods, self.duration = cfg, pods, duration
         self.out = open(out_path, "a")
         self.lines, self.stderr = [], ""
         self.pod_lines = threading.Semaphore(0)
@@ -297,5 +316,6 @@ class Churn:
         self.out.close()
         if rc != 0:
             log(f"churn exited {rc}: {self.stderr.strip()[-300:]}")
+        remove_gone_pod_cgroups(self.cfg)
         return {"rc": rc, "lines": self.lines, "t_begin_ns": self.t_begin_ns, "t_end_ns": now_ns(),
                 "stderr": self.stderr[-500:]}
