@@ -65,7 +65,7 @@ for e in churn:
                         f"{e.get('duplicated')} of {e.get('expected')}")
     print(f"bench quick: {where}: ebpf {e.get('expected')} transitions, missed {e.get('missed')}, duplicated "
           f"{e.get('duplicated')}, {calls if calls is None else round(calls, 2)} CRI calls per lifecycle "
-          f"({round(e.get('retries_per_lifecycle') or 0.0, 2)} of them repeated looks), achieved {(e.get('churn') or {}).get('achieved_rate')}/s", file=sys.stderr)
+          f"({round(repeated, 2)} of them repeated looks), achieved {(e.get('churn') or {}).get('achieved_rate')}/s", file=sys.stderr)
 if r.get("error"):
     problems.append("driver error: " + r["error"])
 for p in problems:

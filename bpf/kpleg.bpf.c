@@ -290,7 +290,7 @@ static __always_inline bool cgroup__name_is_level(struct cgroup *cgrp)
 	char name[KPLEG_LEVEL_NAME_MAX];
 	long n = bpf_probe_read_kernel_str(name, sizeof(name), kn_name);
 
-	if (n <= 0 || n == sizeof(name)) /* unreadable, or longer than any QoS level's name */
+	if (n <= 0 || n == sizeof(name)) /* unreadable, or longer than any level's name */
 		return false;
 	long len = n - 1;
 
