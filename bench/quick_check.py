@@ -66,6 +66,11 @@ for e in churn:
     print(f"bench quick: {where}: ebpf {e.get('expected')} transitions, missed {e.get('missed')}, duplicated "
           f"{e.get('duplicated')}, {calls if calls is None else round(calls, 2)} CRI calls per lifecycle "
           f"({round(repeated, 2)} of them repeated looks), achieved {(e.get('churn') or {}).get('achieved_rate')}/s", file=sys.stderr)
+    woke = e.get("loop_wakeups_per_lifecycle_by_cause") or {}
+    if woke:
+        print(f"bench quick: {where}: ebpf event loop wakeups per lifecycle by cause: "
+              + ", ".join(f"{k} {v:.2f}" for k, v in sorted(woke.items(), key=lambda kv: -kv[1])),
+              file=sys.stderr)
 if r.get("error"):
     problems.append("driver error: " + r["error"])
 for p in problems:

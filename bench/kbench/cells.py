@@ -127,7 +127,12 @@ def window(cfg, d, runtime, n, wl, out_dir, label):
             res["cri_calls_by_method"] = {k: v for k, v in sorted(by.items()) if v}
             res["relists"] = (st1.get("relists") or 0) - (st0.get("relists") or 0)
             retries = (st1.get("confirm_retries") or 0) - (st0.get("confirm_retries") or 0)
+            w0, w1 = st0.get("loop_wakeups_by_cause") or {}, st1.get("loop_wakeups_by_cause") or {}
+            woke = {k: w1.get(k, 0) - w0.get(k, 0) for k in set(w0) | set(w1)}
+            res["loop_wakeups_by_cause"] = {k: v for k, v in sorted(woke.items()) if v}
             if lifecycles:
+                res["loop_wakeups_per_lifecycle_by_cause"] = {
+                    k: round(v / lifecycles, 3) for k, v in res["loop_wakeups_by_cause"].items()}
                 looks = by.get("ContainerStatus", 0) + by.get("PodSandboxStatus", 0)
                 res["cri_calls_per_lifecycle"] = calls / lifecycles
                 res["looks_per_lifecycle"] = looks / lifecycles

@@ -665,6 +665,10 @@ TEST_F(ApiE2eTest, OnContainerdAnExitStopsWakingKplegdAndEveryDeathIsStillReport
   }
   std::printf("exit wakes: %g, restored %g, after %zu deaths\n", value(metrics, "kpleg_exit_wakes"),
               value(metrics, "kpleg_exit_wakeups_restored_total"), stopped.size());
+  // What woke the loop: the ring buffer's records, and (no runtime events here) the looks.
+  EXPECT_GT(value(metrics, "kpleg_loop_wakeups_total{cause=\"ring buffer\"}"), 0) << metrics;
+  EXPECT_GT(value(metrics, "kpleg_loop_wakeups_total{cause=\"look\"}"), 0) << metrics;
+  EXPECT_GT(value(metrics, "kpleg_loop_wakeups_total{cause=\"runtime calls\"}"), 0) << metrics;
   EXPECT_EQ(kplegd.stop(), 0);
 }
 

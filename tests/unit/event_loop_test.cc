@@ -1,8 +1,9 @@
 // The tracker's event loop (pleg/event_loop.h): timers run in their order and a cancelled one
 // never runs nor wakes the loop, messages run in the order they were posted, call() answers
 // from the loop (and at once on it), and a loop that stopped drops posts but still answers
-// call()s on the caller's thread.
+// call()s on the caller's thread; it counts what woke it, by cause.
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <sys/eventfd.h>
 #include <sys/epoll.h>
 #include <unistd.h>
@@ -51,6 +52,40 @@ TEST(EventLoopTest, ACancelledTimerDoesNotWakeTheLoop) {
   // Past the cancelled timer's time: the loop has not woken.
   EXPECT_FALSE(testing::eventually([&] { return loop.wakeups() > before; }, 150ms));
   loop.stop();
+}
+
+TEST(EventLoopTest, CountsWhatWokeItByCause) {
+  EventLoop loop;
+  loop.start("test-loop");
+  int pipe_fds[2];
+  ASSERT_EQ(pipe2(pipe_fds, O_NONBLOCK | O_CLOEXEC), 0);
+  std::atomic<int> read_times{0};
+  std::atomic<bool> first{false}, second{false};
+  loop.call([&] {
+    loop.watch(pipe_fds[0], EPOLLIN, [&](uint32_t) {
+      char c;
+      while (read(pipe_fds[0], &c, 1) == 1) {
+      }
+      ++read_times;
+    }, "the pipe");
+    const auto now = Clock::now();
+    loop.at(now + 10ms, [&] { first = true; }, "first timer");
+    // Due with the first: the same wakeup, counted once, under the first timer's name.
+    loop.at(now + 10ms, [&] { second = true; }, "second timer");
+  });
+  ASSERT_TRUE(testing::eventually([&] { return second.load(); }, 2s));
+  ASSERT_EQ(write(pipe_fds[1], "x", 1), 1);
+  ASSERT_TRUE(testing::eventually([&] { return read_times.load() == 1; }, 2s));
+  const auto woken_by = loop.call([&] { return loop.woken_by(); });  // a message itself
+  EXPECT_EQ(woken_by.count("first timer"), 1u);
+  EXPECT_EQ(woken_by.count("second timer"), 0u);
+  EXPECT_EQ(woken_by.at("first timer"), 1u);
+  EXPECT_EQ(woken_by.at("the pipe"), 1u);
+  EXPECT_GE(woken_by.at("message"), 1u);  // the call()s
+  loop.call([&] { loop.unwatch(pipe_fds[0]); });
+  loop.stop();
+  close(pipe_fds[0]);
+  close(pipe_fds[1]);
 }
 
 TEST(EventLoopTest, MessagesRunInOrderOnTheLoopAndCallRunsAtOnceOnIt) {

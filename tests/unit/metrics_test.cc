@@ -188,8 +188,9 @@ TEST(KplegMetrics, ExportsEveryFamily) {
   m.cri_calls_in_flight.with({"StopPodSandbox", "endpoint"});
   m.cri_call_oldest_seconds.with({"StopPodSandbox", "endpoint"});
   m.cri_endpoint_calls.with({"Version", "OK"});
+  m.loop_wakeups.with({"ring buffer"});
   std::string out = r.render();
-  EXPECT_EQ(metric_definitions().size(), 44u);
+  EXPECT_EQ(metric_definitions().size(), 45u);
   for (const auto& d : metric_definitions()) {
     const std::string name(d.name);
     EXPECT_TRUE(contains(out, "# HELP " + name + " " + std::string(d.help) + "\n# TYPE " + name +

@@ -68,6 +68,8 @@ grpc::Status PodLifecycleService::Stats(grpc::ServerContext*, const v1::StatsReq
   resp->mutable_cri_calls_by_method()->insert(d.cri_calls_by_method.begin(),
                                               d.cri_calls_by_method.end());
   resp->set_confirm_retries(d.confirm_retries);
+  resp->mutable_loop_wakeups_by_cause()->insert(d.loop_wakeups_by_cause.begin(),
+                                                d.loop_wakeups_by_cause.end());
   resp->set_relists(d.relists);
   resp->set_last_reconcile_ns(d.last_reconcile_ns);
   return grpc::Status::OK;

@@ -78,6 +78,7 @@ struct DaemonStats {
   uint64_t cri_calls = 0;          // CRI calls made since start, all methods
   std::map<std::string, uint64_t> cri_calls_by_method;  // the same by method (called ones only)
   uint64_t confirm_retries = 0;    // looks after a kernel signal that did not settle it
+  std::map<std::string, uint64_t> loop_wakeups_by_cause;  // the event loop's (ebpf mode)
 };
 
 // A CRI call in flight (cri/inflight_calls.h), as the InflightCalls RPC reports it.

@@ -274,10 +274,13 @@ void H2StreamReader::hold(std::chrono::steady_clock::time_point until) {
   if (!state_ || held_) return;
   held_ = true;
   watch_events();
-  hold_timer_ = reactor_.at(until, [this] {
-    hold_timer_ = 0;
-    resume();
-  });
+  hold_timer_ = reactor_.at(
+      until,
+      [this] {
+        hold_timer_ = 0;
+        resume();
+      },
+      "runtime events: hold's end");
 }
 
 void H2StreamReader::resume() {
@@ -312,7 +315,8 @@ void H2StreamReader::start(const std::string& socket_path, std::string_view meth
     on_end_now(st);
     return;
   }
-  reactor_.watch(state_->call.fd, EPOLLIN, [this](uint32_t events) { on_ready(events); });
+  reactor_.watch(
+      state_->call.fd, EPOLLIN, [this](uint32_t events) { on_ready(events); }, "runtime events");
   pump();
 }
 

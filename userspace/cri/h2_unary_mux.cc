@@ -153,7 +153,7 @@ Status H2UnaryMux::connect() {
   nghttp2_submit_settings(session, NGHTTP2_FLAG_NONE, settings, std::size(settings));
   nghttp2_session_set_local_window_size(session, NGHTTP2_FLAG_NONE, 0, opts_.window_bytes);
   ++connects_;
-  reactor_.watch(fd_, EPOLLIN, [this](uint32_t events) { on_ready(events); });
+  reactor_.watch(fd_, EPOLLIN, [this](uint32_t events) { on_ready(events); }, "runtime calls");
   return {};
 }
 
@@ -175,9 +175,12 @@ void H2UnaryMux::call(std::string_view method, std::string_view request, Clock::
     ended_.push_back(c);
   } else if (submit(c)) {
     std::weak_ptr<Call> weak = c;
-    c->timer = reactor_.at(deadline, [this, weak] {
-      if (auto call = weak.lock()) expire(call);
-    });
+    c->timer = reactor_.at(
+        deadline,
+        [this, weak] {
+          if (auto call = weak.lock()) expire(call);
+        },
+        "runtime call: deadline");
     flush();
   }
   finish();

@@ -14,12 +14,16 @@ class Reactor {
   using Clock = std::chrono::steady_clock;
   virtual ~Reactor() = default;
   // Calls `on_ready` with the epoll events each time `fd` is ready for `events` (EPOLLIN,
-  // EPOLLOUT, level-triggered); modify() changes them, unwatch() ends it.
-  virtual void watch(int fd, uint32_t events, std::function<void(uint32_t)> on_ready) = 0;
+  // EPOLLOUT, level-triggered); modify() changes them, unwatch() ends it. `what` names the
+  // descriptor in the loop's count of what woke it (a string that outlives the watch).
+  virtual void watch(int fd, uint32_t events, std::function<void(uint32_t)> on_ready,
+                     const char* what = "other") = 0;
   virtual void modify(int fd, uint32_t events) = 0;
   virtual void unwatch(int fd) = 0;
-  // Runs `task` at `at`; cancel() drops it unless it ran. Ids are never 0.
-  virtual uint64_t at(Clock::time_point at, std::function<void()> task) = 0;
+  // Runs `task` at `at`; cancel() drops it unless it ran. Ids are never 0. `what` names the
+  // timer in the loop's count of what woke it (a string that outlives the timer).
+  virtual uint64_t at(Clock::time_point at, std::function<void()> task,
+                      const char* what = "timer") = 0;
   virtual bool cancel(uint64_t id) = 0;
 };
 

@@ -130,7 +130,7 @@ Status EbpfPipeline::start() {
   if (auto st = kernel_.start(sink()); !st) return st;
   // The index is seeded after the kernel source attached, so that no mkdir falls between.
   if (auto st = index_.seed(kernel_.stats().cgroup2_mount); !st) return st;
-  tracker_.watch(kernel_.ring_fd(), [this] { kernel_.consume(); });
+  tracker_.watch(kernel_.ring_fd(), [this] { kernel_.consume(); }, "ring buffer");
   if (auto* program = kernel_.program(); program != nullptr)
     tracker_.set_exit_wakeup([program](bool wake) { program->set_exit_wakeup(wake); });
   // Nothing fails after this (no fallback leaves it behind), and before the initial sync, so
@@ -203,6 +203,7 @@ void EbpfPipeline::add_stats(api::DaemonStats& s) {
   const auto ts = tracker_.stats();
   s.corrections = ts.corrections_total();
   s.confirm_retries = ts.confirm_retries;
+  s.loop_wakeups_by_cause = ts.loop_woken_by;
   const auto rs = reconciler_.stats();
   s.relists = rs.runs;
   if (rs.last_success) {

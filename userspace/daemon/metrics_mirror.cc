@@ -76,6 +76,8 @@ void MetricsMirror::mirror(const Sources& s) {
   metrics_.removal_hints_trusted.set(ts.removal_hints_trusted ? 1 : 0);
   metrics_.exit_wakes.set(ts.exit_wakes ? 1 : 0);
   metrics_.exit_wakeups_restored.set(static_cast<double>(ts.exit_wakeups_restored));
+  for (const auto& [cause, n] : ts.loop_woken_by)
+    metrics_.loop_wakeups.with({cause}).set(static_cast<double>(n));
   if (s.runtime_events) {
     metrics_.runtime_events.set(static_cast<double>(s.runtime_events->stats().events));
   }

@@ -49,7 +49,7 @@ Result<std::unique_ptr<DirRemovalWatch>> DirRemovalWatch::start(
   for (const auto& d : dirs) {
     if (auto st = w->add(d); !st) return st.error();  // the destructor closes the descriptor
   }
-  loop.watch(ifd, EPOLLIN, [p = w.get()](uint32_t) { p->take(); });
+  loop.watch(ifd, EPOLLIN, [p = w.get()](uint32_t) { p->take(); }, "removal hints");
   w->registered_ = true;
   w->reading_ = true;
   return w;
@@ -186,10 +186,13 @@ void DirRemovalWatch::take() {
   }
   if (hold) {
     // The timer reads at once what came meanwhile, without another pass through epoll.
-    hold_timer_ = loop_.at(cri::Reactor::Clock::now() + hold_off_, [this] {
-      hold_timer_ = 0;
-      take();
-    });
+    hold_timer_ = loop_.at(
+        cri::Reactor::Clock::now() + hold_off_,
+        [this] {
+          hold_timer_ = 0;
+          take();
+        },
+        "removal hints: hold's end");
   }
 }
 

@@ -100,6 +100,11 @@ constexpr MetricDefinition kDefinitions[] = {
     {"kpleg_exit_wakeups_restored_total", MetricType::kCounter,
      "Times a death was confirmed without its cgroup's removal while exits woke nobody, "
      "and exits woke kplegd again."},
+    {"kpleg_loop_wakeups_total",
+     MetricType::kCounter,
+     "Times kplegd's event loop (ebpf mode) woke, by what woke it: a descriptor that was "
+     "ready, the first timer that ran, or a message from another thread.",
+     {"cause"}},
     {"kpleg_uncovered_containers", MetricType::kGauge,
      "Running containers and sandboxes the last reconcile listed that the kernel path "
      "does not see."},
@@ -231,6 +236,7 @@ KplegMetrics::KplegMetrics(Registry& r, const Families& f)
       removal_hints_trusted(f.gauge("kpleg_removal_hints_trusted")),
       exit_wakes(f.gauge("kpleg_exit_wakes")),
       exit_wakeups_restored(f.counter("kpleg_exit_wakeups_restored_total")),
+      loop_wakeups(f.counters("kpleg_loop_wakeups_total")),
       uncovered_containers(f.gauge("kpleg_uncovered_containers")),
       bpf_over_budget(f.counter("kpleg_bpf_over_budget_total")),
       pods_over_budget(f.gauge("kpleg_pods_over_budget")),

@@ -93,6 +93,9 @@ struct KplegMetrics {
   // times a death was then confirmed without that rmdir, and exits woke it again.
   Gauge& exit_wakes;
   Counter& exit_wakeups_restored;
+  // kpleg_loop_wakeups_total{cause}: times the kernel-driven path's event loop woke, by what
+  // woke it (pleg/event_loop.h: EventLoop::woken_by).
+  Family<Counter>& loop_wakeups;
   // kpleg_uncovered_containers: running containers and sandboxes that the last reconcile listed
   // but that the kernel path does not see (their cgroup is not under a tracked root, or they
   // have none on the host: kata, gVisor): their events come from the reconcile alone.

@@ -88,7 +88,8 @@ void Confirmer::start_chain(Record& rec, const std::string& pod_uid, Anchor anch
 }
 
 void Confirmer::schedule(const Look& look, Clock::time_point at) {
-  const auto timer = core_.at(at, [this, look] { confirm(look); });
+  const auto timer = core_.at(
+      at, [this, look] { confirm(look); }, look.last_miss < Clock::duration::zero() ? "look" : "look again");
   if (look.anchor == Anchor::kExec) return;
   Record* rec = core_.table().find(look.id);
   if (rec != nullptr && rec->death_chain == look.chain) rec->death_look = timer;

@@ -48,7 +48,7 @@ void Confirmer::schedule_check(Clock::time_point at) {
   if (check_due_ && *check_due_ <= at) return;
   core_.cancel(check_timer_);  // a later check would wake the loop for nothing
   check_due_ = at;
-  check_timer_ = core_.at(at, [this] { check_awaiting(); });
+  check_timer_ = core_.at(at, [this] { check_awaiting(); }, "runtime events: overdue check");
 }
 
 void Confirmer::check_awaiting() {

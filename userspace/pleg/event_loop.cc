@@ -91,9 +91,9 @@ bool EventLoop::enqueue(Task task) {
 
 void EventLoop::post(Task task) { (void)enqueue(std::move(task)); }
 
-EventLoop::TimerId EventLoop::at(Clock::time_point at, Task task) {
+EventLoop::TimerId EventLoop::at(Clock::time_point at, Task task, const char* what) {
   const TimerId id = ++last_timer_;
-  timers_.emplace(std::pair{at, id}, std::move(task));
+  timers_.emplace(std::pair{at, id}, Timer{std::move(task), what});
   timer_at_.emplace(id, at);
   if (!in_batch_ && (at < armed_at_ || armed_at_ <= Clock::now())) arm();
   return id;
@@ -118,8 +118,9 @@ void EventLoop::arm() {
   set_timerfd(timer_fd_, next);
 }
 
-void EventLoop::watch(int fd, uint32_t events, std::function<void(uint32_t)> on_ready) {
-  watched_[fd] = std::move(on_ready);
+void EventLoop::watch(int fd, uint32_t events, std::function<void(uint32_t)> on_ready,
+                      const char* what) {
+  watched_[fd] = Watched{std::move(on_ready), what};
   epoll_event ev{};
   ev.events = events;
   ev.data.fd = fd;
@@ -147,13 +148,22 @@ void EventLoop::run_messages() {
   for (auto& t : batch) t();
 }
 
-void EventLoop::run_timers() {
+const char* EventLoop::run_timers() {
   const auto now = Clock::now();
+  const char* first = nullptr;
   while (!timers_.empty() && timers_.begin()->first.first <= now) {
     auto node = timers_.extract(timers_.begin());
     timer_at_.erase(node.key().second);
-    node.mapped()();
+    if (first == nullptr) first = node.mapped().what;
+    node.mapped().task();
   }
+  return first;
+}
+
+void EventLoop::count(const char* what) {
+  auto it = woken_by_.find(std::string_view(what));
+  if (it == woken_by_.end()) it = woken_by_.emplace(what, 0).first;
+  ++it->second;
 }
 
 void EventLoop::run() {
@@ -169,11 +179,13 @@ void EventLoop::run() {
       if (fd == message_fd_) {
         drain(fd);
         messages = true;
+        count("message");
       } else if (fd == timer_fd_) {
         drain(fd);
         timers = true;
       } else if (auto it = watched_.find(fd); it != watched_.end()) {
-        auto on_ready = it->second;  // may unwatch itself
+        count(it->second.what);
+        auto on_ready = it->second.on_ready;  // may unwatch itself
         on_ready(out[i].events);
       }
     }
@@ -198,7 +210,8 @@ void EventLoop::run() {
       }
     }
     if (timers) {
-      run_timers();
+      const char* first = run_timers();
+      count(first != nullptr ? first : "timer: nothing due");
       armed_at_ = Clock::time_point::max();  // it fired: the timerfd is disarmed
     }
     in_batch_ = false;

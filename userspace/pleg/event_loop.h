@@ -77,24 +77,32 @@ class EventLoop final : public cri::Reactor {
   }
 
   // On the loop's thread: runs `task` on the loop at `at` (at once if past). Returns its id.
-  TimerId at(Clock::time_point at, Task task) override;
+  TimerId at(Clock::time_point at, Task task, const char* what = "timer") override;
   // Drops a timer that has not fired: true when it will never run.
   bool cancel(TimerId id) override;
 
   // On the loop's thread (or before start()): calls `on_ready` with the epoll events each time
   // `fd` is ready for `events` (EPOLLIN, EPOLLOUT, level-triggered).
-  void watch(int fd, uint32_t events, std::function<void(uint32_t)> on_ready) override;
+  void watch(int fd, uint32_t events, std::function<void(uint32_t)> on_ready,
+             const char* what = "other") override;
   void modify(int fd, uint32_t events) override;
   void unwatch(int fd) override;
 
   // Times the loop's thread woke (out of epoll_wait), for tests and benchmarks.
   uint64_t wakeups() const { return wakeups_.load(std::memory_order_relaxed); }
+  // On the loop's thread: what woke it, counted per wakeup for each cause: the `what` of each
+  // descriptor that was ready, of the first timer that ran ("timer: nothing due" when none
+  // did: one cancelled after the timerfd fired), or "message" (post(), call()). A wakeup with
+  // several ready counts under each, so the counts add up to at least wakeups().
+  const std::map<std::string, uint64_t, std::less<>>& woken_by() const { return woken_by_; }
 
  private:
   bool enqueue(Task task);
   void run();
   void run_messages();
-  void run_timers();
+  // Runs the timers that are due; the `what` of the first one, or nullptr for none.
+  const char* run_timers();
+  void count(const char* what);
   void arm();
 
   int epoll_fd_ = -1;
@@ -111,7 +119,11 @@ class EventLoop final : public cri::Reactor {
   std::mutex after_stop_mu_;  // call()s after stop() run one at a time
 
   // The loop's own (no lock):
-  std::map<std::pair<Clock::time_point, TimerId>, Task> timers_;
+  struct Timer {
+    Task task;
+    const char* what;
+  };
+  std::map<std::pair<Clock::time_point, TimerId>, Timer> timers_;
   std::unordered_map<TimerId, Clock::time_point> timer_at_;
   TimerId last_timer_ = 0;
   Clock::time_point armed_at_ = Clock::time_point::max();
@@ -119,7 +131,12 @@ class EventLoop final : public cri::Reactor {
   // its end (one timerfd_settime per wakeup at most, and none for a timer set and cancelled
   // within it).
   bool in_batch_ = false;
-  std::unordered_map<int, std::function<void(uint32_t)>> watched_;
+  struct Watched {
+    std::function<void(uint32_t)> on_ready;
+    const char* what;
+  };
+  std::unordered_map<int, Watched> watched_;
+  std::map<std::string, uint64_t, std::less<>> woken_by_;
 };
 
 }  // namespace kpleg::pleg

@@ -34,7 +34,8 @@ void ReconcileDiff::apply(const std::vector<RuntimeContainer>& view, bool initia
   auto look_again = [&](const std::string& id) {
     const bool correction = !initial;
     core_.at(Clock::now() + (initial ? milliseconds(0) : core_.opts().correction_grace),
-             [this, id, correction] { recheck(id, milliseconds(1000), correction); });
+             [this, id, correction] { recheck(id, milliseconds(1000), correction); },
+             "reconcile: recheck");
   };
   for (const auto& rc : view) {
     Record& rec = core_.table().at(rc.id);
@@ -59,7 +60,7 @@ void ReconcileDiff::apply(const std::vector<RuntimeContainer>& view, bool initia
       // Removals of exited containers have no kernel signal: the removal watcher finds them. A
       // relist that comes first is not a correction; it only makes the watcher look now (a
       // list taken before the container was created would not show it either, hence the look).
-      core_.at(Clock::now(), [this, id = id] { removal_.check(id); });
+      core_.at(Clock::now(), [this, id = id] { removal_.check(id); }, "reconcile: removal check");
     } else if (rec.pending == 0 || initial) {
       look_again(id);
     }
@@ -85,7 +86,8 @@ void ReconcileDiff::on_recheck(const std::string& id, milliseconds retry, bool c
     // often, rather than leaving a known difference to the next periodic reconcile.
     auto next = std::min(retry * 2, milliseconds(30'000));
     core_.at(Clock::now() + retry,
-             [this, id, next, correction] { recheck(id, next, correction); });
+             [this, id, next, correction] { recheck(id, next, correction); },
+             "reconcile: recheck");
     return;
   }
   Record* found = core_.table().find(id);

@@ -17,7 +17,7 @@ void RemovalWatcher::schedule(Clock::time_point at) {
   due_ = at;
   if (sweeping_) return;  // the sweep under way plans its successor (judge())
   core_.cancel(sweep_timer_);  // a later sweep would wake the loop for nothing
-  sweep_timer_ = core_.at(at, [this] { sweep(); });
+  sweep_timer_ = core_.at(at, [this] { sweep(); }, "removal sweep");
 }
 
 void RemovalWatcher::check(const std::string& id) {

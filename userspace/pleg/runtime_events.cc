@@ -128,10 +128,13 @@ void RuntimeEvents::ended_on_loop(const Status& st) {
   on_stopped_();
   waiting_ = true;
   if (unimplemented) return;  // until retry_now()
-  retry_timer_ = event_loop_->at(std::chrono::steady_clock::now() + backoff_, [this] {
-    retry_timer_ = 0;
-    subscribe_on_loop();
-  });
+  retry_timer_ = event_loop_->at(
+      std::chrono::steady_clock::now() + backoff_,
+      [this] {
+        retry_timer_ = 0;
+        subscribe_on_loop();
+      },
+      "runtime events: subscribe again");
   backoff_ = std::min(backoff_ * 2, opts_.retry_max);
 }
 

@@ -102,9 +102,9 @@ void Tracker::on_removal_hint(const std::string& id) {
   loop_.post([this, id] { removal_.on_hint(id); });
 }
 
-void Tracker::watch(int fd, std::function<void()> on_readable) {
+void Tracker::watch(int fd, std::function<void()> on_readable, const char* what) {
   loop_.call([&] {
-    loop_.watch(fd, EPOLLIN, [f = std::move(on_readable)](uint32_t) { f(); });
+    loop_.watch(fd, EPOLLIN, [f = std::move(on_readable)](uint32_t) { f(); }, what);
   });
 }
 
@@ -221,6 +221,7 @@ TrackerStats Tracker::stats() const {
     st.exit_wakes = confirmer_.exit_wakeup().waking();
     st.exit_wakeups_off = confirmer_.exit_wakeup().turned_off();
     st.exit_wakeups_restored = confirmer_.exit_wakeup().turned_on();
+    st.loop_woken_by.insert(loop_.woken_by().begin(), loop_.woken_by().end());
     return st;
   });
 }

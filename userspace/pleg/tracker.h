@@ -64,7 +64,7 @@ class Tracker {
   // (the kernel source's ring buffer, consumed without a thread of its own; the events it hands
   // to on_kernel_event are then handled at once). The descriptor stays registered until
   // stop(), which is to come before `fd` is closed.
-  void watch(int fd, std::function<void()> on_readable);
+  void watch(int fd, std::function<void()> on_readable, const char* what = "other");
   // Runs `f` with the loop on the loop's thread and returns what it returns (at once on that
   // thread, and on the caller's once the tracker has stopped): a component that lives on the
   // loop, its descriptors and timers there (the removal hint's inotify watch,

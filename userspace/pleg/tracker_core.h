@@ -90,6 +90,8 @@ struct TrackerStats {
   bool exit_wakes = true;  // an init's exit wakes the loop (exit_wakeup.h); Tracker::stats() fills it in
   uint64_t exit_wakeups_off = 0;       // times it was learned that it need not
   uint64_t exit_wakeups_restored = 0;  // times an exit then came alone, and exits wake again
+  // Times the loop woke, by what woke it (EventLoop::woken_by); Tracker::stats() fills it in.
+  std::map<std::string, uint64_t> loop_woken_by;
   uint64_t foreign_containers = 0;  // started containers the runtime does not know
   uint64_t foreign_signals = 0;     // kernel signals of those, ignored
   // Kernel signals from a cgroup that claims a container id whose container has an older
@@ -135,7 +137,9 @@ class TrackerCore {
   void publish(Events& out);
 
   // Runs `task` on the loop at `at`; cancel() drops it unless it ran.
-  TimerId at(Clock::time_point at, EventLoop::Task task) { return loop_.at(at, std::move(task)); }
+  TimerId at(Clock::time_point at, EventLoop::Task task, const char* what = "timer") {
+    return loop_.at(at, std::move(task), what);
+  }
   bool cancel(TimerId id) { return id != 0 && loop_.cancel(id); }
   EventLoop& loop() { return loop_; }
 

@@ -253,6 +253,10 @@ std::string stats_json(const v1::StatsResponse& r) {
   j["cri_calls_by_method"] = ordered_json::object();
   for (const auto& [method, n] : by_method) j["cri_calls_by_method"][method] = n;
   j["confirm_retries"] = r.confirm_retries();
+  std::map<std::string, uint64_t> by_cause(r.loop_wakeups_by_cause().begin(),
+                                           r.loop_wakeups_by_cause().end());
+  j["loop_wakeups_by_cause"] = ordered_json::object();
+  for (const auto& [cause, n] : by_cause) j["loop_wakeups_by_cause"][cause] = n;
   return dump(j);
 }
 
@@ -282,6 +286,15 @@ std::string stats_text(const v1::StatsResponse& r) {
   for (const auto& [method, n] : by_method)
     line(fmt::format("  {}:", method).c_str(), std::to_string(n));
   line("confirm retries:", std::to_string(r.confirm_retries()));
+  if (r.loop_wakeups_by_cause_size() > 0) {
+    std::map<std::string, uint64_t> by_cause(r.loop_wakeups_by_cause().begin(),
+                                             r.loop_wakeups_by_cause().end());
+    uint64_t total = 0;
+    for (const auto& [cause, n] : by_cause) total += n;
+    line("loop wakeups:", fmt::format("{} (by cause; one with several counts under each)", total));
+    for (const auto& [cause, n] : by_cause)
+      line(fmt::format("  {}:", cause).c_str(), std::to_string(n));
+  }
   return out;
 }
 
