@@ -203,17 +203,26 @@ TEST_F(SoakTest, ChurnBesideANoisyPodManyConsumersTrickledProbesAndAFrozenRuntim
     if (j["call"] == "StopContainer") life.second = true;
   }
   // Events still on their way when the churn ended: a few seconds after the last call.
-  ASSERT_TRUE(kplegd.wait_for(
+  std::vector<std::string> no_death;
+  const bool all_died = kplegd.wait_for(
       [&](const std::vector<json>& evs) {
         std::map<std::string, int> died;
         for (const auto& e : evs)
           if (e.value("type", "") == "ContainerDied") ++died[e.value("container_id", "")];
+        no_death.clear();
         for (const auto& [id, life] : lives)
-          if (life.second && died[id] == 0) return false;
-        return true;
+          if (life.second && died[id] == 0) no_death.push_back(id);
+        return no_death.empty();
       },
-      30s))
-      << "a stopped container's death was never reported";
+      30s);
+  if (!all_died) {
+    std::string calls;
+    for (const auto& line : lines_of(result->out))
+      for (const auto& id : no_death)
+        if (line.find(id) != std::string::npos) calls += line + "\n";
+    FAIL() << "a stopped container's death was never reported: " << no_death.size()
+           << ", e.g. " << no_death.front() << "; the churn's calls for them:\n" << calls;
+  }
   std::map<std::string, std::map<std::string, int>> seen;
   for (const auto& e : kplegd.events()) ++seen[e.value("container_id", "")][e.value("type", "")];
   int missed = 0, duplicated = 0, checked = 0;

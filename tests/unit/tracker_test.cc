@@ -689,6 +689,31 @@ TEST_F(TrackerTest, AnExitedContainerTheRuntimeReloadsAsUnknownIsNotRemoved) {
   EXPECT_TRUE(wait_types(id, {"ContainerStarted", "ContainerDied", "ContainerRemoved"}));
 }
 
+// A runtime that answered nothing for a while (a frozen containerd) recovers with a backlog: a
+// container it then starts, stops and removes within a second or two was gone before its
+// chain's next try (backing off up to 10 s), and a container the runtime never reported is
+// reported to no one. The runtime's first answer after the silence sends the waiting looks.
+TEST_F(TrackerTest, LooksThatGotNoAnswerGoAtOnceWhenTheRuntimeAnswersAgain) {
+  TrackerOptions o;
+  o.confirm_budget = 50ms;
+  restart_tracker(o);
+  auto stuck = create("stuck");
+  ASSERT_TRUE(cri_.start_container(stuck).ok());
+  cri_.fail_always(cri::CriMethod::kContainerStatus,
+                   Error{grpc::StatusCode::DEADLINE_EXCEEDED, "CRI ContainerStatus failed: DEADLINE_EXCEEDED"});
+  kernel_exec(stuck);
+  // Past its budget its looks back off: 0.5, 1, 2 s ... apart. After the third of those the next
+  // is 2 s or more away.
+  ASSERT_TRUE(eventually([&] { return tracker_->stats().confirm_retries >= 8; }, 10s));
+  cri_.fail_always(cri::CriMethod::kContainerStatus, std::nullopt);
+  auto fresh = create("fresh");
+  ASSERT_TRUE(cri_.start_container(fresh).ok());
+  kernel_exec(fresh);
+  ASSERT_TRUE(wait_types(fresh, {"ContainerStarted"}));
+  EXPECT_TRUE(wait_types(stuck, {"ContainerStarted"}, 500ms))
+      << "the waiting look did not go when the runtime answered again";
+}
+
 // Hole: a confirmation still unsettled after its budget was dropped (a slow StartContainer, a
 // stalled shim); nothing looked again before the next reconcile.
 TEST_F(TrackerTest, AConfirmationPastItsBudgetKeepsLooking) {

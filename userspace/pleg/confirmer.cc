@@ -87,9 +87,10 @@ void Confirmer::start_chain(Record& rec, const std::string& pod_uid, Anchor anch
   schedule(look, now + first);
 }
 
-void Confirmer::schedule(const Look& look, Clock::time_point at) {
+void Confirmer::schedule(const Look& look, Clock::time_point at, bool unanswered) {
   const auto timer = core_.at(
       at, [this, look] { confirm(look); }, look.last_miss < Clock::duration::zero() ? "look" : "look again");
+  if (unanswered) unanswered_[{look.id, int(look.anchor)}] = Unanswered{timer, look};
   if (look.anchor == Anchor::kExec) return;
   Record* rec = core_.table().find(look.id);
   if (rec != nullptr && rec->death_chain == look.chain) rec->death_look = timer;
@@ -101,7 +102,32 @@ bool Confirmer::settled_or_superseded(const Record& rec, Anchor anchor, uint32_t
   return rank(rec.reported) >= want_rank || (want == Want::kExited && chain != rec.death_chain);
 }
 
+void Confirmer::note_answer(bool answered, Clock::time_point now) {
+  if (!answered) {
+    if (!silent_since_) silent_since_ = now;
+    return;
+  }
+  const bool after_silence = silent_since_ && now - *silent_since_ >= kSilence;
+  silent_since_.reset();
+  if (!after_silence || unanswered_.empty()) return;
+  auto waiting = std::move(unanswered_);
+  unanswered_.clear();
+  size_t again = 0;
+  for (auto& [key, u] : waiting) {
+    if (!core_.cancel(u.timer)) continue;  // it ran, or a later chain took over
+    Look look = u.look;
+    look.delay = core_.opts().confirm_retry_first;  // as a fresh chain's retries, should it miss
+    schedule(look, now);
+    ++again;
+  }
+  if (again > 0)
+    spdlog::info("tracker: the runtime answers again: {} confirmation(s) waiting after "
+                 "unanswered looks look now",
+                 again);
+}
+
 void Confirmer::confirm(const Look& look) {
+  unanswered_.erase({look.id, int(look.anchor)});
   Record& rec = core_.table().at(look.id);
   if (look.anchor != Anchor::kExec && rec.death_chain == look.chain) rec.death_look = 0;
   // Another path got there first (a later signal's confirmation, a reconcile, a death that
@@ -125,6 +151,7 @@ void Confirmer::on_answer(const Look& look, Clock::duration look_at, bool known,
   const auto now = Clock::now();
   const std::string& id = look.id;
   Record& rec = core_.table().at(id);
+  note_answer(obs.ok(), now);
   // A start the runtime does not know yet (RunPodSandbox/StartContainer still in progress, the
   // id not in its store) is not a removal: wait for it like for any other lag. So is the exit
   // of a process of a cgroup kplegd found with processes in it and never saw start: a runtime's
@@ -161,7 +188,7 @@ void Confirmer::on_answer(const Look& look, Clock::duration look_at, bool known,
     Look next = look;
     next.delay = next_delay(rec, look, unknown_start, obs);
     next.last_miss = look_at;
-    schedule(next, now + look.delay);
+    schedule(next, now + look.delay, !obs.ok());
     return;
   }
 

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -75,8 +76,12 @@ class Confirmer {
   // for its event. An early report (see early_) that settles the chain is applied into `out`.
   void start_chain(Record& rec, const std::string& pod_uid, Anchor anchor, Events& out);
   // Sets the timer of `look` at `at` (kept on the record for a death's chain, which a later
-  // chain cancels).
-  void schedule(const Look& look, Clock::time_point at);
+  // chain cancels). `unanswered`: the look before it got no answer (see unanswered_).
+  void schedule(const Look& look, Clock::time_point at, bool unanswered = false);
+  // A look's answer came (`answered`), or the call failed without one (a deadline, the runtime
+  // unreachable). The first answer after kSilence or more in which looks failed and none was
+  // answered makes every look waiting after an unanswered one go at once.
+  void note_answer(bool answered, Clock::time_point now);
   // Not settled yet: the next look, backing off past the budget (logged once).
   std::chrono::milliseconds next_delay(Record& rec, const Look& look, bool unknown_start,
                                        const Result<Observation>& obs);
@@ -115,6 +120,18 @@ class Confirmer {
   void learn_exit_wakeup(const Record& rec, Signal signal);
 
   TrackerCore& core_;
+  // Looks whose call before got no answer, waiting for their next try (backing off past the
+  // budget: up to confirm_backoff_max apart), by id and anchor. A runtime that answered nothing
+  // for a while (frozen, restarting) recovers with a backlog: a container it then starts, stops
+  // and removes within seconds was gone before its chain's next try, and one the runtime never
+  // reported is reported to no one. So they go at once when the runtime answers again.
+  struct Unanswered {
+    TrackerCore::TimerId timer;
+    Look look;
+  };
+  std::map<std::pair<std::string, int>, Unanswered> unanswered_;
+  static constexpr std::chrono::seconds kSilence{1};
+  std::optional<Clock::time_point> silent_since_;  // the first unanswered look since an answer
   // How long after each anchor the runtime reports the transition, for containers [.][0] and
   // sandboxes [.][1] apart (containerd lists a sandbox tens of milliseconds after its pause
   // started).
