@@ -165,8 +165,8 @@ TEST_F(DirRemovalWatchTest, ArmingAnIdWhoseDirectoryWentAlreadySaysSo) {
 }
 
 // Under churn the runtime removes directories several times a second: after a read, the
-// watch holds off reading for half a second, so removals that come meanwhile cost it one
-// wakeup together, not one each, and each is still hinted.
+// watch holds off reading (a second, or until the sweep ends it), so removals that come
+// meanwhile cost it one wakeup together, not one each, and each is still hinted.
 TEST_F(DirRemovalWatchTest, RemovalsThatComeWhileItHoldsOffAreReadTogether) {
   start({containers_});
   const std::string first = id_of('0');
@@ -192,6 +192,29 @@ TEST_F(DirRemovalWatchTest, RemovalsThatComeWhileItHoldsOffAreReadTogether) {
   EXPECT_GE(all_hinted - first_hinted, DirRemovalWatch::kHoldOff - std::chrono::milliseconds(50))
       << "the ten were hinted before the hold-off ended";
   EXPECT_EQ(armed(), 0u);
+}
+
+// The removal sweep ends a hold-off before it lists (take_held): what came meanwhile is hinted
+// at once, and a read that saw a removal holds off again from then.
+TEST_F(DirRemovalWatchTest, TakeHeldHintsWhatItHoldsBackAtOnceAndHoldsOffAgain) {
+  start({containers_});
+  const std::string first = id_of('0'), held = id_of('1'), next = id_of('2');
+  for (const auto& id : {first, held, next}) ASSERT_EQ(arm(id), DirRemovalWatch::Arm::kArmed);
+  make_and_remove(containers_ + "/" + first);
+  ASSERT_TRUE(eventually([&] { return hinted_has(first); }));
+  make_and_remove(containers_ + "/" + held);
+  // An event, or the hold-off's end, would show it; neither comes for the hold-off (a second).
+  EXPECT_FALSE(eventually([&] { return hinted_has(held); }, std::chrono::milliseconds(200)));
+  loop_.call([&] { watch_->take_held(); });
+  EXPECT_TRUE(hinted_has(held)) << "not hinted when the hold-off was ended";
+  make_and_remove(containers_ + "/" + next);
+  EXPECT_FALSE(eventually([&] { return hinted_has(next); }, std::chrono::milliseconds(200)))
+      << "no hold-off after the read that take_held() made";
+  loop_.call([&] { watch_->take_held(); });
+  EXPECT_TRUE(hinted_has(next));
+  // Nothing held: nothing to do.
+  loop_.call([&] { watch_->take_held(); });
+  EXPECT_EQ(hinted().size(), 3u);
 }
 
 // The removal of an id not armed yet (remembered for its arming) is followed by a hold-off too:

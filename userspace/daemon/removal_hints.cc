@@ -11,14 +11,19 @@ namespace {
 class RemovalHintsOver : public pleg::RemovalHints {
  public:
   RemovalHintsOver(std::function<Arm(const std::string&)> arm,
-                   std::function<void(const std::string&)> disarm)
-      : arm_(std::move(arm)), disarm_(std::move(disarm)) {}
+                   std::function<void(const std::string&)> disarm,
+                   std::function<void()> take_held = nullptr)
+      : arm_(std::move(arm)), disarm_(std::move(disarm)), take_held_(std::move(take_held)) {}
   Arm watch(const std::string& id) override { return arm_(id); }
   void unwatch(const std::string& id) override { disarm_(id); }
+  void take_held() override {
+    if (take_held_) take_held_();
+  }
 
  private:
   std::function<Arm(const std::string&)> arm_;
   std::function<void(const std::string&)> disarm_;
+  std::function<void()> take_held_;
 };
 }  // namespace
 
@@ -72,7 +77,7 @@ RemovalHintsAttached attach_removal_hints(RemovalHintsRequest req) {
           }
           return pleg::RemovalHints::Arm::kFailed;
         },
-        [w](const std::string& id) { w->unwatch(id); });
+        [w](const std::string& id) { w->unwatch(id); }, [w] { w->take_held(); });
     out.after_removal = true;
     source = "the removal of their directory in ";
     for (size_t i = 0; i < dirs.size(); ++i) source += (i ? ", " : "") + dirs[i];

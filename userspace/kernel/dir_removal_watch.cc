@@ -107,6 +107,12 @@ DirRemovalWatch::Arm DirRemovalWatch::watch(const std::string& id) {
 
 void DirRemovalWatch::unwatch(const std::string& id) { armed_.erase(id); }
 
+void DirRemovalWatch::take_held() {
+  if (hold_timer_ == 0 || !loop_.cancel(hold_timer_)) return;
+  hold_timer_ = 0;
+  take();
+}
+
 void DirRemovalWatch::remember_gone(std::string name, std::chrono::steady_clock::time_point now) {
   while (!gone_order_.empty() && (gone_order_.size() >= kRememberGoneMax ||
                                   now - gone_order_.front().first >= kRememberGone)) {

@@ -12,8 +12,9 @@
 // of the loop's epoll set until a timer of the loop ends it; the kernel queues what comes
 // meanwhile): under churn the runtime removes a directory several times a second, and each
 // removal would otherwise be a wakeup of its own. The tracker sweeps for hinted removals once a
-// second at most anyway (TrackerOptions::removal_sweep_period), so a hint held half a second
-// costs that sweep little, and the reads come about twice a second at most. A read that saw no
+// second at most anyway (TrackerOptions::removal_sweep_period), and each sweep ends the hold-off
+// first (take_held()): under churn the hints are read at the sweeps, once a second, with no
+// wakeup of their own; the hold-off's timer (a second) ends one only when no sweep came. A read that saw no
 // such removal (a file named by an id) is not followed by a hold-off: the hint of the
 // directory's removal just after it is not held.
 // The removal of an id not armed yet is remembered for a while: arming it then answers kGone
@@ -52,7 +53,7 @@ std::vector<std::string> removal_dirs_from_status_info(
 class DirRemovalWatch {
  public:
   using OnHint = std::function<void(const std::string& id)>;
-  static constexpr std::chrono::milliseconds kHoldOff{500};
+  static constexpr std::chrono::milliseconds kHoldOff{1000};
 
   // Watches every directory of `dirs`, read on `loop`; one that does not exist yet (a runtime
   // makes them with its first container) is watched from its creation, found by a watch on its
@@ -82,6 +83,11 @@ class DirRemovalWatch {
   Arm watch(const std::string& id);
   void unwatch(const std::string& id);
   size_t watch_count() const { return armed_.size(); }
+  // Ends a hold-off now: what came meanwhile is read (and hinted) at once, and a read that saw a
+  // removal holds off again from now. For the removal sweep, which reads the held hints just
+  // before it lists: under churn the hold-off then ends at the sweep's wakeup, not at one of
+  // its own. Nothing when it does not hold off.
+  void take_held();
 
   const std::vector<std::string>& dirs() const { return dirs_; }
   // From any thread: times every armed id was hinted at once (a lost inotify event, a watched

@@ -42,6 +42,8 @@ void RemovalWatcher::sweep() {
   // The runtime's events held back meanwhile (a DELETED) may settle what this would list for.
   core_.read_events(true);
   last_sweep_ = Clock::now();
+  // So do the hints held back (the next sweep for those this one still finds: one period on).
+  if (hints_ != nullptr) hints_->take_held();
   find_missed_deleted_events(Clock::now());
   find_missed_hints(Clock::now());
   const bool joined = std::exchange(joined_, false);

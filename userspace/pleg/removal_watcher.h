@@ -50,6 +50,9 @@ class RemovalHints {
   };
   virtual Arm watch(const std::string& id) = 0;
   virtual void unwatch(const std::string& id) = 0;
+  // Hands on now what the source holds back (inotify's hold-off): the sweep about to run covers
+  // those removals, so the hold-off need not end with a wakeup of its own.
+  virtual void take_held() {}
 };
 
 class RemovalWatcher {
