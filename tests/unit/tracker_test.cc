@@ -1352,6 +1352,30 @@ TEST_F(RuntimeEventsTrackerTest, ALifecycleConfirmedByTheRuntimesEventsCostsNoCa
   EXPECT_EQ(tracker_->stats().runtime_events_late, 0u);
 }
 
+// While the stream's DELETED events report removals, a removal hint (inotify's, armed for every
+// exited container) brings no sweep: the event reports the removal; a sweep per second of
+// churn was one more wakeup of the loop, and a list call, for nothing.
+TEST_F(RuntimeEventsTrackerTest, AHintBringsNoSweepWhileTheStreamReportsRemovals) {
+  restart_for_removals(10s, 100ms);
+  FakeRemovalHints hints;
+  tracker_->set_removal_hints(&hints, /*trusted=*/true, /*after_removal=*/true);
+  auto id = died_with_events("app");
+  ASSERT_FALSE(HasFailure());
+  ASSERT_TRUE(eventually([&] { return hints.armed(id); }));
+  const auto lists = cri_.calls(cri::CriMethod::kListContainers);
+  ASSERT_TRUE(cri_.remove_container(id).ok());
+  auto deleted_ev = event(id, v1::CONTAINER_DELETED_EVENT);
+  tracker_->on_removal_hint(id);
+  // The hint's sweep would go 100 ms after it.
+  EXPECT_FALSE(eventually([&] { return cri_.calls(cri::CriMethod::kListContainers) > lists; },
+                          400ms))
+      << "the hint brought a sweep";
+  tracker_->on_runtime_event(deleted_ev);
+  ASSERT_TRUE(wait_types(id, {"ContainerStarted", "ContainerDied", "ContainerRemoved"}));
+  EXPECT_EQ(tracker_->stats().removal_hints, 1u);
+  tracker_->set_removal_hints(nullptr);
+}
+
 // Hole: a runtime whose stream leaves removals out (CRI-O sends no DELETED for the containers a
 // RemovePodSandbox takes with it) had every such removal reported only by the rare sweep kept for
 // a lost event (30 s by default). The first one such a sweep finds, with no DELETED after it,

@@ -73,6 +73,11 @@ void RemovalWatcher::on_hint(const std::string& id) {
   }
   hinted_.insert(id);
   rechecks_[id] = kHintRechecks;
+  // While the runtime's DELETED events report removals, the event reports this one: the hint
+  // brings no sweep (the sweep kept for a lost event finds it, should the event not come).
+  if (const Record* rec = core_.table().find(id);
+      rec != nullptr && events_cover_removals(rec->identity.sandbox))
+    return;
   // Hints of removals that come one after another share a sweep: one a removal_sweep_period at
   // most, as without hints while containers die and go.
   auto at = Clock::now() + hint_delay();
