@@ -68,6 +68,9 @@ void Confirmer::start_chain(Record& rec, const std::string& pod_uid, Anchor anch
       ++core_.stats().looks_dropped;
     }
     rec.death_look = 0;
+    // Nor is it waited for after an unanswered look any more.
+    unanswered_.erase({rec.identity.id, int(Anchor::kExit)});
+    unanswered_.erase({rec.identity.id, int(Anchor::kRmdir)});
   }
   ++core_.stats().kernel_signals;
   const auto now = Clock::now();
