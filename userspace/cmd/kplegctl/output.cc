@@ -32,6 +32,20 @@ ordered_json status_json(const v1::ContainerStatus& s) {
 
 std::string or_dash(const std::string& s) { return s.empty() ? "-" : s; }
 
+// A protobuf map of counts by name, sorted by name (protobuf's map has no order).
+template <typename ProtoMap>
+std::map<std::string, uint64_t> sorted(const ProtoMap& m) {
+  return {m.begin(), m.end()};
+}
+
+// The same as a JSON object, in that order.
+template <typename ProtoMap>
+ordered_json sorted_json(const ProtoMap& m) {
+  ordered_json j = ordered_json::object();
+  for (const auto& [k, n] : sorted(m)) j[k] = n;
+  return j;
+}
+
 // Rows as lines of columns padded to the widest cell, two spaces apart.
 template <size_t N>
 std::string aligned(const std::vector<std::array<std::string, N>>& rows) {
@@ -247,16 +261,9 @@ std::string stats_json(const v1::StatsResponse& r) {
   j["relists"] = r.relists();
   j["last_reconcile_ns"] = r.last_reconcile_ns();
   j["cri_calls"] = r.cri_calls();
-  // By method name, sorted (protobuf's map has no order).
-  std::map<std::string, uint64_t> by_method(r.cri_calls_by_method().begin(),
-                                            r.cri_calls_by_method().end());
-  j["cri_calls_by_method"] = ordered_json::object();
-  for (const auto& [method, n] : by_method) j["cri_calls_by_method"][method] = n;
+  j["cri_calls_by_method"] = sorted_json(r.cri_calls_by_method());
   j["confirm_retries"] = r.confirm_retries();
-  std::map<std::string, uint64_t> by_cause(r.loop_wakeups_by_cause().begin(),
-                                           r.loop_wakeups_by_cause().end());
-  j["loop_wakeups_by_cause"] = ordered_json::object();
-  for (const auto& [cause, n] : by_cause) j["loop_wakeups_by_cause"][cause] = n;
+  j["loop_wakeups_by_cause"] = sorted_json(r.loop_wakeups_by_cause());
   return dump(j);
 }
 
@@ -281,14 +288,11 @@ std::string stats_text(const v1::StatsResponse& r) {
   line("relists:", std::to_string(r.relists()));
   line("last reconcile:", clock_time(r.last_reconcile_ns()));
   line("CRI calls:", std::to_string(r.cri_calls()));
-  std::map<std::string, uint64_t> by_method(r.cri_calls_by_method().begin(),
-                                            r.cri_calls_by_method().end());
-  for (const auto& [method, n] : by_method)
+  for (const auto& [method, n] : sorted(r.cri_calls_by_method()))
     line(fmt::format("  {}:", method).c_str(), std::to_string(n));
   line("confirm retries:", std::to_string(r.confirm_retries()));
   if (r.loop_wakeups_by_cause_size() > 0) {
-    std::map<std::string, uint64_t> by_cause(r.loop_wakeups_by_cause().begin(),
-                                             r.loop_wakeups_by_cause().end());
+    const auto by_cause = sorted(r.loop_wakeups_by_cause());
     uint64_t total = 0;
     for (const auto& [cause, n] : by_cause) total += n;
     line("loop wakeups:", fmt::format("{} (by cause; one with several counts under each)", total));
