@@ -78,7 +78,9 @@ def proc_cpu_s(pid):
 
 
 def threads(pid):
-    """Per thread: (name, ns on CPU, times scheduled in), from /proc/<pid>/task/*/schedstat."""
+    """Per thread: (name, ns on CPU, times scheduled in, times it slept and was woken, times it was
+    preempted), from /proc/<pid>/task/*/schedstat and status. Times scheduled in is about the sum of
+    the other two: a thread runs again after a sleep or after another task took its CPU."""
     out = {}
     try:
         tids = os.listdir(f"/proc/{pid}/task")
@@ -90,9 +92,16 @@ def threads(pid):
                 run_ns, _wait, slices = (int(x) for x in f.read().split()[:3])
             with open(f"/proc/{pid}/task/{tid}/comm") as f:
                 name = f.read().strip()
+            switches = {}
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                for line in f:
+                    k, _, v = line.partition(":")
+                    if k in ("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches"):
+                        switches[k] = int(v)
         except (OSError, ValueError):
             continue
-        out[tid] = (name, run_ns, slices)
+        out[tid] = (name, run_ns, slices, switches.get("voluntary_ctxt_switches", 0),
+                    switches.get("nonvoluntary_ctxt_switches", 0))
     return out
 
 
@@ -103,14 +112,19 @@ def threads_cpu_s(pid):
 
 
 def thread_breakdown(before, after, elapsed_s):
-    """CPU ms per minute and wake-ups per second of each thread, grouped by thread name."""
+    """CPU ms per minute and wake-ups per second of each thread, grouped by thread name:
+    `wakeups_per_s` counts the times scheduled in (schedstat), `woken_per_s` the sleeps it was woken
+    from (voluntary switches) and `preempted_per_s` the times another task took its CPU."""
     groups = {}
-    for tid, (name, ns, slices) in after.items():
-        ns0, sl0 = (before[tid][1], before[tid][2]) if tid in before else (0, 0)
-        g = groups.setdefault(name, {"threads": 0, "cpu_ms_per_min": 0.0, "wakeups_per_s": 0.0})
+    for tid, (name, ns, slices, vol, invol) in after.items():
+        ns0, sl0, vol0, invol0 = before[tid][1:5] if tid in before else (0, 0, 0, 0)
+        g = groups.setdefault(name, {"threads": 0, "cpu_ms_per_min": 0.0, "wakeups_per_s": 0.0,
+                                     "woken_per_s": 0.0, "preempted_per_s": 0.0})
         g["threads"] += 1
         g["cpu_ms_per_min"] += (ns - ns0) / 1e6 * 60 / elapsed_s
         g["wakeups_per_s"] += (slices - sl0) / elapsed_s
+        g["woken_per_s"] += (vol - vol0) / elapsed_s
+        g["preempted_per_s"] += (invol - invol0) / elapsed_s
     return dict(sorted(groups.items(), key=lambda kv: -kv[1]["cpu_ms_per_min"]))
 
 

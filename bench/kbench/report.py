@@ -151,13 +151,18 @@ def thread_table(rows, n, rate, layout):
             per_tr.append(d_cpu / 60.0 / ach * 1e6)
             for name, g in (w.get("threads") or {}).items():
                 gi = (i.get("threads") or {}).get(name, {"wakeups_per_s": 0, "cpu_ms_per_min": 0})
-                x = names.setdefault(name, {"threads": g["threads"], "wake": [], "cpu": [], "wake_s": [], "idle_s": []})
+                x = names.setdefault(name, {"threads": g["threads"], "wake": [], "cpu": [], "wake_s": [], "idle_s": [],
+                                            "woken": [], "preempted": []})
                 x["wake"].append((g["wakeups_per_s"] - gi["wakeups_per_s"]) * w["window_s"] / lc)
+                for k, key in (("woken", "woken_per_s"), ("preempted", "preempted_per_s")):
+                    if key in g:  # results written before the bench read voluntary switches lack them
+                        x[k].append((g[key] - gi.get(key, 0)) * w["window_s"] / lc)
                 x["cpu"].append((g["cpu_ms_per_min"] - gi["cpu_ms_per_min"]) / 60.0 * w["window_s"] * 1000 / lc)
                 x["wake_s"].append(g["wakeups_per_s"])
                 x["idle_s"].append(gi["wakeups_per_s"])
         out.append({"mode": mode, "us_per_transition": spread(per_tr),
                     "threads": {k: {"threads": v["threads"], "wake_per_lc": spread(v["wake"]),
+                                    "woken_per_lc": spread(v["woken"]), "preempted_per_lc": spread(v["preempted"]),
                                     "cpu_us_per_lc": spread(v["cpu"]), "wake_s": spread(v["wake_s"]),
                                     "idle_wake_s": spread(v["idle_s"])} for k, v in names.items()}})
     return out
@@ -281,33 +286,42 @@ def summary(results):
         s, d = latency(windows, mode, "ContainerStarted"), latency(windows, mode, "ContainerDied")
         L.append(f"| {mode} | {fmt(s['p50'])} | {fmt(s['p99'])} | {fmt(d['p50'])} | {fmt(d['p99'])} | {s['n'] + d['n']} |")
     L.append("\n## Per thread, per container lifecycle (above the idle window of the same N and repeat)\n")
-    L.append("Wake-ups (times scheduled in, /proc/<pid>/task/*/schedstat) and CPU µs per container lifecycle "
-             "(start, death, removal); `grpcpp_sync_ser` is the Watch consumer's stream, apart. Median over repeats.\n")
+    L.append("Wake-ups (times scheduled in, /proc/<pid>/task/*/schedstat), of them the sleeps a thread was woken "
+             "from (voluntary switches, /proc/<pid>/task/*/status) and the times another task took its CPU "
+             "(preempted), and CPU µs per container lifecycle (start, death, removal); `grpcpp_sync_ser` is the "
+             "Watch consumer's stream, apart. Median over repeats.\n")
     rate = results["meta"]["config"].get("thread_rate", 10)
     for n in sorted({r["n"] for r in rows}):
         for layout in results["meta"]["config"].get("layouts", "one,spread").split(","):
             for t in thread_table(rows, n, rate, layout):
                 L.append(f"**N={n}, {rate:g}/s, {layout}, {t['mode']}**: daemon + BPF CPU per transition "
                          f"{fmt_spread(t['us_per_transition'], 0)} µs\n")
-                L.append("| thread ×n | wake-ups/s at rate | idle wake-ups/s | wake-ups per lifecycle | CPU µs per lifecycle |")
-                L.append("|---|---|---|---|---|")
+                L.append("| thread ×n | wake-ups/s at rate | idle wake-ups/s | wake-ups per lifecycle | woken from a sleep "
+                         "| preempted | CPU µs per lifecycle |")
+                L.append("|---|---|---|---|---|---|---|")
+                med = lambda v, k: (v[k] or {}).get("median", 0)
                 items = sorted(t["threads"].items(), key=lambda kv: (kv[0] in WATCH_THREADS,
                                                                      -(kv[1]["cpu_us_per_lc"] or {}).get("median", 0)))
-                tot_w = sum((v["wake_per_lc"] or {}).get("median", 0) for k, v in items if k not in WATCH_THREADS)
-                tot_c = sum((v["cpu_us_per_lc"] or {}).get("median", 0) for k, v in items if k not in WATCH_THREADS)
+                ours = [v for k, v in items if k not in WATCH_THREADS]
+                tot_w, tot_c = sum(med(v, "wake_per_lc") for v in ours), sum(med(v, "cpu_us_per_lc") for v in ours)
+                tot_v, tot_p = sum(med(v, "woken_per_lc") for v in ours), sum(med(v, "preempted_per_lc") for v in ours)
+                split = any(v["woken_per_lc"] for v in ours)  # older results lack the split
+                total = (f"{tot_w:.1f} | {f'{tot_v:.1f}' if split else '–'} | {f'{tot_p:.1f}' if split else '–'} "
+                         f"| {tot_c:.0f} |")
                 quiet = [k for k, v in items if k not in WATCH_THREADS
                          and max((v["wake_s"] or {}).get("median", 0), (v["idle_wake_s"] or {}).get("median", 0)) < 0.05]
                 items = [kv for kv in items if kv[0] not in quiet]
                 for k, v in items:
                     if k in WATCH_THREADS:
-                        L.append(f"| **all but the Watch stream** | | | {tot_w:.1f} | {tot_c:.0f} |")
+                        L.append(f"| **all but the Watch stream** | | | {total}")
                     L.append(f"| {k} ×{v['threads']} | {fmt((v['wake_s'] or {}).get('median'))} | "
                              f"{fmt((v['idle_wake_s'] or {}).get('median'))} | {fmt_spread(v['wake_per_lc'])} | "
+                             f"{fmt_spread(v['woken_per_lc'])} | {fmt_spread(v['preempted_per_lc'])} | "
                              f"{fmt_spread(v['cpu_us_per_lc'], 0)} |")
                 if not any(k in WATCH_THREADS for k, _ in items):
-                    L.append(f"| **all** | | | {tot_w:.1f} | {tot_c:.0f} |")
+                    L.append(f"| **all** | | | {total}")
                 if quiet:
-                    L.append(f"| not woken in either window: {', '.join(quiet)} | 0 | 0 | 0 | 0 |")
+                    L.append(f"| not woken in either window: {', '.join(quiet)} | 0 | 0 | 0 | 0 | 0 | 0 |")
                 L.append("")
     L += bpf_section(results.get("bpf"))
     return "\n".join(L) + "\n", rows
