@@ -217,6 +217,39 @@ TEST_F(DirRemovalWatchTest, TakeHeldHintsWhatItHoldsBackAtOnceAndHoldsOffAgain) 
   EXPECT_EQ(hinted().size(), 3u);
 }
 
+// Paused (the runtime's events report every removal), the watch reads nothing, neither when
+// the descriptor is readable nor at a hold-off's end: the loop is not woken for it. The sweep
+// reads what queued (take_held), and resumed it reads at once and goes on as before.
+TEST_F(DirRemovalWatchTest, PausedItReadsOnlyAtTheSweepAndResumedAtOnce) {
+  start({containers_});
+  const std::string first = id_of('0'), held = id_of('1'), at_sweep = id_of('2'),
+                    queued = id_of('3'), after = id_of('4');
+  for (const auto& id : {first, held, at_sweep, queued, after})
+    ASSERT_EQ(arm(id), DirRemovalWatch::Arm::kArmed);
+  make_and_remove(containers_ + "/" + first);
+  ASSERT_TRUE(eventually([&] { return hinted_has(first); }));
+  make_and_remove(containers_ + "/" + held);  // held back by the hold-off
+  loop_.call([&] { watch_->set_paused(true); });
+  // The hold-off (a second) ends without a read while paused.
+  EXPECT_FALSE(eventually([&] { return hinted_has(held); }, std::chrono::milliseconds(1500)))
+      << "a paused watch read at its hold-off's end";
+  make_and_remove(containers_ + "/" + at_sweep);
+  EXPECT_FALSE(eventually([&] { return hinted_has(at_sweep); }, std::chrono::milliseconds(300)))
+      << "a paused watch read when its descriptor was readable";
+  EXPECT_EQ(watch_->reads(), 1u);
+  loop_.call([&] { watch_->take_held(); });
+  EXPECT_TRUE(hinted_has(held) && hinted_has(at_sweep)) << "the sweep did not read what queued";
+  make_and_remove(containers_ + "/" + queued);
+  EXPECT_FALSE(eventually([&] { return hinted_has(queued); }, std::chrono::milliseconds(300)))
+      << "still paused after the sweep's read";
+  loop_.call([&] { watch_->set_paused(false); });
+  EXPECT_TRUE(hinted_has(queued)) << "not read at once when resumed";
+  // Read again as before: the resume's read saw a removal, so the next waits for a hold-off's end.
+  make_and_remove(containers_ + "/" + after);
+  EXPECT_TRUE(eventually([&] { return hinted_has(after); }, std::chrono::seconds(5)))
+      << "not read after it was resumed";
+}
+
 // The removal of an id not armed yet (remembered for its arming) is followed by a hold-off too:
 // under churn most removals come before the tracker arms their ids, and each would otherwise
 // wake the loop. The remembered removal is answered at once all the same.

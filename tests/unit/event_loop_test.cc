@@ -1,15 +1,22 @@
 // The tracker's event loop (pleg/event_loop.h): timers run in their order and a cancelled one
 // never runs nor wakes the loop, messages run in the order they were posted, call() answers
 // from the loop (and at once on it), and a loop that stopped drops posts but still answers
-// call()s on the caller's thread; it counts what woke it, by cause.
+// call()s on the caller's thread; it counts what woke it, by cause; a descriptor modified to no
+// events wakes it for nothing.
 #include <gtest/gtest.h>
 #include <fcntl.h>
 #include <sys/eventfd.h>
 #include <sys/epoll.h>
+#include <sys/inotify.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -120,6 +127,65 @@ TEST(EventLoopTest, ADescriptorIsReadOnTheLoop) {
   loop.call([&] { loop.unwatch(fd); });
   loop.stop();
   close(fd);
+}
+
+// The times a thread slept and was woken (its voluntary context switches).
+uint64_t voluntary_switches(pid_t tid) {
+  std::ifstream f("/proc/self/task/" + std::to_string(tid) + "/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("voluntary_ctxt_switches:", 0) == 0)
+      return std::stoull(line.substr(line.find(':') + 1));
+  return 0;
+}
+
+// A descriptor modified to no events wakes the loop's thread for nothing: not even an inotify
+// descriptor, whose wakeups say nothing of what they are for (so epoll cannot filter them: kept
+// in the epoll set with no events, every event queued woke epoll_wait, which slept again
+// without returning: a wakeup no count of the loop saw). Modified back, it is read as before.
+TEST(EventLoopTest, ADescriptorWithNoEventsDoesNotWakeTheLoop) {
+  char tmpl[] = "/tmp/kpleg-event-loop-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  const int fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_GE(inotify_add_watch(fd, dir.c_str(), IN_DELETE), 0);
+  EventLoop loop;
+  loop.start("test-loop");
+  std::atomic<int> reads{0};
+  const pid_t tid = loop.call([&] {
+    loop.watch(fd, EPOLLIN, [&](uint32_t) {
+      char buf[4096];
+      while (read(fd, buf, sizeof buf) > 0) {
+      }
+      ++reads;
+    });
+    loop.modify(fd, 0);
+    return static_cast<pid_t>(syscall(SYS_gettid));
+  });
+  // Asleep in epoll_wait once the call's answer is taken.
+  ASSERT_TRUE(testing::eventually([&] {
+    const uint64_t v = voluntary_switches(tid);
+    std::this_thread::sleep_for(20ms);
+    return voluntary_switches(tid) == v;
+  }));
+  const uint64_t before = voluntary_switches(tid);
+  for (int i = 0; i < 10; ++i) {
+    const std::string f = dir + "/" + std::to_string(i);
+    ASSERT_EQ(mkdir(f.c_str(), 0700), 0);
+    ASSERT_EQ(rmdir(f.c_str()), 0);
+    std::this_thread::sleep_for(5ms);  // each its own wakeup, were it one
+  }
+  EXPECT_FALSE(testing::eventually([&] { return voluntary_switches(tid) > before; }, 200ms))
+      << voluntary_switches(tid) - before << " wakeups of the loop for a descriptor with no events";
+  EXPECT_EQ(reads.load(), 0);
+  loop.call([&] { loop.modify(fd, EPOLLIN); });
+  EXPECT_TRUE(testing::eventually([&] { return reads.load() == 1; }, 2s))
+      << "what came meanwhile was not read once modified back";
+  loop.call([&] { loop.unwatch(fd); });
+  loop.stop();
+  close(fd);
+  rmdir(dir.c_str());
 }
 
 TEST(EventLoopTest, AfterStopPostsAreDroppedAndCallsRunOnTheCaller) {

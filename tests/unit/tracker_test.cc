@@ -971,9 +971,18 @@ class FakeRemovalHints : public RemovalHints {
     auto it = watches_.find(id);
     return it == watches_.end() ? 0 : it->second;
   }
+  void set_paused(bool paused) override {
+    std::lock_guard lk(mu_);
+    paused_ = paused;
+  }
+  bool paused() const {
+    std::lock_guard lk(mu_);
+    return paused_;
+  }
 
  private:
   mutable std::mutex mu_;
+  bool paused_ = false;
   std::set<std::string> armed_;
   std::map<std::string, int> watches_, unwatches_;
   bool gone_on_watch_ = false;
@@ -1373,6 +1382,32 @@ TEST_F(RuntimeEventsTrackerTest, AHintBringsNoSweepWhileTheStreamReportsRemovals
   tracker_->on_runtime_event(deleted_ev);
   ASSERT_TRUE(wait_types(id, {"ContainerStarted", "ContainerDied", "ContainerRemoved"}));
   EXPECT_EQ(tracker_->stats().removal_hints, 1u);
+  tracker_->set_removal_hints(nullptr);
+}
+
+// While the stream reports the removals of containers and of sandboxes, the removal hints'
+// source is paused (under churn its reads woke the loop for nothing); it reads again once the
+// stream stops.
+TEST_F(RuntimeEventsTrackerTest, TheHintsArePausedWhileTheStreamReportsEveryRemoval) {
+  restart_for_removals(10s, 100ms);
+  FakeRemovalHints hints;
+  tracker_->set_removal_hints(&hints, /*trusted=*/true, /*after_removal=*/true);
+  EXPECT_FALSE(eventually([&] { return hints.paused(); }, 200ms))
+      << "paused before the stream reported a sandbox's removal";
+  ASSERT_TRUE(wait_types(sandbox_, {"ContainerStarted"}));
+  ASSERT_TRUE(cri_.stop_pod_sandbox(sandbox_).ok());
+  auto stopped_ev = event(sandbox_, v1::CONTAINER_STOPPED_EVENT);
+  kernel_exit(sandbox_, 0);
+  tracker_->on_runtime_event(stopped_ev);
+  ASSERT_TRUE(wait_types(sandbox_, {"ContainerStarted", "ContainerDied"}));
+  auto deleted_ev = event(sandbox_, v1::CONTAINER_DELETED_EVENT);  // its status, while it is there
+  ASSERT_TRUE(cri_.remove_pod_sandbox(sandbox_).ok());
+  tracker_->on_runtime_event(deleted_ev);
+  ASSERT_TRUE(wait_types(sandbox_, {"ContainerStarted", "ContainerDied", "ContainerRemoved"}));
+  EXPECT_TRUE(eventually([&] { return hints.paused(); }))
+      << "read on while the stream reports every removal";
+  tracker_->runtime_events_stopped();
+  EXPECT_TRUE(eventually([&] { return !hints.paused(); })) << "still paused after the stream stopped";
   tracker_->set_removal_hints(nullptr);
 }
 

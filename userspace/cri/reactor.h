@@ -15,7 +15,9 @@ class Reactor {
   virtual ~Reactor() = default;
   // Calls `on_ready` with the epoll events each time `fd` is ready for `events` (EPOLLIN,
   // EPOLLOUT, level-triggered); modify() changes them, unwatch() ends it. `what` names the
-  // descriptor in the loop's count of what woke it (a string that outlives the watch).
+  // descriptor in the loop's count of what woke it (a string that outlives the watch). With no
+  // events (modify(fd, 0)) the descriptor wakes the loop for nothing, not even for a wakeup its
+  // file sends without saying for what (inotify's): it is kept out of epoll until modified again.
   virtual void watch(int fd, uint32_t events, std::function<void(uint32_t)> on_ready,
                      const char* what = "other") = 0;
   virtual void modify(int fd, uint32_t events) = 0;

@@ -12,18 +12,26 @@ class RemovalHintsOver : public pleg::RemovalHints {
  public:
   RemovalHintsOver(std::function<Arm(const std::string&)> arm,
                    std::function<void(const std::string&)> disarm,
-                   std::function<void()> take_held = nullptr)
-      : arm_(std::move(arm)), disarm_(std::move(disarm)), take_held_(std::move(take_held)) {}
+                   std::function<void()> take_held = nullptr,
+                   std::function<void(bool)> set_paused = nullptr)
+      : arm_(std::move(arm)),
+        disarm_(std::move(disarm)),
+        take_held_(std::move(take_held)),
+        set_paused_(std::move(set_paused)) {}
   Arm watch(const std::string& id) override { return arm_(id); }
   void unwatch(const std::string& id) override { disarm_(id); }
   void take_held() override {
     if (take_held_) take_held_();
+  }
+  void set_paused(bool paused) override {
+    if (set_paused_) set_paused_(paused);
   }
 
  private:
   std::function<Arm(const std::string&)> arm_;
   std::function<void(const std::string&)> disarm_;
   std::function<void()> take_held_;
+  std::function<void(bool)> set_paused_;
 };
 }  // namespace
 
@@ -77,7 +85,8 @@ RemovalHintsAttached attach_removal_hints(RemovalHintsRequest req) {
           }
           return pleg::RemovalHints::Arm::kFailed;
         },
-        [w](const std::string& id) { w->unwatch(id); }, [w] { w->take_held(); });
+        [w](const std::string& id) { w->unwatch(id); }, [w] { w->take_held(); },
+        [w](bool paused) { w->set_paused(paused); });
     out.after_removal = true;
     source = "the removal of their directory in ";
     for (size_t i = 0; i < dirs.size(); ++i) source += (i ? ", " : "") + dirs[i];

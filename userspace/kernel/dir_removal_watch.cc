@@ -108,9 +108,31 @@ DirRemovalWatch::Arm DirRemovalWatch::watch(const std::string& id) {
 void DirRemovalWatch::unwatch(const std::string& id) { armed_.erase(id); }
 
 void DirRemovalWatch::take_held() {
+  if (paused_) {
+    if (registered_) take();  // what queued since: read at the sweep, not at a wakeup of its own
+    return;
+  }
   if (hold_timer_ == 0 || !loop_.cancel(hold_timer_)) return;
   hold_timer_ = 0;
   take();
+}
+
+void DirRemovalWatch::set_paused(bool paused) {
+  if (paused == paused_) return;
+  paused_ = paused;
+  if (!registered_) return;  // reading failed: nothing to pause or resume
+  if (!paused) {
+    take();  // what came meanwhile, at once; then it holds off or reads on
+    return;
+  }
+  if (hold_timer_ != 0) {
+    loop_.cancel(hold_timer_);
+    hold_timer_ = 0;
+  }
+  if (reading_) {
+    loop_.modify(inotify_fd_, 0);
+    reading_ = false;
+  }
 }
 
 void DirRemovalWatch::remember_gone(std::string name, std::chrono::steady_clock::time_point now) {
@@ -180,6 +202,7 @@ void DirRemovalWatch::take() {
   // Counted once what it read is taken (remembered, hinted): a test that saw the count may
   // arm an id and find its removal remembered.
   if (got != Read::kNothing) reads_.fetch_add(1, std::memory_order_relaxed);
+  if (paused_) return;  // out of the epoll set, and no hold-off: read again at take_held()
   // Hold off after the removal of an id's subdirectory (hinted, or remembered for its arming):
   // the descriptor leaves the loop's epoll set, and what comes meanwhile waits in the kernel's
   // queue for the read at the timer. Not after a read that saw no such removal (a file named by

@@ -17,6 +17,8 @@
 // wakeup of their own; the hold-off's timer (a second) ends one only when no sweep came. A read that saw no
 // such removal (a file named by an id) is not followed by a hold-off: the hint of the
 // directory's removal just after it is not held.
+// While the runtime's own events report every removal, the tracker pauses it (set_paused): it
+// reads then only at the sweeps, which come rarely.
 // The removal of an id not armed yet is remembered for a while: arming it then answers kGone
 // (the hold-off does not delay that answer).
 // A lost event (the inotify queue overflowed) or a watched directory that went away hints every
@@ -88,6 +90,12 @@ class DirRemovalWatch {
   // before it lists: under churn the hold-off then ends at the sweep's wakeup, not at one of
   // its own. Nothing when it does not hold off.
   void take_held();
+  // Paused, it reads nothing (the descriptor leaves the loop's epoll set, a hold-off ends
+  // without a read) but at take_held(): what comes waits in the kernel's queue. Resumed, it
+  // reads what came at once and goes on as before. For a runtime whose events report every
+  // removal: its hints are not needed then, and under churn each read was a wakeup.
+  void set_paused(bool paused);
+  bool paused() const { return paused_; }
 
   const std::vector<std::string>& dirs() const { return dirs_; }
   // From any thread: times every armed id was hinted at once (a lost inotify event, a watched
@@ -127,6 +135,7 @@ class DirRemovalWatch {
   const std::chrono::milliseconds hold_off_;
   bool registered_ = false;  // with the loop; not after reading failed (no more hints then)
   bool reading_ = false;     // in the loop's epoll set for EPOLLIN (not while holding off)
+  bool paused_ = false;      // set_paused
   uint64_t hold_timer_ = 0;  // the loop's timer that ends a hold-off; 0: none
   std::map<int, std::string> watched_;  // watch descriptor -> directory
   std::vector<Pending> pending_;

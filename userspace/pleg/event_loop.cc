@@ -120,22 +120,33 @@ void EventLoop::arm() {
 
 void EventLoop::watch(int fd, uint32_t events, std::function<void(uint32_t)> on_ready,
                       const char* what) {
-  watched_[fd] = Watched{std::move(on_ready), what};
-  epoll_event ev{};
-  ev.events = events;
-  ev.data.fd = fd;
-  epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
+  auto it = watched_.find(fd);
+  const bool in_set = it != watched_.end() && it->second.in_set;  // watched again: replaced
+  watched_[fd] = Watched{std::move(on_ready), what, in_set};
+  modify(fd, events);
 }
 
 void EventLoop::modify(int fd, uint32_t events) {
+  auto it = watched_.find(fd);
+  if (it == watched_.end()) return;
+  bool& in_set = it->second.in_set;
+  if (events == 0) {
+    if (in_set) epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+    in_set = false;
+    return;
+  }
   epoll_event ev{};
   ev.events = events;
   ev.data.fd = fd;
-  epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, fd, &ev);
+  epoll_ctl(epoll_fd_, in_set ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, fd, &ev);
+  in_set = true;
 }
 
 void EventLoop::unwatch(int fd) {
-  if (watched_.erase(fd) > 0) epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+  auto it = watched_.find(fd);
+  if (it == watched_.end()) return;
+  if (it->second.in_set) epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+  watched_.erase(it);
 }
 
 void EventLoop::run_messages() {

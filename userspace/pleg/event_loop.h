@@ -134,6 +134,10 @@ class EventLoop final : public cri::Reactor {
   struct Watched {
     std::function<void(uint32_t)> on_ready;
     const char* what;
+    // In the epoll set: not while modified to no events. Kept in it with none, an inotify
+    // descriptor still woke epoll_wait at every event queued (fsnotify's wakeup has no poll
+    // key, so epoll cannot filter it), and epoll_wait slept again without returning.
+    bool in_set;
   };
   std::unordered_map<int, Watched> watched_;
   std::map<std::string, uint64_t, std::less<>> woken_by_;

@@ -164,7 +164,7 @@ void RemovalWatcher::judge(bool containers, bool sandboxes, bool joined, bool li
       ++removed;
       // Its DELETED should have come: it may still be on its way, or never come.
       if (covered) awaiting_deleted_.emplace(id, now);
-      if (armed_.count(id)) {
+      if (armed_.count(id) && !hints_paused_) {  // a paused source hints nothing meanwhile
         if (hinted_.count(id)) {
           trust_hints(id);
         } else {

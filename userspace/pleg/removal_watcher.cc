@@ -107,12 +107,22 @@ void RemovalWatcher::find_missed_hints(Clock::time_point now) {
                missed.size(), missed.front().substr(0, 12));
 }
 
+void RemovalWatcher::pause_hints_while_covered() {
+  const bool pause = hints_ != nullptr && events_cover_removals(false) && events_cover_removals(true);
+  if (pause == hints_paused_) return;
+  hints_paused_ = pause;
+  hints_->set_paused(pause);
+  spdlog::debug("tracker: removal hints {} (the runtime's events {} every removal)",
+                pause ? "paused" : "read again", pause ? "report" : "no longer report");
+}
+
 void RemovalWatcher::on_runtime_events_live(bool live) {
   if (live) return;
   // A new stream (the runtime reconnected, perhaps upgraded) is trusted anew.
   awaiting_deleted_.clear();
   events_miss_removals_ = false;
   sandbox_deleted_seen_ = false;
+  pause_hints_while_covered();  // not covered until the stream has reported a sandbox's removal
   if (watched_.empty()) return;
   interval_ = core_.opts().removal_sweep_period;
   schedule(Clock::now() + core_.opts().removal_sweep_first);
@@ -125,6 +135,7 @@ void RemovalWatcher::on_deleted_event(const std::string& id) {
   if (!sandbox_deleted_seen_) {
     const Record* rec = core_.table().find(id);
     if (rec != nullptr && rec->identity.sandbox) sandbox_deleted_seen_ = true;
+    pause_hints_while_covered();
   }
 }
 
@@ -148,6 +159,7 @@ void RemovalWatcher::find_missed_deleted_events(Clock::time_point now) {
   core_.stats().runtime_events_missed_removals += missed.size();
   if (events_miss_removals_ || !core_.runtime_events_live()) return;
   events_miss_removals_ = true;
+  pause_hints_while_covered();
   spdlog::info("tracker: the runtime's event stream did not report {} removal(s) the sweep found "
                "(e.g. {}): removals are swept for as without the stream ({} ms after a death, "
                "not {} s) until it stops",

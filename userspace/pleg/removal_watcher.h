@@ -53,6 +53,10 @@ class RemovalHints {
   // Hands on now what the source holds back (inotify's hold-off): the sweep about to run covers
   // those removals, so the hold-off need not end with a wakeup of its own.
   virtual void take_held() {}
+  // Stops reading while the runtime's event stream reports every removal (paused), and reads
+  // what came meanwhile when it no longer does: the hints are not needed then, and reading
+  // them would wake the loop for nothing.
+  virtual void set_paused(bool /*paused*/) {}
 };
 
 class RemovalWatcher {
@@ -66,10 +70,15 @@ class RemovalWatcher {
   // its sweep goes removal_dir_hint_delay after it instead of removal_hint_delay; a hinted id
   // the sweep still finds is looked for again removal_hint_delay apart.
   void set_hints(RemovalHints* hints, bool trusted, bool after_removal = false) {
+    if (hints_ != nullptr && hints_paused_) hints_->set_paused(false);
     hints_ = hints;
+    hints_paused_ = false;
     hints_trusted_ = hints != nullptr && trusted;
     hints_after_removal_ = after_removal;
+    pause_hints_while_covered();
   }
+  // Whether the hints' source is paused (RemovalHints::set_paused).
+  bool hints_paused() const { return hints_paused_; }
   // The kernel's hint: a directory named by `id` is being removed.
   void on_hint(const std::string& id);
   // A hinted removal has been confirmed, and no removal has been found without its hint since.
@@ -108,6 +117,9 @@ class RemovalWatcher {
     return core_.runtime_events_live() && !events_miss_removals_ &&
            (!sandbox || sandbox_deleted_seen_);
   }
+  // Pauses the hints' source while the runtime's DELETED events cover both kinds' removals,
+  // and resumes it when they no longer do.
+  void pause_hints_while_covered();
   // Removals a sweep found while the events covered them, whose DELETED has not come for
   // removal_event_grace, are ones the stream left out: counted, and from then on the sweep runs
   // as without it.
@@ -150,6 +162,7 @@ class RemovalWatcher {
   std::map<std::string, Clock::time_point> awaiting_hint_;  // removals found before their hint
   bool hints_trusted_ = false;
   bool hints_after_removal_ = false;
+  bool hints_paused_ = false;  // the source reads nothing while the stream covers removals
   std::chrono::milliseconds hint_delay() const {
     return hints_after_removal_ ? core_.opts().removal_dir_hint_delay : core_.opts().removal_hint_delay;
   }
