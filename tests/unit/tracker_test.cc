@@ -1294,6 +1294,15 @@ class RuntimeEventsTrackerTest : public TrackerTest {
     EXPECT_TRUE(wait_types(id, {"ContainerStarted", "ContainerDied"}));
     return id;
   }
+  // The pod's sandbox stopped, its STOPPED event confirming the death.
+  void sandbox_died_with_event() {
+    ASSERT_TRUE(wait_types(sandbox_, {"ContainerStarted"}));
+    ASSERT_TRUE(cri_.stop_pod_sandbox(sandbox_).ok());
+    auto stopped_ev = event(sandbox_, v1::CONTAINER_STOPPED_EVENT);
+    kernel_exit(sandbox_, 0);
+    tracker_->on_runtime_event(stopped_ev);
+    ASSERT_TRUE(wait_types(sandbox_, {"ContainerStarted", "ContainerDied"}));
+  }
   // A container whose start the runtime's STARTED event confirmed; `before`: the tracker's
   // calls before its exec.
   std::string started_with_event(const std::string& name, uint64_t& before) {
@@ -1394,12 +1403,8 @@ TEST_F(RuntimeEventsTrackerTest, TheHintsArePausedWhileTheStreamReportsEveryRemo
   tracker_->set_removal_hints(&hints, /*trusted=*/true, /*after_removal=*/true);
   EXPECT_FALSE(eventually([&] { return hints.paused(); }, 200ms))
       << "paused before the stream reported a sandbox's removal";
-  ASSERT_TRUE(wait_types(sandbox_, {"ContainerStarted"}));
-  ASSERT_TRUE(cri_.stop_pod_sandbox(sandbox_).ok());
-  auto stopped_ev = event(sandbox_, v1::CONTAINER_STOPPED_EVENT);
-  kernel_exit(sandbox_, 0);
-  tracker_->on_runtime_event(stopped_ev);
-  ASSERT_TRUE(wait_types(sandbox_, {"ContainerStarted", "ContainerDied"}));
+  sandbox_died_with_event();
+  ASSERT_FALSE(HasFailure());
   auto deleted_ev = event(sandbox_, v1::CONTAINER_DELETED_EVENT);  // its status, while it is there
   ASSERT_TRUE(cri_.remove_pod_sandbox(sandbox_).ok());
   tracker_->on_runtime_event(deleted_ev);
@@ -1447,12 +1452,8 @@ TEST_F(RuntimeEventsTrackerTest, AStreamThatLeavesRemovalsOutIsFoundOutAndSweptF
 // sandbox's removal, sandboxes are swept for as without it; that is no miss of the stream.
 TEST_F(RuntimeEventsTrackerTest, ASandboxsRemovalIsSweptForUntilTheStreamHasReportedOne) {
   restart_for_removals(3s, 100ms);
-  ASSERT_TRUE(wait_types(sandbox_, {"ContainerStarted"}));
-  ASSERT_TRUE(cri_.stop_pod_sandbox(sandbox_).ok());
-  auto stopped_ev = event(sandbox_, v1::CONTAINER_STOPPED_EVENT);
-  kernel_exit(sandbox_, 0);
-  tracker_->on_runtime_event(stopped_ev);
-  ASSERT_TRUE(wait_types(sandbox_, {"ContainerStarted", "ContainerDied"}));
+  sandbox_died_with_event();
+  ASSERT_FALSE(HasFailure());
   ASSERT_TRUE(cri_.remove_pod_sandbox(sandbox_).ok());  // and no DELETED event
   const auto t0 = std::chrono::steady_clock::now();
   ASSERT_TRUE(wait_types(sandbox_, {"ContainerStarted", "ContainerDied", "ContainerRemoved"}, 10s));
