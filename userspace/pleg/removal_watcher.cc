@@ -112,6 +112,12 @@ void RemovalWatcher::pause_hints_while_covered() {
   if (pause == hints_paused_) return;
   hints_paused_ = pause;
   hints_->set_paused(pause);
+  if (pause) {
+    // A hint a sweep's removal waits for cannot come now: no miss of the hints.
+    for (const auto& [id, _] : awaiting_hint_)
+      if (!armed_.count(id)) hints_->unwatch(id);
+    awaiting_hint_.clear();
+  }
   spdlog::debug("tracker: removal hints {} (the runtime's events {} every removal)",
                 pause ? "paused" : "read again", pause ? "report" : "no longer report");
 }

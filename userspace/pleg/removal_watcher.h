@@ -77,8 +77,6 @@ class RemovalWatcher {
     hints_after_removal_ = after_removal;
     pause_hints_while_covered();
   }
-  // Whether the hints' source is paused (RemovalHints::set_paused).
-  bool hints_paused() const { return hints_paused_; }
   // The kernel's hint: a directory named by `id` is being removed.
   void on_hint(const std::string& id);
   // A hinted removal has been confirmed, and no removal has been found without its hint since.
