@@ -7,31 +7,40 @@
 namespace kpleg::daemon {
 
 namespace {
-// The tracker's removal hints over their source's arm and disarm.
-class RemovalHintsOver : public pleg::RemovalHints {
+// The tracker's removal hints over the BPF program's map of armed ids (--removal-hints kernel).
+class KernelHints final : public pleg::RemovalHints {
  public:
-  RemovalHintsOver(std::function<Arm(const std::string&)> arm,
-                   std::function<void(const std::string&)> disarm,
-                   std::function<void()> take_held = nullptr,
-                   std::function<void(bool)> set_paused = nullptr)
-      : arm_(std::move(arm)),
-        disarm_(std::move(disarm)),
-        take_held_(std::move(take_held)),
-        set_paused_(std::move(set_paused)) {}
-  Arm watch(const std::string& id) override { return arm_(id); }
-  void unwatch(const std::string& id) override { disarm_(id); }
-  void take_held() override {
-    if (take_held_) take_held_();
+  explicit KernelHints(kernel::BpfProgram& program) : program_(program) {}
+  Arm watch(const std::string& id) override {
+    if (!program_.watch_removal(id)) return Arm::kFailed;
+    // Armed, then asked: a removal in between is hinted by the program.
+    return program_.take_early_removal(id) ? Arm::kGone : Arm::kArmed;
   }
-  void set_paused(bool paused) override {
-    if (set_paused_) set_paused_(paused);
-  }
+  void unwatch(const std::string& id) override { program_.unwatch_removal(id); }
 
  private:
-  std::function<Arm(const std::string&)> arm_;
-  std::function<void(const std::string&)> disarm_;
-  std::function<void()> take_held_;
-  std::function<void(bool)> set_paused_;
+  kernel::BpfProgram& program_;
+};
+
+// The tracker's removal hints over the inotify watch of the runtime's directories, which lives
+// on the tracker's loop like the tracker's calls of it.
+class DirWatchHints final : public pleg::RemovalHints {
+ public:
+  explicit DirWatchHints(kernel::DirRemovalWatch& watch) : watch_(watch) {}
+  Arm watch(const std::string& id) override {
+    switch (watch_.watch(id)) {
+      case kernel::DirRemovalWatch::Arm::kArmed: return Arm::kArmed;
+      case kernel::DirRemovalWatch::Arm::kGone: return Arm::kGone;
+      case kernel::DirRemovalWatch::Arm::kNotAnId: break;
+    }
+    return Arm::kFailed;
+  }
+  void unwatch(const std::string& id) override { watch_.unwatch(id); }
+  void take_held() override { watch_.take_held(); }
+  void set_paused(bool paused) override { watch_.set_paused(paused); }
+
+ private:
+  kernel::DirRemovalWatch& watch_;
 };
 }  // namespace
 
@@ -44,14 +53,7 @@ RemovalHintsAttached attach_removal_hints(RemovalHintsRequest req) {
   bool layout_known = true;
   if (auto* p = req.program; p != nullptr && p->removal_hints_attached()) {
     // Attached when the kernel options ask for it (--removal-hints kernel).
-    out.hints = std::make_unique<RemovalHintsOver>(
-        [p](const std::string& id) {
-          if (!p->watch_removal(id)) return pleg::RemovalHints::Arm::kFailed;
-          // Armed, then asked: a removal in between is hinted by the program.
-          return p->take_early_removal(id) ? pleg::RemovalHints::Arm::kGone
-                                           : pleg::RemovalHints::Arm::kArmed;
-        },
-        [p](const std::string& id) { p->unwatch_removal(id); });
+    out.hints = std::make_unique<KernelHints>(*p);
     source = "the kernel's rmdir of a directory named by the id";
   } else if (req.source == RemovalHintSource::kAuto) {
     std::vector<std::string> dirs = std::move(req.dirs);
@@ -75,18 +77,7 @@ RemovalHintsAttached attach_removal_hints(RemovalHintsRequest req) {
       return out;
     }
     out.dir_watch = std::move(*watch);
-    auto* w = out.dir_watch.get();
-    out.hints = std::make_unique<RemovalHintsOver>(
-        [w](const std::string& id) {
-          switch (w->watch(id)) {
-            case kernel::DirRemovalWatch::Arm::kArmed: return pleg::RemovalHints::Arm::kArmed;
-            case kernel::DirRemovalWatch::Arm::kGone: return pleg::RemovalHints::Arm::kGone;
-            case kernel::DirRemovalWatch::Arm::kNotAnId: break;
-          }
-          return pleg::RemovalHints::Arm::kFailed;
-        },
-        [w](const std::string& id) { w->unwatch(id); }, [w] { w->take_held(); },
-        [w](bool paused) { w->set_paused(paused); });
+    out.hints = std::make_unique<DirWatchHints>(*out.dir_watch);
     out.after_removal = true;
     source = "the removal of their directory in ";
     for (size_t i = 0; i < dirs.size(); ++i) source += (i ? ", " : "") + dirs[i];
