@@ -2,7 +2,7 @@
 // never runs nor wakes the loop, messages run in the order they were posted, call() answers
 // from the loop (and at once on it), and a loop that stopped drops posts but still answers
 // call()s on the caller's thread; it counts what woke it, by cause; a descriptor modified to no
-// events wakes it for nothing.
+// events wakes it for nothing; a timer with slack shares another cause's wakeup.
 #include <gtest/gtest.h>
 #include <fcntl.h>
 #include <sys/eventfd.h>
@@ -58,6 +58,34 @@ TEST(EventLoopTest, ACancelledTimerDoesNotWakeTheLoop) {
   const auto before = loop.wakeups();
   // Past the cancelled timer's time: the loop has not woken.
   EXPECT_FALSE(testing::eventually([&] { return loop.wakeups() > before; }, 150ms));
+  loop.stop();
+}
+
+// A timer with slack goes with the next wakeup the loop has for something else once it is due,
+// and wakes the loop for itself only when its slack is over.
+TEST(EventLoopTest, ATimerWithSlackRunsWithAnotherWakeupOrAtItsLatest) {
+  EventLoop loop;
+  loop.start("test-loop");
+  std::atomic<bool> shared{false}, alone{false};
+  loop.call([&] { loop.at(Clock::now() + 10ms, 10s, [&] { shared = true; }, "shared timer"); });
+  // Past its time and short of its slack's end: it waits for a wakeup.
+  EXPECT_FALSE(testing::eventually([&] { return shared.load(); }, 50ms));
+  loop.post([] {});
+  EXPECT_TRUE(testing::eventually([&] { return shared.load(); }, 2s));
+  // Nothing else wakes the loop: this one runs when its slack is over, not before.
+  Clock::time_point alone_due, alone_ran;
+  loop.call([&] {
+    alone_due = Clock::now() + 20ms;
+    loop.at(alone_due, 300ms, [&] {
+      alone_ran = Clock::now();
+      alone = true;
+    }, "lone timer");
+  });
+  ASSERT_TRUE(testing::eventually([&] { return alone.load(); }, 5s));
+  EXPECT_GE(alone_ran - alone_due, 300ms);
+  const auto woken_by = loop.call([&] { return loop.woken_by(); });
+  EXPECT_EQ(woken_by.count("shared timer"), 0u);  // it ran with the message's wakeup
+  EXPECT_EQ(woken_by.count("lone timer"), 1u);
   loop.stop();
 }
 

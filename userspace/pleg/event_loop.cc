@@ -92,27 +92,35 @@ bool EventLoop::enqueue(Task task) {
 void EventLoop::post(Task task) { (void)enqueue(std::move(task)); }
 
 EventLoop::TimerId EventLoop::at(Clock::time_point at, Task task, const char* what) {
+  return this->at(at, Clock::duration::zero(), std::move(task), what);
+}
+
+EventLoop::TimerId EventLoop::at(Clock::time_point at, Clock::duration slack, Task task,
+                                 const char* what) {
   const TimerId id = ++last_timer_;
-  timers_.emplace(std::pair{at, id}, Timer{std::move(task), what});
+  const auto latest = at + std::max(slack, Clock::duration::zero());
+  timers_.emplace(std::pair{at, id}, Timer{std::move(task), what, latest});
+  latest_.emplace(latest, id);
   timer_at_.emplace(id, at);
-  if (!in_batch_ && (at < armed_at_ || armed_at_ <= Clock::now())) arm();
+  if (!in_batch_ && (latest < armed_at_ || armed_at_ <= Clock::now())) arm();
   return id;
 }
 
 bool EventLoop::cancel(TimerId id) {
   auto it = timer_at_.find(id);
   if (it == timer_at_.end()) return false;
-  timers_.erase({it->second, id});
+  auto node = timers_.extract({it->second, id});
+  latest_.erase({node.mapped().latest, id});
   timer_at_.erase(it);
   // A timer set for this one alone would wake the loop for nothing.
   if (!in_batch_ && armed_at_ != Clock::time_point::max() &&
-      (timers_.empty() || timers_.begin()->first.first > armed_at_))
+      (latest_.empty() || latest_.begin()->first > armed_at_))
     arm();
   return true;
 }
 
 void EventLoop::arm() {
-  const auto next = timers_.empty() ? Clock::time_point::max() : timers_.begin()->first.first;
+  const auto next = latest_.empty() ? Clock::time_point::max() : latest_.begin()->first;
   if (next == armed_at_) return;
   armed_at_ = next;
   set_timerfd(timer_fd_, next);
@@ -165,6 +173,7 @@ const char* EventLoop::run_timers() {
   while (!timers_.empty() && timers_.begin()->first.first <= now) {
     auto node = timers_.extract(timers_.begin());
     timer_at_.erase(node.key().second);
+    latest_.erase({node.mapped().latest, node.key().second});
     if (first == nullptr) first = node.mapped().what;
     node.mapped().task();
   }
@@ -215,13 +224,16 @@ void EventLoop::run() {
       if (stop) {
         run_messages();
         timers_.clear();
+        latest_.clear();
         timer_at_.clear();
         in_batch_ = false;
         return;
       }
     }
+    // Every wakeup runs what is due: a timer with slack that another cause woke the loop for
+    // in time costs no wakeup of its own (and is not counted as what woke the loop).
+    const char* first = run_timers();
     if (timers) {
-      const char* first = run_timers();
       count(first != nullptr ? first : "timer: nothing due");
       armed_at_ = Clock::time_point::max();  // it fired: the timerfd is disarmed
     }

@@ -21,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -78,6 +79,10 @@ class EventLoop final : public cri::Reactor {
 
   // On the loop's thread: runs `task` on the loop at `at` (at once if past). Returns its id.
   TimerId at(Clock::time_point at, Task task, const char* what = "timer") override;
+  // The same for a task that can wait: it runs at the loop's first wakeup at or after `at`, for
+  // whatever cause, and at `at + slack` at the latest, where the timer wakes the loop for it.
+  // Under load the loop is awake often, and such a timer rarely costs a wakeup of its own.
+  TimerId at(Clock::time_point at, Clock::duration slack, Task task, const char* what);
   // Drops a timer that has not fired: true when it will never run.
   bool cancel(TimerId id) override;
 
@@ -100,7 +105,8 @@ class EventLoop final : public cri::Reactor {
   bool enqueue(Task task);
   void run();
   void run_messages();
-  // Runs the timers that are due; the `what` of the first one, or nullptr for none.
+  // Runs the timers that are due (at every wakeup: those with slack run with another cause's);
+  // the `what` of the first one, or nullptr for none.
   const char* run_timers();
   void count(const char* what);
   void arm();
@@ -122,8 +128,10 @@ class EventLoop final : public cri::Reactor {
   struct Timer {
     Task task;
     const char* what;
+    Clock::time_point latest;  // `at` plus its slack
   };
-  std::map<std::pair<Clock::time_point, TimerId>, Timer> timers_;
+  std::map<std::pair<Clock::time_point, TimerId>, Timer> timers_;  // by when each is due
+  std::set<std::pair<Clock::time_point, TimerId>> latest_;  // by when each must run: the timerfd
   std::unordered_map<TimerId, Clock::time_point> timer_at_;
   TimerId last_timer_ = 0;
   Clock::time_point armed_at_ = Clock::time_point::max();

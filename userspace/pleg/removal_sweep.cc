@@ -17,7 +17,14 @@ void RemovalWatcher::schedule(Clock::time_point at) {
   due_ = at;
   if (sweeping_) return;  // the sweep under way plans its successor (judge())
   core_.cancel(sweep_timer_);  // a later sweep would wake the loop for nothing
-  sweep_timer_ = core_.at(at, [this] { sweep(); }, "removal sweep");
+  // Containers dying and going (the last sweep a period or two ago): the loop is awake often
+  // for them, and the sweep goes with one of those wakeups rather than one of its own. A
+  // lone removal's sweep goes on time. A quarter of the period at most.
+  const auto period = core_.opts().removal_sweep_period;
+  const bool churn = last_sweep_ && at - *last_sweep_ <= 2 * period;
+  const auto slack = churn ? std::min(core_.opts().removal_sweep_slack, period / 4)
+                           : std::chrono::milliseconds::zero();
+  sweep_timer_ = core_.at(at, slack, [this] { sweep(); }, "removal sweep");
 }
 
 void RemovalWatcher::check(const std::string& id) {

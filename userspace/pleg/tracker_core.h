@@ -42,6 +42,9 @@ struct TrackerOptions {
   std::chrono::milliseconds removal_sweep_first{1000};      // after a death, if none is planned
   std::chrono::milliseconds removal_sweep_period{1000};     // while deaths and removals come
   std::chrono::milliseconds removal_sweep_idle_max{10'000};  // doubling up to this while idle
+  // While sweeps come one a period, the next may wait this long (a quarter of the period at
+  // most) for a wakeup the loop has anyway.
+  std::chrono::milliseconds removal_sweep_slack{200};
   // The runtime's event stream live (runtime_events.h): a look waits this for a late event.
   std::chrono::milliseconds runtime_event_grace{100};
   // While no signal waits for its event, the stream is read this often at most (its events
@@ -139,6 +142,10 @@ class TrackerCore {
   // Runs `task` on the loop at `at`; cancel() drops it unless it ran.
   TimerId at(Clock::time_point at, EventLoop::Task task, const char* what = "timer") {
     return loop_.at(at, std::move(task), what);
+  }
+  // The same, for a task that may run up to `slack` later with another cause's wakeup.
+  TimerId at(Clock::time_point at, Clock::duration slack, EventLoop::Task task, const char* what) {
+    return loop_.at(at, slack, std::move(task), what);
   }
   bool cancel(TimerId id) { return id != 0 && loop_.cancel(id); }
   EventLoop& loop() { return loop_; }
