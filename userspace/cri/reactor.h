@@ -26,6 +26,10 @@ class Reactor {
   // timer in the loop's count of what woke it (a string that outlives the timer).
   virtual uint64_t at(Clock::time_point at, std::function<void()> task,
                       const char* what = "timer") = 0;
+  // The same for a task that can wait: it runs with the loop's first wakeup at or after `at`,
+  // whatever its cause, and at `at + slack` at the latest, where it wakes the loop itself.
+  virtual uint64_t at(Clock::time_point at, Clock::duration slack, std::function<void()> task,
+                      const char* what) = 0;
   virtual bool cancel(uint64_t id) = 0;
 };
 
