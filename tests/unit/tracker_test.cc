@@ -493,6 +493,29 @@ TEST_F(TrackerTest, AContainerTheRuntimeDoesNotKnowIsForeignNotAnInconsistency) 
   EXPECT_EQ(inconsistencies_.load(), 0);
 }
 
+// Hole: the foreign rule counted its time from the kernel's signal, so a runtime unreachable for
+// longer than foreign_after had every container it was still making (a sandbox whose network
+// was being set up) called another runtime's at its first answer. It counts from that answer.
+TEST_F(TrackerTest, TheForeignRuleCountsFromTheRuntimesFirstAnswerNotFromTheSignal) {
+  TrackerOptions o;
+  o.foreign_after = 300ms;
+  restart_tracker(o);
+  const Error down{grpc::StatusCode::UNAVAILABLE, "connection refused"};
+  cri_.fail_always(cri::CriMethod::kContainerStatus, down);
+  cri_.fail_always(cri::CriMethod::kPodSandboxStatus, down);
+  const std::string unknown = unknown_container('c');
+  kernel_exec(unknown);
+  // Past foreign_after without an answer: nothing is judged yet.
+  EXPECT_FALSE(eventually([&] { return tracker_->stats().foreign_containers > 0; }, 500ms));
+  const auto answering = std::chrono::steady_clock::now();
+  cri_.fail_always(cri::CriMethod::kContainerStatus, std::nullopt);
+  cri_.fail_always(cri::CriMethod::kPodSandboxStatus, std::nullopt);
+  ASSERT_TRUE(eventually([&] { return tracker_->stats().foreign_containers == 1; }, 5s))
+      << "never given up on";
+  EXPECT_GE(std::chrono::steady_clock::now() - answering, o.foreign_after)
+      << "called foreign at the runtime's first answer";
+}
+
 TEST_F(TrackerTest, AnUnknownContainerThatAlreadyDiedEndsItsStartConfirmationQuietly) {
   TrackerOptions o;
   o.confirm_budget = 300ms;  // without the fix, the start's confirmation gives up after this

@@ -164,7 +164,9 @@ void Confirmer::on_answer(const Look& look, Clock::duration look_at, bool known,
       (look.anchor == Anchor::kExec || (look.anchor == Anchor::kExit && !rec.kernel_exec_seen)) &&
       obs.ok() && obs->state == ContainerState::kNonExistent && !known;
   const bool settled = obs.ok() && rank(obs->state) >= want_rank && !unknown_start;
-  if (unknown_start && now - look.signal_at >= core_.opts().foreign_after &&
+  const auto unknown_since =
+      look.unknown_since != Clock::time_point{} ? look.unknown_since : now;
+  if (unknown_start && now - unknown_since >= core_.opts().foreign_after &&
       rank(rec.reported) == 0 && !rec.known()) {
     // Still unknown long after its start: not this runtime's container. Not an inconsistency
     // either, so no reconcile; its later signals are ignored.
@@ -191,6 +193,7 @@ void Confirmer::on_answer(const Look& look, Clock::duration look_at, bool known,
     Look next = look;
     next.delay = next_delay(rec, look, unknown_start, obs);
     next.last_miss = look_at;
+    next.unknown_since = unknown_start ? unknown_since : Clock::time_point{};
     schedule(next, now + look.delay, !obs.ok());
     return;
   }

@@ -65,6 +65,10 @@ class Confirmer {
     std::chrono::milliseconds delay;
     Clock::time_point deadline, signal_at;
     Clock::duration last_miss;
+    // The first answer of this chain that said the runtime does not know the container (zero
+    // before one): the foreign rule counts from it, not from the signal, so that a runtime that
+    // was unreachable meanwhile gets its foreign_after all the same.
+    Clock::time_point unknown_since{};
   };
 
   // The look's timer fired: the call, unless another path settled the chain meanwhile.

@@ -62,7 +62,9 @@ struct TrackerOptions {
   std::chrono::milliseconds removal_sweep_with_hints{300'000};
   // A reconcile's difference is re-checked after this: a kernel event in flight is not missed.
   std::chrono::milliseconds correction_grace{300};
-  // Unknown to the runtime this long: another runtime's; containerd can take >1 s to list one.
+  // Unknown to the runtime this long from its first answer that said so (not from the signal:
+  // a runtime unreachable meanwhile has not answered yet): another runtime's container.
+  // containerd can take >1 s to list one.
   std::chrono::milliseconds foreign_after{3000};
   // A removed record stays this long, so that a list taken before the removal cannot revive it.
   std::chrono::milliseconds removed_retention{60'000};
