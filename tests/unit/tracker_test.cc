@@ -1439,6 +1439,73 @@ TEST_F(RuntimeEventsTrackerTest, TheHintsArePausedWhileTheStreamReportsEveryRemo
   tracker_->set_removal_hints(nullptr);
 }
 
+// The hints paused for the stream come back when the stream turns out to leave a removal out:
+// from then on it stands for no removal, and the hints are read at once again.
+TEST_F(RuntimeEventsTrackerTest, TheHintsResumeWhenTheStreamLeavesARemovalOut) {
+  restart_for_removals(3s, 100ms);
+  FakeRemovalHints hints;
+  tracker_->set_removal_hints(&hints, /*trusted=*/true, /*after_removal=*/true);
+  auto left_out = died_with_events("left-out");
+  ASSERT_FALSE(HasFailure());
+  sandbox_died_with_event();
+  ASSERT_FALSE(HasFailure());
+  ASSERT_TRUE(cri_.remove_container(left_out).ok());  // and no DELETED event
+  auto deleted_ev = event(sandbox_, v1::CONTAINER_DELETED_EVENT);
+  ASSERT_TRUE(cri_.remove_pod_sandbox(sandbox_).ok());
+  tracker_->on_runtime_event(deleted_ev);
+  ASSERT_TRUE(wait_types(sandbox_, {"ContainerStarted", "ContainerDied", "ContainerRemoved"}));
+  ASSERT_TRUE(eventually([&] { return hints.paused(); })) << "not paused for the stream";
+  // The sweep kept for a lost event finds the container's removal; no DELETED comes.
+  ASSERT_TRUE(wait_types(left_out, {"ContainerStarted", "ContainerDied", "ContainerRemoved"}, 10s));
+  ASSERT_TRUE(eventually([&] { return tracker_->stats().runtime_events_missed_removals == 1; }, 2s));
+  EXPECT_TRUE(eventually([&] { return !hints.paused(); }, 2s))
+      << "still paused after the stream left a removal out";
+  tracker_->set_removal_hints(nullptr);
+}
+
+// Hole: with the hints trusted, an exited container's sweep waits removal_sweep_with_hints (5
+// minutes by default) for its hint; paused, the hints cannot come, and a DELETED the stream lost
+// was found only that late. While paused, its sweep is the one kept for a lost event.
+TEST_F(RuntimeEventsTrackerTest, WhileTheHintsArePausedAnExitedContainersSweepIsTheOneForALostEvent) {
+  restart_for_removals(2s, 100ms);
+  FakeRemovalHints hints;
+  tracker_->set_removal_hints(&hints, /*trusted=*/true, /*after_removal=*/true);
+  auto exited = died_with_events("exited");
+  ASSERT_FALSE(HasFailure());
+  // Another sandbox of the pod, whose removal the stream reports: the hints pause.
+  const std::string other = *cri_.run_pod_sandbox(sandbox_cfg_);
+  index_.on_mkdir(cgroup_of(other), path_of(other));
+  auto sandbox_event = [&](v1::ContainerEventType type) {
+    v1::ContainerEventResponse ev;
+    ev.set_container_id(other);
+    ev.set_container_event_type(type);
+    *ev.mutable_pod_sandbox_status() = *cri_.pod_sandbox_status(other);
+    return ev;
+  };
+  auto started_ev = sandbox_event(v1::CONTAINER_STARTED_EVENT);
+  kernel_exec(other);
+  tracker_->on_runtime_event(started_ev);
+  ASSERT_TRUE(wait_types(other, {"ContainerStarted"}));
+  ASSERT_TRUE(cri_.stop_pod_sandbox(other).ok());
+  auto stopped_ev = sandbox_event(v1::CONTAINER_STOPPED_EVENT);
+  kernel_exit(other, 0);
+  tracker_->on_runtime_event(stopped_ev);
+  ASSERT_TRUE(wait_types(other, {"ContainerStarted", "ContainerDied"}));
+  auto deleted_ev = sandbox_event(v1::CONTAINER_DELETED_EVENT);
+  ASSERT_TRUE(cri_.remove_pod_sandbox(other).ok());
+  tracker_->on_runtime_event(deleted_ev);
+  ASSERT_TRUE(wait_types(other, {"ContainerStarted", "ContainerDied", "ContainerRemoved"}));
+  ASSERT_TRUE(eventually([&] { return hints.paused(); })) << "not paused for the stream";
+  // A sweep while the container is still there; then it goes, and its DELETED is lost.
+  const auto sweeps = tracker_->stats().removal_sweeps;
+  ASSERT_TRUE(eventually([&] { return tracker_->stats().removal_sweeps > sweeps; }, 5s))
+      << "no sweep for the exited container within the one kept for a lost event";
+  ASSERT_TRUE(cri_.remove_container(exited).ok());
+  EXPECT_TRUE(wait_types(exited, {"ContainerStarted", "ContainerDied", "ContainerRemoved"}, 5s))
+      << "its sweep waited as for a hint that cannot come";
+  tracker_->set_removal_hints(nullptr);
+}
+
 // Hole: a runtime whose stream leaves removals out (CRI-O sends no DELETED for the containers a
 // RemovePodSandbox takes with it) had every such removal reported only by the rare sweep kept for
 // a lost event (30 s by default). The first one such a sweep finds, with no DELETED after it,

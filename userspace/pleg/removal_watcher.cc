@@ -44,7 +44,9 @@ void RemovalWatcher::join(Record& rec) {
 std::chrono::milliseconds RemovalWatcher::sweep_wait_allowed(const Record& rec) const {
   std::chrono::milliseconds wait{0};
   if (events_cover_removals(rec.identity.sandbox)) wait = core_.opts().removal_sweep_with_events;
-  if (hints_trusted_ && armed_.count(rec.identity.id))
+  // A paused source hints nothing: the stream's lost DELETED is waited for no longer than
+  // without hints.
+  if (hints_trusted_ && !hints_paused_ && armed_.count(rec.identity.id))
     wait = std::max(wait, core_.opts().removal_sweep_with_hints);
   return wait;
 }
@@ -117,6 +119,9 @@ void RemovalWatcher::pause_hints_while_covered() {
     for (const auto& [id, _] : awaiting_hint_)
       if (!armed_.count(id)) hints_->unwatch(id);
     awaiting_hint_.clear();
+    // A sweep planned as far off as trusted hints allow would be the only word on a DELETED
+    // the stream loses: no later than the one kept for a lost event.
+    if (!watched_.empty()) schedule(Clock::now() + core_.opts().removal_sweep_with_events);
   }
   spdlog::debug("tracker: removal hints {} (the runtime's events {} every removal)",
                 pause ? "paused" : "read again", pause ? "report" : "no longer report");
