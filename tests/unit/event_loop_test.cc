@@ -89,6 +89,25 @@ TEST(EventLoopTest, ATimerWithSlackRunsWithAnotherWakeupOrAtItsLatest) {
   loop.stop();
 }
 
+// A timer with slack due before another that fired the timerfd runs with it, but the wakeup
+// is the other's.
+TEST(EventLoopTest, ATimerWakeupIsCountedForTheTimerTheTimerfdWasSetFor) {
+  EventLoop loop;
+  loop.start("test-loop");
+  std::atomic<bool> waiting{false}, punctual{false};
+  loop.call([&] {
+    const auto now = Clock::now();
+    loop.at(now + 10ms, 10s, [&] { waiting = true; }, "waiting timer");
+    loop.at(now + 60ms, [&] { punctual = true; }, "punctual timer");
+  });
+  ASSERT_TRUE(testing::eventually([&] { return punctual.load(); }, 2s));
+  EXPECT_TRUE(waiting.load()) << "due before it, it did not run with it";
+  const auto woken_by = loop.call([&] { return loop.woken_by(); });
+  EXPECT_EQ(woken_by.count("waiting timer"), 0u);
+  EXPECT_EQ(woken_by.count("punctual timer"), 1u);
+  loop.stop();
+}
+
 TEST(EventLoopTest, CountsWhatWokeItByCause) {
   EventLoop loop;
   loop.start("test-loop");

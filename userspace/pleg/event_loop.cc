@@ -169,15 +169,20 @@ void EventLoop::run_messages() {
 
 const char* EventLoop::run_timers() {
   const auto now = Clock::now();
-  const char* first = nullptr;
+  const char* woke = nullptr;
+  auto woke_latest = Clock::time_point::max();
   while (!timers_.empty() && timers_.begin()->first.first <= now) {
     auto node = timers_.extract(timers_.begin());
     timer_at_.erase(node.key().second);
     latest_.erase({node.mapped().latest, node.key().second});
-    if (first == nullptr) first = node.mapped().what;
+    // The timerfd was set for the one that could wait least.
+    if (node.mapped().latest < woke_latest) {
+      woke_latest = node.mapped().latest;
+      woke = node.mapped().what;
+    }
     node.mapped().task();
   }
-  return first;
+  return woke;
 }
 
 void EventLoop::count(const char* what) {

@@ -96,8 +96,10 @@ class EventLoop final : public cri::Reactor {
   // Times the loop's thread woke (out of epoll_wait), for tests and benchmarks.
   uint64_t wakeups() const { return wakeups_.load(std::memory_order_relaxed); }
   // On the loop's thread: what woke it, counted per wakeup for each cause: the `what` of each
-  // descriptor that was ready, of the first timer that ran ("timer: nothing due" when none
-  // did: one cancelled after the timerfd fired), or "message" (post(), call()). A wakeup with
+  // descriptor that was ready, of the timer the timerfd fired for (the one whose time, slack
+  // included, came first; "timer: nothing due" when none ran: one cancelled after the timerfd
+  // fired), or "message" (post(), call()). A timer run with another cause's wakeup is not
+  // counted. A wakeup with
   // several ready counts under each, so the counts add up to at least wakeups().
   const std::map<std::string, uint64_t, std::less<>>& woken_by() const { return woken_by_; }
 
@@ -106,7 +108,8 @@ class EventLoop final : public cri::Reactor {
   void run();
   void run_messages();
   // Runs the timers that are due (at every wakeup: those with slack run with another cause's);
-  // the `what` of the first one, or nullptr for none.
+  // the `what` of the one whose time (with its slack) came first, the one the timerfd was set
+  // for, or nullptr for none.
   const char* run_timers();
   void count(const char* what);
   void arm();
