@@ -237,9 +237,9 @@ void EventLoop::run() {
     }
     // Every wakeup runs what is due: a timer with slack that another cause woke the loop for
     // in time costs no wakeup of its own (and is not counted as what woke the loop).
-    const char* first = run_timers();
+    const char* woke = run_timers();
     if (timers) {
-      count(first != nullptr ? first : "timer: nothing due");
+      count(woke != nullptr ? woke : "timer: nothing due");
       armed_at_ = Clock::time_point::max();  // it fired: the timerfd is disarmed
     }
     in_batch_ = false;

@@ -99,8 +99,8 @@ class EventLoop final : public cri::Reactor {
   // descriptor that was ready, of the timer the timerfd fired for (the one whose time, slack
   // included, came first; "timer: nothing due" when none ran: one cancelled after the timerfd
   // fired), or "message" (post(), call()). A timer run with another cause's wakeup is not
-  // counted. A wakeup with
-  // several ready counts under each, so the counts add up to at least wakeups().
+  // counted. A wakeup with several ready counts under each, so the counts add up to at least
+  // wakeups().
   const std::map<std::string, uint64_t, std::less<>>& woken_by() const { return woken_by_; }
 
  private:
