@@ -81,7 +81,7 @@ class EventLoop final : public cri::Reactor {
   TimerId at(Clock::time_point at, Task task, const char* what = "timer") override;
   // The same for a task that can wait: it runs at the loop's first wakeup at or after `at`, for
   // whatever cause, and at `at + slack` at the latest, where the timer wakes the loop for it.
-  // Under load the loop is awake often, and such a timer rarely costs a wakeup of its own.
+  // Under load the loop is awake often, and such a timer can share another cause's wakeup.
   TimerId at(Clock::time_point at, Clock::duration slack, Task task, const char* what) override;
   // Drops a timer that has not fired: true when it will never run.
   bool cancel(TimerId id) override;

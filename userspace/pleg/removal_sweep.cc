@@ -18,7 +18,7 @@ void RemovalWatcher::schedule(Clock::time_point at) {
   if (sweeping_) return;  // the sweep under way plans its successor (judge())
   core_.cancel(sweep_timer_);  // a later sweep would wake the loop for nothing
   // Containers dying and going (the last sweep a period or two ago): the loop is awake often
-  // for them, and the sweep goes with one of those wakeups rather than one of its own. A
+  // for them, and the sweep can go with one of those wakeups instead of one of its own. A
   // lone removal's sweep goes on time. A quarter of the period at most.
   const auto period = core_.opts().removal_sweep_period;
   const bool churn = last_sweep_ && at - *last_sweep_ <= 2 * period;
