@@ -16,9 +16,9 @@
 // first (take_held()): under churn the hints are read at the sweeps, once a second, with no
 // wakeup of their own; the hold-off's timer (a second) ends one only when no sweep came. Both
 // the sweep's timer and the hold-off's may wait a little for a wakeup the loop has anyway
-// (EventLoop::at with slack): they share another cause's wakeup when one comes in time. A read that saw no
-// such removal (a file named by an id) is not followed by a hold-off: the hint of the
-// directory's removal just after it is not held.
+// (EventLoop::at with slack): they share another cause's wakeup when one comes in time. A read
+// that saw no such removal (a file named by an id) is not followed by a hold-off: the hint of
+// the directory's removal just after it is not held.
 // While the runtime's own events report every removal, the tracker pauses it (set_paused): it
 // reads then only at the sweeps, which come rarely.
 // The removal of an id not armed yet is remembered for a while: arming it then answers kGone
