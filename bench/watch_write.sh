@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What one Watch event costs the serving process, by writer and consumer
-# (kpleg-bench-watch-write; see bench/watch_write_cost.cc): every writer (sync, callback,
+# (kpleg-bench-watch-write; see bench/watch_write_cost.cc): every writer (sync, callback, async,
 # direct) with every reader (grpc, h2), --repeats times, one after another.
 # Writes <out>/runs.jsonl (one JSON object per run) and <out>/summary.md (medians and ranges).
 set -euo pipefail
@@ -24,7 +24,7 @@ done
 mkdir -p "$OUT"
 : >"$OUT/runs.jsonl"
 for ((i = 1; i <= REPEATS; i++)); do
-  for writer in sync callback direct; do
+  for writer in sync callback async direct; do
     for reader in grpc h2; do
       "$BIN_DIR/kpleg-bench-watch-write" --writer "$writer" --reader "$reader" --events "$EVENTS" \
         --gap-ms "$GAP_MS" >>"$OUT/runs.jsonl"
@@ -45,7 +45,7 @@ print(f"{rows[0]['events']} events {rows[0]['gap_ms']} ms apart per run; median 
 print("| writer | reader | runs | all read | other threads: wakeups/event | other threads: µs/event "
       "| publisher: wakeups/event | publisher: µs/event | process: µs/event |")
 print("|---|---|---|---|---|---|---|---|---|")
-for w in ("sync", "callback", "direct"):
+for w in ("sync", "callback", "async", "direct"):
     for rd in ("grpc", "h2"):
         rs = by[(w, rd)]
         if not rs:

@@ -5,6 +5,11 @@
 //             gRPC set up as kplegd sets it up (grpcidle, one poller);
 //   callback  grpc++'s callback API: the publisher starts the write itself (StartWrite) and
 //             gRPC completes it (OnWriteDone);
+//   async     grpc++'s asynchronous API for the Watch method alone, the publisher as the stream's
+//             only writer: it starts each write (which gRPC does on its thread, inline) and
+//             collects the completions without waiting, at its next event; the stream's call is
+//             bound to a completion queue no thread waits on, and the new-call queue does not
+//             listen, so no thread of gRPC's own is woken by a write;
 //   direct    no grpc++: one connection served with nghttp2, each event framed and handed to
 //             send(2) on the publisher's thread, and one thread blocked in poll(2) for what the
 //             consumer sends (its request, SETTINGS, WINDOW_UPDATEs, PINGs). A sketch of a
@@ -221,6 +226,88 @@ class CallbackWatch final : public v1::PodLifecycle::CallbackService {
   Reactor* reactor_ = nullptr;
 };
 
+// The async writer: see the top of the file.
+class AsyncWatch {
+ public:
+  using Service = v1::PodLifecycle::WithAsyncMethod_Watch<v1::PodLifecycle::Service>;
+  explicit AsyncWatch(Progress& p) : progress_(p) {}
+  ~AsyncWatch() {
+    call_cq_.Shutdown();
+    void* tag;
+    bool ok;
+    while (call_cq_.Next(&tag, &ok)) {
+    }
+    if (acceptor_.joinable()) acceptor_.join();
+  }
+  Service& service() { return service_; }
+
+  // After the server started: asks for the consumer's call, which a thread waits for.
+  void start(grpc::ServerCompletionQueue* notify) {
+    service_.RequestWatch(&ctx_, &request_, &writer_, &call_cq_, notify, this);
+    acceptor_ = std::thread([this, notify] {
+      void* tag;
+      bool ok;
+      if (notify->Next(&tag, &ok) && ok) {
+        writer_.SendInitialMetadata(&metadata_tag_);
+        progress_.set([&] { progress_.connected = true; });
+      }
+      while (notify->Next(&tag, &ok)) {  // until the queue shuts down
+      }
+    });
+  }
+
+  void publish(std::optional<uint64_t> n) {  // nullopt ends the stream
+    collect(std::chrono::system_clock::time_point{});
+    pending_.push_back(n);
+    next();
+  }
+  // Waits for the writes still in flight (the end of the run), `until` at most.
+  void wait_written(std::chrono::steady_clock::time_point until) {
+    while (progress_.written.load() < progress_.events && std::chrono::steady_clock::now() < until)
+      collect(std::chrono::system_clock::now() + 10ms);
+  }
+
+ private:
+  // The completions there are, waiting for them until `until`.
+  void collect(std::chrono::system_clock::time_point until) {
+    void* tag;
+    bool ok;
+    while (call_cq_.AsyncNext(&tag, &ok, until) == grpc::CompletionQueue::GOT_EVENT) {
+      if (tag == &write_tag_) {
+        writing_ = false;
+        if (ok) progress_.count_written();
+        next();
+      }
+      until = std::chrono::system_clock::time_point{};
+    }
+  }
+  void next() {
+    if (writing_ || finished_ || pending_.empty()) return;
+    auto n = pending_.front();
+    pending_.pop_front();
+    if (!n) {
+      finished_ = true;
+      writer_.Finish(grpc::Status::OK, &finish_tag_);
+      return;
+    }
+    writing_ = true;
+    current_ = event_numbered(*n);
+    writer_.Write(current_, &write_tag_);
+  }
+
+  Progress& progress_;
+  Service service_;
+  grpc::ServerContext ctx_;
+  v1::WatchRequest request_;
+  grpc::ServerAsyncWriter<v1::Event> writer_{&ctx_};
+  grpc::CompletionQueue call_cq_;
+  std::thread acceptor_;
+  int metadata_tag_ = 0, write_tag_ = 0, finish_tag_ = 0;
+  bool writing_ = false, finished_ = false;
+  std::deque<std::optional<uint64_t>> pending_;
+  v1::Event current_;
+};
+
 // The direct writer: see the top of the file.
 class DirectWatch {
  public:
@@ -423,8 +510,8 @@ int main(int argc, char** argv) {
   std::string writer = "sync", reader = "grpc";
   uint64_t events = 200;
   int gap_ms = 50;
-  app.add_option("--writer", writer, "sync (kplegd's Watch), callback or direct")
-      ->check(CLI::IsMember({"sync", "callback", "direct"}))
+  app.add_option("--writer", writer, "sync (kplegd's Watch), callback, async or direct")
+      ->check(CLI::IsMember({"sync", "callback", "async", "direct"}))
       ->capture_default_str();
   app.add_option("--reader", reader, "The consumer: grpc (grpc++) or h2 (kpleg's nghttp2 reader)")
       ->check(CLI::IsMember({"grpc", "h2"}))
@@ -436,6 +523,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 10'000))
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  setenv("GRPC_POLL_STRATEGY", "poll", 0);  // as kplegd (cmd/kplegd/main.cc)
   // gRPC's background threads as in kplegd (grpcidle.h); before any gRPC object exists.
   if (auto note = kpleg::grpcidle::install(); !note.empty())
     std::fprintf(stderr, "kpleg-bench-watch-write: %s\n", note.c_str());
@@ -454,6 +542,8 @@ int main(int argc, char** argv) {
   SyncWatch sync_service(progress);
   CallbackWatch callback_service(progress);
   DirectWatch direct(progress);
+  AsyncWatch async_service(progress);
+  std::unique_ptr<grpc::ServerCompletionQueue> notify_cq;
   std::unique_ptr<grpc::Server> server;
   bool listening = false;
   if (writer == "direct") {
@@ -467,11 +557,15 @@ int main(int argc, char** argv) {
     builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 1);
     if (writer == "sync") {
       builder.RegisterService(&sync_service);
+    } else if (writer == "async") {
+      builder.RegisterService(&async_service.service());
+      notify_cq = builder.AddCompletionQueue(/*is_frequently_polled=*/false);
     } else {
       builder.RegisterService(&callback_service);
     }
     server = builder.BuildAndStart();
     listening = server != nullptr;
+    if (listening && notify_cq) async_service.start(notify_cq.get());
   }
   if (!listening || !progress.wait([&] { return progress.connected; })) {
     std::fprintf(stderr, "kpleg-bench-watch-write: the consumer did not connect\n");
@@ -484,6 +578,8 @@ int main(int argc, char** argv) {
       sync_service.publish(n);
     } else if (writer == "callback") {
       callback_service.reactor()->publish(n);
+    } else if (writer == "async") {
+      async_service.publish(n);
     } else {
       direct.publish(n);
     }
@@ -495,6 +591,7 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_until(t0 + std::chrono::milliseconds(gap_ms) * (n + 1));
     publish(n);
   }
+  if (writer == "async") async_service.wait_written(std::chrono::steady_clock::now() + 10s);
   const bool stalled = !progress.wait([&] { return progress.written.load() == events; });
   // The consumer's flow-control frames for the last event come just after it.
   std::this_thread::sleep_for(std::chrono::milliseconds(std::max(gap_ms, 50)));
@@ -503,7 +600,9 @@ int main(int argc, char** argv) {
   publish(std::nullopt);
   int status = 0;
   waitpid(child, &status, 0);
+  if (writer == "async") async_service.wait_written(std::chrono::steady_clock::now() + 1s);
   if (server) server->Shutdown(std::chrono::system_clock::now() + 1s);
+  if (notify_cq) notify_cq->Shutdown();
   unlink(socket.c_str());
   const bool all_read = WIFEXITED(status) && WEXITSTATUS(status) == 0;
 
