@@ -274,8 +274,12 @@ void H2StreamReader::hold(std::chrono::steady_clock::time_point until) {
   if (!state_ || held_) return;
   held_ = true;
   watch_events();
+  // The hold's end can wait a quarter of the hold for the loop's next wakeup: what is held is
+  // not waited for (a signal that waits for an event ends the hold at once).
+  const auto slack = std::max(until - std::chrono::steady_clock::now(),
+                              std::chrono::steady_clock::duration::zero()) / 4;
   hold_timer_ = reactor_.at(
-      until,
+      until, slack,
       [this] {
         hold_timer_ = 0;
         resume();

@@ -65,7 +65,9 @@ class H2StreamReader {
   void end();
   bool open() const { return state_ != nullptr; }
   // Reads nothing more until `until` (the socket leaves the loop's epoll set; what the server
-  // sends meanwhile waits in the socket), then reads on as before; resume() ends it sooner.
+  // sends meanwhile waits in the socket), then reads on as before, with the loop's first
+  // wakeup from `until` on, a quarter of the hold later at the latest (its own wakeup then);
+  // resume() ends it sooner.
   // Messages are then handed on together, in order, without a wakeup each. May be called from
   // on_message. A hold while held keeps the earlier end.
   void hold(std::chrono::steady_clock::time_point until);
