@@ -2,7 +2,7 @@
 // consumer, by the way the server writes it:
 //   sync      grpc++'s synchronous API, as kplegd's Watch does: a handler thread per stream,
 //             woken for each event by the publisher, writes it and waits for the write;
-//             gRPC set up as kplegd sets it up (grpcidle, one poller);
+//             gRPC set up as kplegd sets it up (its poll engine, grpcidle, one poller);
 //   callback  grpc++'s callback API: the publisher starts the write itself (StartWrite) and
 //             gRPC completes it (OnWriteDone);
 //   async     grpc++'s asynchronous API for the Watch method alone, the publisher as the stream's
