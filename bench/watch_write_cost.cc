@@ -232,11 +232,15 @@ class AsyncWatch {
   using Service = v1::PodLifecycle::WithAsyncMethod_Watch<v1::PodLifecycle::Service>;
   explicit AsyncWatch(Progress& p) : progress_(p) {}
   ~AsyncWatch() {
+    join();
     call_cq_.Shutdown();
     void* tag;
     bool ok;
     while (call_cq_.Next(&tag, &ok)) {
     }
+  }
+  // After the new-call queue was shut down, before it goes.
+  void join() {
     if (acceptor_.joinable()) acceptor_.join();
   }
   Service& service() { return service_; }
@@ -602,7 +606,10 @@ int main(int argc, char** argv) {
   waitpid(child, &status, 0);
   if (writer == "async") async_service.wait_written(std::chrono::steady_clock::now() + 1s);
   if (server) server->Shutdown(std::chrono::system_clock::now() + 1s);
-  if (notify_cq) notify_cq->Shutdown();
+  if (notify_cq) {
+    notify_cq->Shutdown();
+    async_service.join();
+  }
   unlink(socket.c_str());
   const bool all_read = WIFEXITED(status) && WEXITSTATUS(status) == 0;
 
