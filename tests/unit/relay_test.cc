@@ -140,7 +140,9 @@ class Runtime final : public cri1::RuntimeService::Service {
   }
 };
 
-// A kplegd's API: List says what `state` the container has; Watch sends nothing until cancelled.
+// A kplegd's API: List says what `state` the container has, at seq 7; Watch sends nothing until
+// cancelled, unless it comes with another instance's position: then a RESYNC, as kplegd's does
+// (a Watch the follower started against the first kplegd may reach the second one).
 class Kplegd final : public v1::PodLifecycle::Service {
  public:
   Kplegd(std::string instance, v1::ContainerState state, const std::string& target)
@@ -163,7 +165,7 @@ class Kplegd final : public v1::PodLifecycle::Service {
   std::atomic<int> lists{0};
   grpc::Status List(grpc::ServerContext*, const v1::ListRequest*, v1::ListResponse* r) override {
     r->set_instance_id(instance_);
-    r->set_seq(0);
+    r->set_seq(7);
     auto* p = r->add_pods();
     p->set_uid("u1");
     p->set_name("web");
@@ -175,8 +177,16 @@ class Kplegd final : public v1::PodLifecycle::Service {
     ++lists;
     return grpc::Status::OK;
   }
-  grpc::Status Watch(grpc::ServerContext* ctx, const v1::WatchRequest*,
-                     grpc::ServerWriter<v1::Event>*) override {
+  grpc::Status Watch(grpc::ServerContext* ctx, const v1::WatchRequest* req,
+                     grpc::ServerWriter<v1::Event>* writer) override {
+    if (req->instance_id() != instance_) {
+      v1::Event resync;
+      resync.set_type(v1::EVENT_TYPE_RESYNC);
+      resync.set_seq(7);
+      resync.set_reason("another instance's position: List again");
+      writer->Write(resync);
+      return grpc::Status::OK;
+    }
     std::unique_lock lk(mu_);
     while (!stopping_ && !ctx->IsCancelled()) cv_.wait_for(lk, 20ms);
     return grpc::Status::OK;
@@ -215,6 +225,8 @@ TEST(Relay, CallsAndTheEventStreamOutliveKplegdAndTheGapIsCaughtUp) {
   auto stub = cri1::RuntimeService::NewStub(
       grpc::CreateChannel("unix://" + dir + "/cri.sock", grpc::InsecureChannelCredentials()));
   grpc::ClientContext events_ctx;
+  // A catch-up that never comes fails the test instead of hanging it.
+  events_ctx.set_deadline(std::chrono::system_clock::now() + 60s);
   auto events = stub->GetContainerEvents(&events_ctx, cri1::GetEventsRequest());
   events->WaitForInitialMetadata();
 
