@@ -47,18 +47,11 @@ fi
 echo "container-check: test bed up in $(awk -v a="$t0" '{ printf "%.1f", $1 - a }' /proc/uptime) s ($endpoint)"
 
 tests=Modes/LifecycleTest.ExitZeroAndExitThree/ebpf
+tests=$tests:Modes/LifecycleTest.OomKilledThroughItsMemoryLimit/ebpf
 tests=$tests:Modes/LifecycleTest.StopAndRemoveAContainerThenThePod/ebpf
-oom=Modes/LifecycleTest.OomKilledThroughItsMemoryLimit/ebpf
 t0=$(cut -d' ' -f1 /proc/uptime)
 "$build/tests/e2e_lifecycle_test" --gtest_filter="$tests" --gtest_brief=1
 rc=$?
-# The OOM kill once more if it fails: emulated, the guest's containerd has seen the container's
-# exit before its cgroup's OOM event and said "Error" when kplegd looked (it says OOMKilled once
-# the event comes; kplegd passes the runtime's reason on).
-if ! "$build/tests/e2e_lifecycle_test" --gtest_filter="$oom" --gtest_brief=1; then
-  echo "container-check: $oom failed; once more"
-  "$build/tests/e2e_lifecycle_test" --gtest_filter="$oom" --gtest_brief=1 || rc=1
-fi
 echo "container-check: the lifecycle tests took $(awk -v a="$t0" '{ printf "%.1f", $1 - a }' /proc/uptime) s"
 if [ "$rc" -eq 0 ]; then
   echo "container-check: $(uname -r): PASS"

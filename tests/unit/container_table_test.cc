@@ -101,14 +101,32 @@ TEST_F(ContainerTableTest, DiedCarriesTheRuntimesStatusAndTheKernelsTimestamp) {
   EXPECT_EQ(died.emit_ts_ns, 42u);
   EXPECT_EQ(died.pod_name, "web");
   EXPECT_EQ(died.container_name, "app");
-  // The runtime's own reason wins; a reconcile's event has no kernel timestamp.
+  // A runtime that has not seen the cgroup's OOM event yet says Error: the kernel's OOM kill
+  // stands, in the event and in List's snapshot; the runtime's status is passed on as it came.
+  Record& late = known("c3");
+  late.oom_killed = true;
+  snap.reason = "Error";
+  step(late, ContainerState::kExited, snap);
+  EXPECT_EQ(out_[0].reason, "OOMKilled");
+  EXPECT_EQ(out_[0].status.reason, "Error");
+  // Any other reason of the runtime's wins; a reconcile's event has no kernel timestamp.
   Record& other = known("c2");
   other.oom_killed = true;
   other.kernel_exit_ts = 33;
-  snap.reason = "Error";
+  snap.reason = "ContainerCannotRun";
   step(other, ContainerState::kExited, snap, EventSource::kReconcile);
-  EXPECT_EQ(out_[0].reason, "Error");
+  EXPECT_EQ(out_[0].reason, "ContainerCannotRun");
   EXPECT_EQ(out_[0].kernel_ts_ns, 0u);
+  // Without the kernel's OOM kill, the runtime's Error stands.
+  Record& plain = known("c4");
+  snap.reason = "Error";
+  step(plain, ContainerState::kExited, snap);
+  EXPECT_EQ(out_[0].reason, "Error");
+  for (const auto& c : table_.confirmed()) {
+    if (c.id == "c3") EXPECT_EQ(c.snapshot.reason, "OOMKilled");
+    if (c.id == "c2") EXPECT_EQ(c.snapshot.reason, "ContainerCannotRun");
+    if (c.id == "c4") EXPECT_EQ(c.snapshot.reason, "Error");
+  }
 }
 
 TEST_F(ContainerTableTest, TheLatestSandboxOfAPodDecidesTheLikelyKindOfANewId) {

@@ -37,7 +37,7 @@ void Confirmer::on_signal(const std::string& id, const std::string& pod_uid, Sig
     case Signal::kExitOom:
       rec.kernel_exit_ts = ts_ns;
       rec.exit_signal_at = Clock::now();
-      // The Died event says OOMKilled unless the runtime gives its own reason.
+      // The Died event says OOMKilled unless the runtime gives another reason than Error.
       if (signal == Signal::kExitOom) rec.oom_killed = true;
       anchor = Anchor::kExit;
       break;

@@ -2,6 +2,15 @@
 
 namespace kpleg::pleg {
 
+std::string death_reason(const Record& rec, const std::string& runtime_reason) {
+  // The kernel saw the OOM killer end the init itself. A runtime says OOMKilled once it has the
+  // cgroup's OOM event, which can come after the exit (containerd 1.6 under load): until then it
+  // says Error, the reason of any other non-zero exit, and the kubelet's later looks correct it.
+  // Any other reason of the runtime's stands.
+  if (rec.oom_killed && (runtime_reason.empty() || runtime_reason == "Error")) return "OOMKilled";
+  return runtime_reason;
+}
+
 int rank(ContainerState s) {
   switch (s) {
     case ContainerState::kCreated:
@@ -87,8 +96,7 @@ int ContainerTable::advance(Record& rec, ContainerState target, const ContainerS
     } else if (ev.type == EventType::kContainerDied) {
       ev.kernel_ts_ns = source == EventSource::kKernel ? rec.kernel_exit_ts : 0;
       ev.exit_code = snap.exit_code;
-      ev.reason = snap.reason;
-      if (rec.oom_killed && ev.reason.empty()) ev.reason = "OOMKilled";
+      ev.reason = death_reason(rec, snap.reason);
     }
     ev.emit_ts_ns = emit_ns;
   }
@@ -155,7 +163,7 @@ std::vector<Observation> ContainerTable::confirmed() const {
     static_cast<RuntimeContainer&>(c) = rec.identity;
     c.state = rec.reported;
     c.snapshot = rec.status;
-    if (rec.oom_killed && c.snapshot.reason.empty()) c.snapshot.reason = "OOMKilled";
+    c.snapshot.reason = death_reason(rec, c.snapshot.reason);
   }
   return out;
 }

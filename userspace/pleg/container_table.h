@@ -48,6 +48,10 @@ struct Record {
   bool known() const { return !identity.pod.name.empty(); }
 };
 
+// A death's reason: the runtime's, except that a runtime's "Error" (or none) for an init the
+// kernel saw the OOM killer end is OOMKilled.
+std::string death_reason(const Record& rec, const std::string& runtime_reason);
+
 using Events = std::vector<PodLifecycleEvent>;
 
 class ContainerTable {
