@@ -128,6 +128,40 @@ TEST_F(ApiServerTest, WatchFromOlderThanTheHistoryGetsResyncFirst) {
   EXPECT_EQ(seqs_of({evs.begin() + 1, evs.end()}), range(151, 250));
 }
 
+// A List before the first event gives seq 0: with the instance, a Watch from 0 is that
+// position (every event since, RESYNC if the first ones are gone or the instance is another);
+// without one, 0 is "from now on".
+TEST_F(ApiServerTest, WatchFromZeroWithTheInstanceIsAfterAListAtZero) {
+  auto stub = h_.stub();
+  v1::ListResponse list;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(stub->List(&ctx, v1::ListRequest{}, &list).ok());
+  ASSERT_EQ(list.seq(), 0u);
+  h_.bus.publish(sample_event(0));  // between List and Watch
+  WatchClient positioned(h_.channel(), watch_from(0, list.instance_id()));
+  WatchClient from_now(h_.channel(), watch_from(0));
+  WatchClient other(h_.channel(), watch_from(0, "0123456789abcdef0123456789abcdef"));
+  ASSERT_TRUE(positioned.subscribed() && from_now.subscribed() && other.subscribed());
+  h_.bus.publish(sample_event(1));
+  ASSERT_TRUE(positioned.wait_for(2, 10s)) << positioned.count();
+  EXPECT_EQ(seqs_of(positioned.events()), (std::vector<uint64_t>{1, 2}));
+  EXPECT_EQ(positioned.events()[0].type(), v1::EVENT_TYPE_CONTAINER_STARTED);
+  ASSERT_TRUE(from_now.wait_for(1, 10s));
+  EXPECT_EQ(seqs_of(from_now.events()), (std::vector<uint64_t>{2}));
+  ASSERT_TRUE(other.wait_for(2, 10s));
+  EXPECT_EQ(other.events()[0].type(), v1::EVENT_TYPE_RESYNC);
+  EXPECT_EQ(seqs_of(other.events()), (std::vector<uint64_t>{1, 2}));
+
+  // The first events no longer retained: RESYNC, then what is.
+  ServerHarness small({}, bus::EventBusOptions{.history_capacity = 3});
+  ASSERT_TRUE(small.start().ok());
+  for (int i = 0; i < 5; ++i) small.bus.publish(sample_event(i));
+  WatchClient late(small.channel(), watch_from(0, small.bus.instance_id()));
+  ASSERT_TRUE(late.wait_for(4, 10s)) << late.count();
+  EXPECT_EQ(late.events()[0].type(), v1::EVENT_TYPE_RESYNC);
+  EXPECT_EQ(seqs_of(late.events()), (std::vector<uint64_t>{2, 3, 4, 5}));
+}
+
 // A position is one in a given instance's stream. With another instance's id, or none (the
 // consumer resumes after a daemon restart), it is never taken as a position in this stream.
 TEST_F(ApiServerTest, WatchWithAnotherOrNoInstancesPositionGetsResync) {
@@ -447,7 +481,7 @@ TEST_F(ApiServerTest, CancelledStreamsGiveTheirSlotsBackAtOnce) {
 // UINT64_MAX - 1 is the bus's "every retained event" for in-process consumers; from a client it
 // is just a position beyond the stream's last seq.
 TEST_F(ApiServerTest, WatchFromBeyondTheLastSeqGetsResync) {
-  for (uint64_t from : {uint64_t(100), UINT64_MAX - 1, UINT64_MAX}) {
+  for (uint64_t from : {uint64_t(100), UINT64_MAX - 2, UINT64_MAX - 1, UINT64_MAX}) {
     for (int i = 0; i < 5; ++i) h_.bus.publish(sample_event(i));
     const uint64_t last = h_.bus.stats().last_seq;
     WatchClient w(h_.channel(), watch_from(from, h_.bus.instance_id()));

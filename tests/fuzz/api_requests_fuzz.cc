@@ -5,10 +5,11 @@
 // - a filter longer than its bound (pod_uid 128, pod_namespace 63, instance_id 64 bytes) is
 //   refused INVALID_ARGUMENT; a request over 4 KiB RESOURCE_EXHAUSTED;
 // - List returns exactly the pods that match its filters, with the stream's seq and instance;
-// - a Watch with from_seq != 0 and another (or no) instance id, from before the retained
-//   history, or from beyond the stream's last seq, starts with RESYNC; with the right instance
-//   and a position inside the history it gets exactly the retained events after from_seq that
-//   match its filters, in seq order; every event delivered matches the filters;
+// - a Watch with from_seq != 0 and no instance id, with another instance id (from_seq 0
+//   too), from before the retained history, or from beyond the stream's last seq, starts with
+//   RESYNC; with the right instance and a position inside the history (0 included) it gets
+//   exactly the retained events after from_seq that match its filters, in seq order; every
+//   event delivered matches the filters;
 // - a cancelled stream gives its slot back: a later Watch is never refused for lack of one;
 // - UNAVAILABLE never (the server runs throughout).
 //
@@ -277,7 +278,7 @@ struct Expected {
 std::vector<Expected> expected_backlog(const v1::WatchRequest& req) {
   std::vector<Expected> out;
   const uint64_t from = req.from_seq();
-  if (from == 0) return out;
+  if (from == 0 && req.instance_id().empty()) return out;  // from now on
   if (req.instance_id() != g_env->instance_id || from > kEvents) {
     out.push_back({true, kEvents});
     return out;

@@ -64,14 +64,20 @@ grpc::Status PodLifecycleService::Watch(grpc::ServerContext* ctx, const v1::Watc
   }
 
   uint64_t from = req->from_seq();
-  // A position is one in a given daemon instance's stream: without the instance it belongs
-  // to, it could be another instance's (the daemon restarted since): List again (RESYNC).
-  if (from != 0 && req->instance_id() != bus_.instance_id()) from = bus::kUnknownPosition;
-  // The bus reads UINT64_MAX - 1 as kOldestRetained (every retained event, no RESYNC), an
-  // in-process consumer's request. From a client it is a position beyond the stream's last
-  // seq like any other, which docs/api.md promises a RESYNC for; passed on as is, it replayed
-  // the history as if nothing had been lost.
-  if (from == bus::kOldestRetained) from = bus::kUnknownPosition;
+  // The bus reads the top three values as its own positions (kOldestRetained: every retained
+  // event, no RESYNC, an in-process consumer's request). From a client each is a position
+  // beyond the stream's last seq like any other, which docs/api.md promises a RESYNC for;
+  // passed on as is, kOldestRetained replayed the history as if nothing had been lost.
+  if (from >= bus::kStreamStart) from = bus::kUnknownPosition;
+  if (!req->instance_id().empty()) {
+    // A position is one in a given daemon instance's stream, 0 included (a List before the
+    // first event): another instance's (the daemon restarted since) means List again (RESYNC).
+    if (req->instance_id() != bus_.instance_id()) from = bus::kUnknownPosition;
+    else if (from == 0) from = bus::kStreamStart;
+  } else if (from != 0) {
+    from = bus::kUnknownPosition;  // a position without the instance whose stream it is in
+  }
+  // Without an instance, from_seq 0 is "from now on".
   bus::Subscription sub =
       bus_.subscribe(from, bus::EventFilter{req->pod_uid(), req->pod_namespace()});
   OpenWatch open{*this, sub, ctx};

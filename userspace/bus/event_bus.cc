@@ -269,6 +269,7 @@ Subscription EventBus::subscribe(uint64_t from_seq, EventFilter filter, size_t q
     for (const auto& ev : core_->history)
       if (s->filter.matches(*ev)) s->backlog.push_back(ev);
   } else if (from_seq != 0) {
+    if (from_seq == kStreamStart) from_seq = 0;
     if (from_seq > last) {
       // Not a position in this stream: another daemon instance, or a made-up number.
       s->backlog.push_back(make_resync(

@@ -42,6 +42,10 @@ inline constexpr uint64_t kUnknownPosition = UINT64_MAX;
 // Every retained event (from the oldest in the history, without RESYNC), then live events: for
 // an in-process consumer that starts after the daemon's start-up sync and wants it too.
 inline constexpr uint64_t kOldestRetained = UINT64_MAX - 1;
+// The position before the stream's first event (seq 0 of a stream, as a List before any event
+// gives it): every retained event, after a RESYNC if the first ones are no longer retained.
+// A from_seq of 0 itself means "from now on".
+inline constexpr uint64_t kStreamStart = UINT64_MAX - 2;
 
 inline constexpr size_t kDefaultHistoryCapacity = 10'000;
 inline constexpr size_t kDefaultQueueCapacity = 1'000;
@@ -137,7 +141,7 @@ class EventBus final : public pleg::EventSink {
   void publish(pleg::PodLifecycleEvent ev) override;
 
   // Events with seq > from_seq (0: only events published from now on; kOldestRetained: the
-  // whole history), filtered.
+  // whole history; kStreamStart: as if from_seq were the position 0), filtered.
   // queue_capacity 0 takes the bus's default. The initial backlog (RESYNC when from_seq is
   // older than the history or not in this stream, then the retained events after from_seq)
   // does not count against queue_capacity, so a consumer can always resume from anywhere in
