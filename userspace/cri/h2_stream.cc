@@ -274,12 +274,10 @@ void H2StreamReader::hold(std::chrono::steady_clock::time_point until) {
   if (!state_ || held_) return;
   held_ = true;
   watch_events();
-  // The hold's end can wait a quarter of the hold for the loop's next wakeup: what is held is
-  // not waited for (a signal that waits for an event ends the hold at once).
-  const auto slack = std::max(until - std::chrono::steady_clock::now(),
-                              std::chrono::steady_clock::duration::zero()) / 4;
+  // The hold's end can wait for the loop's next wakeup: what is held is not waited for (a
+  // signal that waits for an event ends the hold at once).
   hold_timer_ = reactor_.at(
-      until, slack,
+      until, hold_end_slack(until - std::chrono::steady_clock::now()),
       [this] {
         hold_timer_ = 0;
         resume();

@@ -3,6 +3,7 @@
 // loop's thread.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -32,5 +33,11 @@ class Reactor {
                       const char* what) = 0;
   virtual bool cancel(uint64_t id) = 0;
 };
+
+// The slack of a hold's end (something read later on purpose, nothing waiting for it): a
+// quarter of the hold. Under churn the end goes with a wakeup of the loop's for something else.
+inline Reactor::Clock::duration hold_end_slack(Reactor::Clock::duration hold) {
+  return std::max(hold, Reactor::Clock::duration::zero()) / 4;
+}
 
 }  // namespace kpleg::cri

@@ -216,9 +216,9 @@ void DirRemovalWatch::take() {
   if (hold) {
     // The timer reads at once what came meanwhile, without another pass through epoll. Under
     // churn it ends with the sweep that is due about then (which takes what is held), with a
-    // wakeup of the loop's for something else: it can wait a quarter of the hold-off for one.
+    // wakeup of the loop's for something else (cri::hold_end_slack).
     hold_timer_ = loop_.at(
-        cri::Reactor::Clock::now() + hold_off_, hold_off_ / 4,
+        cri::Reactor::Clock::now() + hold_off_, cri::hold_end_slack(hold_off_),
         [this] {
           hold_timer_ = 0;
           take();
