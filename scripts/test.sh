@@ -192,8 +192,9 @@ phase install-deps bash scripts/install-deps.sh || exit 1
 phase crictl need crictl scripts/crictl.sh || status=1
 phase virtme-ng need virtme-ng scripts/vng.sh || status=1
 
-# Line tables only, not full debug info: stack traces and perf's symbols keep their lines, the
-# build takes a fifth less time (api_server_test.cc: 15.6 s against 19.3 s with -g).
+# Line tables only, not full debug info: stack traces and perf's symbols keep their lines, and
+# the compiler's time drops by about a seventh (857 s against 986 s for the same 339 targets;
+# api_server_test.cc alone 15.6 s against 19.3 s with -g).
 phase build bash -c "cmake -S . -B '$build' -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_CXX_FLAGS_RELWITHDEBINFO='-O2 -gline-tables-only -DNDEBUG' \
     -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DKPLEG_FUZZ=ON \
