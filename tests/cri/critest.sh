@@ -81,7 +81,8 @@ runtime_skips() {
           echo 'Idempotence (StopPodSandbox|StopContainer) should not return an error if not found'
           # containerd 1.6's shim can report an OOM-killed init's exit before the cgroup's OOM
           # event; the CRI plugin says Error until that event comes and OOMKilled after, and
-          # critest looks once, right after the exit (containerd 2.x sends the OOM event first).
+          # critest looks once, right after the exit (later releases' shims send the OOM
+          # event first).
           echo 'Container OOM runtime should output OOMKilled reason'
           ;;
       esac
