@@ -161,8 +161,9 @@ int main(int argc, char** argv) {
   auto* from_seq_opt =
       watch_cmd
           ->add_option("--from-seq", wa.from_seq,
-                       "Start after this sequence number (from list, or the last one seen); "
-                       "0: only new events")
+                       "Start after this sequence number (from list, or the last one seen; "
+                       "0 is the position before the instance's first event); without it, "
+                       "only new events")
           ->capture_default_str();
   watch_cmd->add_option("--pod-uid", wa.pod_uid, "Only this pod");
   watch_cmd->add_option("--namespace", wa.pod_namespace, "Only pods in this namespace");
