@@ -155,6 +155,26 @@ TEST_F(ContainerEventBuild, ADeathCarriesTheSandboxAndEveryContainerOfThePod) {
   }
 }
 
+// The runtime still says Error for an OOM kill the event knows of (its cgroup's OOM event not
+// in yet): the status the kubelet gets says what the runtime comes to. An event that says
+// Error leaves it, and so does the runtime's status of a container the event is not about.
+TEST_F(ContainerEventBuild, ADeathTheKernelSawAsAnOomKillSaysOOMKilledWhereTheRuntimeSaysError) {
+  ASSERT_TRUE(cri.exit_container(containers[0], 137, "Error"));
+  ASSERT_TRUE(cri.exit_container(containers[1], 137, "Error"));
+  auto died = event(pleg::EventType::kContainerDied, containers[0], false);
+  died.reason = "OOMKilled";
+  auto built = build_container_event(cri, died, memory, 1);
+  ASSERT_TRUE(built && built->has_value());
+  for (const auto& cs : (**built).containers_statuses()) {
+    // The other container's death is not this event's: its status is the runtime's.
+    EXPECT_EQ(cs.reason(), cs.id() == containers[0] ? "OOMKilled" : "Error") << cs.id();
+  }
+  died.reason = "Error";
+  built = build_container_event(cri, died, memory, 2);
+  ASSERT_TRUE(built && built->has_value());
+  for (const auto& cs : (**built).containers_statuses()) EXPECT_EQ(cs.reason(), "Error");
+}
+
 TEST_F(ContainerEventBuild, CreatedAtIncreasesPerPodEvenWhenTheClockDoesNot) {
   auto a = build_container_event(cri, event(pleg::EventType::kContainerStarted, containers[0], false),
                                  memory, 7000);

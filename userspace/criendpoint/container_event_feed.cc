@@ -88,6 +88,13 @@ Result<std::optional<v1::ContainerEventResponse>> build_container_event(
   for (const auto& c : *containers) {
     auto cs = cri.container_status(c.id());
     if (cs) {
+      // The death's reason as the event has it: a runtime that has not seen the cgroup's OOM
+      // event yet says Error for an init the kernel saw the OOM killer end (pleg::death_reason),
+      // and OOMKilled once it has; a kubelet keeps what its event carried.
+      if (c.id() == ev.container_id && ev.type == pleg::EventType::kContainerDied &&
+          ev.reason == "OOMKilled" && cs->state() == v1::CONTAINER_EXITED &&
+          cs->reason() == "Error")
+        cs->set_reason(ev.reason);
       *out.add_containers_statuses() = std::move(*cs);
     } else if (!not_found(cs.error())) {
       return cs.error();
