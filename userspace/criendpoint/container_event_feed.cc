@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "common/thread_name.h"
+#include "pleg/container_table.h"
 
 namespace kpleg::criendpoint {
 namespace {
@@ -88,13 +89,12 @@ Result<std::optional<v1::ContainerEventResponse>> build_container_event(
   for (const auto& c : *containers) {
     auto cs = cri.container_status(c.id());
     if (cs) {
-      // The death's reason as the event has it: a runtime that has not seen the cgroup's OOM
-      // event yet says Error for an init the kernel saw the OOM killer end (pleg::death_reason),
-      // and OOMKilled once it has; a kubelet keeps what its event carried.
+      // The death's reason by the event's rule (pleg::death_reason): a runtime that has not
+      // seen the cgroup's OOM event yet says Error for an init the kernel saw the OOM killer
+      // end, and OOMKilled once it has; a kubelet keeps what its event carried.
       if (c.id() == ev.container_id && ev.type == pleg::EventType::kContainerDied &&
-          ev.reason == "OOMKilled" && cs->state() == v1::CONTAINER_EXITED &&
-          cs->reason() == "Error")
-        cs->set_reason(ev.reason);
+          cs->state() == v1::CONTAINER_EXITED)
+        cs->set_reason(pleg::death_reason(ev.reason == pleg::kOomKilledReason, cs->reason()));
       *out.add_containers_statuses() = std::move(*cs);
     } else if (!not_found(cs.error())) {
       return cs.error();

@@ -2,12 +2,12 @@
 
 namespace kpleg::pleg {
 
-std::string death_reason(const Record& rec, const std::string& runtime_reason) {
+std::string death_reason(bool oom_killed, const std::string& runtime_reason) {
   // The kernel saw the OOM killer end the init itself. A runtime says OOMKilled once it has the
   // cgroup's OOM event, which can come after the exit (containerd 1.6 under load): until then it
   // says Error, the reason of any other non-zero exit, and the kubelet's later looks correct it.
   // Any other reason of the runtime's stands.
-  if (rec.oom_killed && (runtime_reason.empty() || runtime_reason == "Error")) return "OOMKilled";
+  if (oom_killed && (runtime_reason.empty() || runtime_reason == "Error")) return kOomKilledReason;
   return runtime_reason;
 }
 
@@ -96,7 +96,7 @@ int ContainerTable::advance(Record& rec, ContainerState target, const ContainerS
     } else if (ev.type == EventType::kContainerDied) {
       ev.kernel_ts_ns = source == EventSource::kKernel ? rec.kernel_exit_ts : 0;
       ev.exit_code = snap.exit_code;
-      ev.reason = death_reason(rec, snap.reason);
+      ev.reason = death_reason(rec.oom_killed, snap.reason);
     }
     ev.emit_ts_ns = emit_ns;
   }
@@ -163,7 +163,7 @@ std::vector<Observation> ContainerTable::confirmed() const {
     static_cast<RuntimeContainer&>(c) = rec.identity;
     c.state = rec.reported;
     c.snapshot = rec.status;
-    c.snapshot.reason = death_reason(rec, c.snapshot.reason);
+    c.snapshot.reason = death_reason(rec.oom_killed, c.snapshot.reason);
   }
   return out;
 }

@@ -49,8 +49,9 @@ struct Record {
 };
 
 // A death's reason: the runtime's, except that a runtime's "Error" (or none) for an init the
-// kernel saw the OOM killer end is OOMKilled.
-std::string death_reason(const Record& rec, const std::string& runtime_reason);
+// kernel saw the OOM killer end (oom_killed) is OOMKilled.
+inline constexpr const char* kOomKilledReason = "OOMKilled";
+std::string death_reason(bool oom_killed, const std::string& runtime_reason);
 
 using Events = std::vector<PodLifecycleEvent>;
 
