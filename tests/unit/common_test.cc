@@ -1,4 +1,4 @@
-// Duration flags and the JSON log format.
+// Duration flags, the JSON log format, thread names.
 #include <gtest/gtest.h>
 
 #include <future>
@@ -12,6 +12,7 @@
 #include "common/duration.h"
 #include "common/log_limiter.h"
 #include "common/logging.h"
+#include "common/thread_name.h"
 
 namespace kpleg {
 namespace {
@@ -30,6 +31,24 @@ TEST(LogLimiter, WritesOneLinePerPeriodAndCountsTheRest) {
   EXPECT_EQ(left_out, 1001u) << "the next line says how many were left out";
   EXPECT_TRUE(l.allow(left_out, t0 + 25s));
   EXPECT_EQ(left_out, 0u);
+}
+
+// A thread carries its name once named_thread returns, before it has run a line: whoever looks
+// at the process after its start-up (`top -H` after "ready") sees every thread named.
+TEST(ThreadName, ANamedThreadCarriesItsNameBeforeItRuns) {
+  std::promise<void> go;
+  auto gate = go.get_future().share();
+  std::string inside;
+  std::thread t = named_thread("kpleg-test-name", [gate, &inside] {
+    gate.wait();
+    inside = thread_name();
+  });
+  char buf[16] = {};
+  ASSERT_EQ(pthread_getname_np(t.native_handle(), buf, sizeof(buf)), 0);
+  EXPECT_STREQ(buf, "kpleg-test-name");
+  go.set_value();
+  t.join();
+  EXPECT_EQ(inside, "kpleg-test-name");
 }
 
 TEST(ParseDuration, Units) {

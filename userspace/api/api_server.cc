@@ -127,8 +127,7 @@ Status ApiServer::start() {
   health_service_->set_evaluated(kLivenessService, [this] { return health_.liveness().healthy; });
   health_.set_health_listener([this] { request_health_refresh(); });
   refresh_health();
-  health_thread_ = std::thread([this] {
-    set_thread_name("kpleg-health");
+  health_thread_ = named_thread("kpleg-health", [this] {
     health_loop();
   });
 

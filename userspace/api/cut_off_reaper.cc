@@ -9,10 +9,7 @@
 namespace kpleg::api {
 
 CutOffReaper::CutOffReaper()
-    : thread_([this] {
-        set_thread_name("kpleg-api-reap");
-        loop();
-      }) {}
+    : thread_(named_thread("kpleg-api-reap", [this] { loop(); })) {}
 
 CutOffReaper::~CutOffReaper() {
   {

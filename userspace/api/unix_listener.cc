@@ -46,8 +46,7 @@ UnixListener::~UnixListener() {
 }
 
 void UnixListener::serve(grpc::Server* server) {
-  thread_ = std::thread([this, server] {
-    set_thread_name("kpleg-api-accept");
+  thread_ = named_thread("kpleg-api-accept", [this, server] {
     accept_loop(server);
   });
 }

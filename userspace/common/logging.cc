@@ -53,7 +53,6 @@ void write_all(const std::string& s) {
 }
 
 void writer_loop(LogQueue* q) {
-  set_thread_name("kpleg-log");
   // Signals are for the threads that handle them (kplegd's main thread waits for SIGTERM with
   // sigwait): this thread is started before main blocks them, and a SIGTERM delivered here
   // during start-up would kill the process by the default action instead of shutting it down.
@@ -91,7 +90,7 @@ void writer_loop(LogQueue* q) {
 class QueuedStderrSink final : public spdlog::sinks::base_sink<std::mutex> {
  public:
   explicit QueuedStderrSink(bool json) : json_(json), q_(new LogQueue) {
-    std::thread(writer_loop, q_).detach();
+    named_thread("kpleg-log", [q = q_] { writer_loop(q); }).detach();
   }
 
  protected:

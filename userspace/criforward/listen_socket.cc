@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/thread_name.h"
 #include "cri/endpoint.h"
 
 namespace kpleg::criforward {
@@ -120,7 +121,7 @@ Result<std::unique_ptr<Acceptor>> Acceptor::start(int listen_fd, grpc::Server* s
   const int wake = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake < 0) return Error::from_errno(errno, who + ": eventfd");
   std::unique_ptr<Acceptor> a(new Acceptor(listen_fd, wake, server, std::move(who)));
-  a->thread_ = std::thread([p = a.get()] { p->run(); });
+  a->thread_ = named_thread("kpleg-cri-accept", [p = a.get()] { p->run(); });
   return a;
 }
 

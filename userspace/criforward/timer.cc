@@ -20,7 +20,7 @@ Timer::Id Timer::at(Clock::time_point when, std::function<void()> fn) {
   const bool earliest = due_.empty() || when < due_.begin()->first;
   due_.emplace(when, id);
   if (!thread_.joinable()) {
-    thread_ = std::thread([this] { run(); });
+    thread_ = named_thread("kpleg-timer", [this] { run(); });
   } else if (earliest) {
     cv_.notify_one();
   }
@@ -33,7 +33,6 @@ void Timer::cancel(Id id) {
 }
 
 void Timer::run() {
-  set_thread_name("kpleg-timer");
   std::unique_lock lk(mu_);
   while (!stopping_) {
     if (due_.empty()) {

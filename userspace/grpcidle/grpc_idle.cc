@@ -169,7 +169,7 @@ namespace ee = grpc_event_engine::experimental;
 
 class TimersOnlyEngine final : public ee::EventEngine {
  public:
-  TimersOnlyEngine() : thread_([this] { loop(); }) {}
+  TimersOnlyEngine() : thread_(named_thread("kpleg-grpc-ee", [this] { loop(); })) {}
   ~TimersOnlyEngine() override {
     {
       std::lock_guard lk(mu_);
@@ -266,7 +266,6 @@ class TimersOnlyEngine final : public ee::EventEngine {
 
  private:
   void loop() {
-    set_thread_name("kpleg-grpc-ee");
     std::unique_lock lk(mu_);
     while (!stopping_) {
       if (!ready_.empty()) {

@@ -159,8 +159,7 @@ Status BpfKernelSource::start(KernelSink sink) {
   if (auto d = program_->ringbuf_drops()) drops_seen_ = *d;
   consuming_ = true;
   if (opts_.own_thread) {
-    thread_ = std::thread([this] {
-      set_thread_name("kpleg-ringbuf");
+    thread_ = named_thread("kpleg-ringbuf", [this] {
       consume_loop();
     });
   }

@@ -242,8 +242,7 @@ Status MetricsServer::start() {
     port_ = hp->second;
   }
   server_ = std::move(server);
-  thread_ = std::thread([s = server_.get()] {
-    set_thread_name("kpleg-http");
+  thread_ = named_thread("kpleg-http", [s = server_.get()] {
     s->listen_after_bind();
   });
   // httplib's stop() is a no-op until the listen loop has started: wait for it, or a quick

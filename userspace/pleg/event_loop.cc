@@ -55,10 +55,9 @@ EventLoop::~EventLoop() {
 }
 
 void EventLoop::start(const std::string& name) {
-  thread_ = std::thread([this, name] {
+  thread_ = named_thread(name, [this] {
     // Before anything runs on it: a message that asks in_loop() must be told yes.
     thread_id_.store(std::this_thread::get_id());
-    set_thread_name(name.c_str());
     run();
   });
   thread_id_.store(thread_.get_id());

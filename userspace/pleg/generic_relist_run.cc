@@ -61,8 +61,7 @@ void GenericRelist::start() {
   if (running_) return;
   stop_requested_ = false;
   running_ = true;
-  loop_ = std::thread([this] {
-    set_thread_name("kpleg-relist");
+  loop_ = named_thread("kpleg-relist", [this] {
     run_loop();
   });
 }

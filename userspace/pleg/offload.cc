@@ -16,10 +16,7 @@ void Offload::run(const std::string& key, Work work) {
   // Started on first use: a tracker whose looks go elsewhere has no threads here.
   if (threads_.empty()) {
     for (size_t i = 0; i < threads_wanted_; ++i)
-      threads_.emplace_back([this] {
-        set_thread_name("kpleg-offload");
-        serve();
-      });
+      threads_.push_back(named_thread("kpleg-offload", [this] { serve(); }));
   }
   queue_.emplace_back(key, std::move(work));
   cv_.notify_one();

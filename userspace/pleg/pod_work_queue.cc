@@ -62,10 +62,7 @@ PodWorkQueue::PodWorkQueue(size_t workers) {
     if (epoll_ctl(ep, EPOLL_CTL_ADD, stop_fd_, &ev) != 0) fail("epoll_ctl");
   }
   for (int ep : eps)
-    threads_.emplace_back([this, ep] {
-      set_thread_name("kpleg-work");
-      run(ep);
-    });
+    threads_.push_back(named_thread("kpleg-work", [this, ep] { run(ep); }));
 }
 
 PodWorkQueue::~PodWorkQueue() {

@@ -13,8 +13,7 @@ Reconciler::Reconciler(cri::CriClient& cri, Tracker& tracker, std::chrono::milli
 Reconciler::~Reconciler() { stop(); }
 
 Status Reconciler::start(std::chrono::milliseconds wait) {
-  thread_ = std::thread([this] {
-    set_thread_name("kpleg-reconcile");
+  thread_ = named_thread("kpleg-reconcile", [this] {
     auto st = run_once("start", true);
     {
       std::lock_guard lk(mu_);

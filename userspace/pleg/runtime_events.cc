@@ -33,8 +33,7 @@ void RuntimeEvents::start() {
     event_loop_->post([this] { subscribe_on_loop(); });
     return;
   }
-  thread_ = std::thread([this] {
-    set_thread_name("kpleg-cri-event");
+  thread_ = named_thread("kpleg-cri-event", [this] {
     loop();
   });
 }

@@ -116,8 +116,7 @@ KplegdFollower::KplegdFollower(KplegdFollowerOptions options, Sink sink)
 KplegdFollower::~KplegdFollower() { stop(); }
 
 void KplegdFollower::start() {
-  thread_ = std::thread([this] {
-    set_thread_name("kpleg-follow");
+  thread_ = named_thread("kpleg-follow", [this] {
     run();
   });
 }

@@ -121,7 +121,7 @@ int run_daemon(const daemon::DaemonOptions& opts, const api::ApiServerOptions& a
     // an event comes or the subscription is cancelled at shutdown: no periodic wakeup.
     print_sub = std::make_shared<bus::Subscription>(
         daemon.bus().subscribe(bus::kOldestRetained, {}, 1 << 20));
-    printer = std::thread([sub = print_sub] {
+    printer = named_thread("kpleg-print", [sub = print_sub] {
       while (true) {
         auto n = sub->next(std::chrono::hours(24));
         if (n.status == bus::Subscription::Status::kEvent) {
@@ -132,8 +132,6 @@ int run_daemon(const daemon::DaemonOptions& opts, const api::ApiServerOptions& a
         }
       }
     });
-    // Named from here, so that it carries its name once "ready" is logged.
-    pthread_setname_np(printer.native_handle(), "kpleg-print");
   }
   spdlog::info("kplegd ready: {} mode", daemon::to_string(daemon.active_mode()));
   int sig = wait_for_termination(sigs);
