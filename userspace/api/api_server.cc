@@ -127,9 +127,7 @@ Status ApiServer::start() {
   health_service_->set_evaluated(kLivenessService, [this] { return health_.liveness().healthy; });
   health_.set_health_listener([this] { request_health_refresh(); });
   refresh_health();
-  health_thread_ = named_thread("kpleg-health", [this] {
-    health_loop();
-  });
+  health_thread_ = named_thread("kpleg-health", [this] { health_loop(); });
 
   if (!options_.socket_path.empty())
     spdlog::info("api: serving kpleg.v1.PodLifecycle on unix:{} ({})", options_.socket_path,

@@ -46,9 +46,7 @@ UnixListener::~UnixListener() {
 }
 
 void UnixListener::serve(grpc::Server* server) {
-  thread_ = named_thread("kpleg-api-accept", [this, server] {
-    accept_loop(server);
-  });
+  thread_ = named_thread("kpleg-api-accept", [this, server] { accept_loop(server); });
 }
 
 void UnixListener::stop() {

@@ -131,9 +131,7 @@ GrpcCriClient::GrpcCriClient(std::string target, GrpcCriClientOptions options)
     h2o.max_message_bytes = size_t(options_.max_receive_message_bytes);
     h2_ = std::make_unique<H2UnaryPool>(socket_path_of(target_), options_.max_in_flight, h2o);
   }
-  watcher_ = named_thread("kpleg-cri-watch", [this] {
-    watch_connectivity();
-  });
+  watcher_ = named_thread("kpleg-cri-watch", [this] { watch_connectivity(); });
 }
 
 GrpcCriClient::~GrpcCriClient() {

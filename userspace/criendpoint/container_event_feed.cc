@@ -139,9 +139,7 @@ void ContainerEventFeed::start() {
   // Every event from now on, with room for long bursts: a cut-off is logged and followed by a
   // new subscription, and the kubelet's own relist catches up what fell between.
   sub_ = std::make_shared<bus::Subscription>(bus_->subscribe(0, {}, 1 << 16));
-  follower_ = named_thread("kpleg-crievents", [this] {
-    follow_bus();
-  });
+  follower_ = named_thread("kpleg-crievents", [this] { follow_bus(); });
 }
 
 void ContainerEventFeed::stop() {

@@ -159,9 +159,7 @@ Status BpfKernelSource::start(KernelSink sink) {
   if (auto d = program_->ringbuf_drops()) drops_seen_ = *d;
   consuming_ = true;
   if (opts_.own_thread) {
-    thread_ = named_thread("kpleg-ringbuf", [this] {
-      consume_loop();
-    });
+    thread_ = named_thread("kpleg-ringbuf", [this] { consume_loop(); });
   }
   spdlog::info("kernel source attached: cgroup2 at {}, {} cgroups tracked, ring buffer {} KiB",
                cgroup2_mount_, seeded_, opts_.bpf.ringbuf_bytes / 1024);

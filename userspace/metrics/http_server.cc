@@ -242,9 +242,7 @@ Status MetricsServer::start() {
     port_ = hp->second;
   }
   server_ = std::move(server);
-  thread_ = named_thread("kpleg-http", [s = server_.get()] {
-    s->listen_after_bind();
-  });
+  thread_ = named_thread("kpleg-http", [s = server_.get()] { s->listen_after_bind(); });
   // httplib's stop() is a no-op until the listen loop has started: wait for it, or a quick
   // start-stop would leave stop() joining a thread that never ends.
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);

@@ -61,9 +61,7 @@ void GenericRelist::start() {
   if (running_) return;
   stop_requested_ = false;
   running_ = true;
-  loop_ = named_thread("kpleg-relist", [this] {
-    run_loop();
-  });
+  loop_ = named_thread("kpleg-relist", [this] { run_loop(); });
 }
 
 void GenericRelist::stop() {

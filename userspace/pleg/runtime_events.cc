@@ -33,9 +33,7 @@ void RuntimeEvents::start() {
     event_loop_->post([this] { subscribe_on_loop(); });
     return;
   }
-  thread_ = named_thread("kpleg-cri-event", [this] {
-    loop();
-  });
+  thread_ = named_thread("kpleg-cri-event", [this] { loop(); });
 }
 
 void RuntimeEvents::stop() {

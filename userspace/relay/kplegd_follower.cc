@@ -116,9 +116,7 @@ KplegdFollower::KplegdFollower(KplegdFollowerOptions options, Sink sink)
 KplegdFollower::~KplegdFollower() { stop(); }
 
 void KplegdFollower::start() {
-  thread_ = named_thread("kpleg-follow", [this] {
-    run();
-  });
+  thread_ = named_thread("kpleg-follow", [this] { run(); });
 }
 
 void KplegdFollower::stop() {
