@@ -168,7 +168,10 @@ def thread_table(rows, n, rate, layout):
     return out
 
 
-WATCH_THREADS = ("grpcpp_sync_ser",)  # the Watch consumer's stream (kpleg.v1 Watch server thread)
+# The API's threads, which serve the Watch consumer: kplegd's own server on the unix socket
+# (`kpleg-api`; the events themselves are written by the publishing thread, `kpleg-loop`), and
+# grpc++'s sync server (`grpcpp_sync_ser`: on TCP, and on the unix socket in older results).
+WATCH_THREADS = ("kpleg-api", "grpcpp_sync_ser")
 
 
 def write_dat(out, rows, windows):
@@ -295,8 +298,9 @@ def summary(results):
     L.append("\n## Per thread, per container lifecycle (above the idle window of the same N and repeat)\n")
     L.append("Wake-ups (times scheduled in, /proc/<pid>/task/*/schedstat), of them the sleeps a thread was woken "
              "from (voluntary switches, /proc/<pid>/task/*/status) and the times another task took its CPU "
-             "(preempted), and CPU µs per container lifecycle (start, death, removal); `grpcpp_sync_ser` is the "
-             "Watch consumer's stream, apart. Median over repeats.\n")
+             "(preempted), and CPU µs per container lifecycle (start, death, removal); the API's threads, which "
+             "serve the Watch consumer (`kpleg-api`; `grpcpp_sync_ser` in older results), apart, then all "
+             "together. Median over repeats.\n")
     rate = results["meta"]["config"].get("thread_rate", 10)
     for n in sorted({r["n"] for r in rows}):
         for layout in results["meta"]["config"].get("layouts", "one,spread").split(","):
@@ -318,15 +322,22 @@ def summary(results):
                 quiet = [k for k, v in items if k not in WATCH_THREADS
                          and max((v["wake_s"] or {}).get("median", 0), (v["idle_wake_s"] or {}).get("median", 0)) < 0.05]
                 items = [kv for kv in items if kv[0] not in quiet]
+                shown_ours = False
                 for k, v in items:
-                    if k in WATCH_THREADS:
-                        L.append(f"| **all but the Watch stream** | | | {total}")
+                    if k in WATCH_THREADS and not shown_ours:
+                        L.append(f"| **all but the API's threads** | | | {total}")
+                        shown_ours = True
                     L.append(f"| {k} ×{v['threads']} | {fmt((v['wake_s'] or {}).get('median'))} | "
                              f"{fmt((v['idle_wake_s'] or {}).get('median'))} | {fmt_spread(v['wake_per_lc'])} | "
                              f"{fmt_spread(v['woken_per_lc'])} | {fmt_spread(v['preempted_per_lc'])} | "
                              f"{fmt_spread(v['cpu_us_per_lc'], 0)} |")
-                if not any(k in WATCH_THREADS for k, _ in items):
-                    L.append(f"| **all** | | | {total}")
+                everything = [v for _, v in t["threads"].items()]
+                all_w = sum(med(v, "wake_per_lc") for v in everything)
+                all_c = sum(med(v, "cpu_us_per_lc") for v in everything)
+                all_v = sum(med(v, "woken_per_lc") for v in everything)
+                all_p = sum(med(v, "preempted_per_lc") for v in everything)
+                L.append(f"| **all** | | | {all_w:.1f} | {f'{all_v:.1f}' if split else '–'} | "
+                         f"{f'{all_p:.1f}' if split else '–'} | {all_c:.0f} |")
                 if quiet:
                     L.append(f"| not woken in either window: {', '.join(quiet)} | 0 | 0 | 0 | 0 | 0 | 0 |")
                 L.append("")

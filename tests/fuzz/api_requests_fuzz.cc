@@ -1,5 +1,6 @@
 // Sequences of requests to the consumer API (kpleg.v1.PodLifecycle and grpc.health.v1.Health)
-// through the production handlers, the real gRPC server and a real client over a unix socket.
+// through the production handlers, the unix socket's real server (kplegd's HTTP/2 code) and a
+// real gRPC client.
 // Whatever a client sends, every call must end with a status from the expected set within a
 // bounded time, and the handlers must keep their documented semantics (docs/api.md):
 // - a filter longer than its bound (pod_uid 128, pod_namespace 63, instance_id 64 bytes) is
@@ -603,7 +604,7 @@ void call_raw(Input& in) {
     return;
   }
   if (!parses) {
-    // gRPC's sync server answers a request it cannot parse with INTERNAL.
+    // A request that does not parse is INTERNAL (as gRPC's sync server answers it).
     REQUIRE(code == StatusCode::INTERNAL);
     REQUIRE(got.empty());
     return;

@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "api/client_identity.h"
+#include "api/h2_server.h"
 #include "api/health_service.h"
 #include "api/limits.h"
 #include "api/pod_lifecycle_service.h"
@@ -25,6 +26,7 @@ namespace kpleg::api {
 ApiServer::ApiServer(ApiServerOptions options, bus::EventBus& bus, StateProvider& state,
                      HealthProvider& health, StatsProvider& stats)
     : options_(std::move(options)),
+      bus_(bus),
       health_(health),
       streams_(std::make_unique<StreamSlots>(options_.max_watchers,
                                              options_.max_watchers_per_client)),
@@ -37,19 +39,20 @@ ApiServer::ApiServer(ApiServerOptions options, bus::EventBus& bus, StateProvider
     service_->wake_watches();
     health_service_->wake_watches();
   });
-  streams_->set_client_namer(
-      [this](const grpc::ServerContext& ctx) { return client_of(ctx, unix_listener_.get()); });
+  streams_->set_client_namer([](const grpc::ServerContext& ctx) { return client_of(ctx); });
 }
 
 ApiServer::~ApiServer() { stop(); }
 
 uint64_t ApiServer::cut_off_watches_cancelled() const {
-  return service_->cut_off_watches_cancelled();
+  return service_->cut_off_watches_cancelled() + (h2_ ? h2_->cut_off_watches_cancelled() : 0);
 }
-size_t ApiServer::open_watches() const { return service_->open_watches(); }
+size_t ApiServer::open_watches() const {
+  return service_->open_watches() + (h2_ ? h2_->open_watches() : 0);
+}
 
 Status ApiServer::start() {
-  if (server_) return Error{EALREADY, "API server already started"};
+  if (serving_) return Error{EALREADY, "API server already started"};
   if (auto st = options_.validate(); !st) return st;
 
   grpc::ServerBuilder builder;
@@ -80,7 +83,6 @@ Status ApiServer::start() {
   }
   if (!options_.socket_path.empty()) {
     if (auto st = prepare_socket_path(options_.socket_path); !st) return st;
-    // Accepted by kplegd itself (unix_listener.h), so that a peer's process is known.
     auto listener = UnixListener::bind(options_.socket_path);
     if (!listener) return listener.error();
     unix_listener_ = std::move(*listener);
@@ -89,35 +91,36 @@ Status ApiServer::start() {
     auto creds = tcp_credentials(options_);
     if (!creds) return creds.error();
     builder.AddListeningPort(options_.listen_address, *creds, &tcp_port_);
-  }
-
-  {
-    std::lock_guard l(server_mu_);
     server_ = builder.BuildAndStart();
-  }
-  if (!server_) {
-    drop_unix_listener();
-    return Error{
-        EADDRNOTAVAIL,
-        fmt::format("cannot serve the API on {}{}{}: bind failed (gRPC logged why)",
-                    options_.socket_path.empty() ? "" : "unix:" + options_.socket_path,
-                    options_.socket_path.empty() || options_.listen_address.empty() ? "" : " and ",
-                    options_.listen_address)};
-  }
-  if (!options_.listen_address.empty() && tcp_port_ == 0) {
-    stop();
-    return Error{EADDRNOTAVAIL, "--listen " + options_.listen_address + ": cannot bind"};
+    if (!server_ || tcp_port_ == 0) {
+      server_.reset();
+      drop_unix_listener();
+      return Error{EADDRNOTAVAIL, "--listen " + options_.listen_address + ": cannot bind"};
+    }
   }
   if (!options_.socket_path.empty()) {
     auto ino = secure_socket(options_.socket_path, socket_gid_);
-    if (!ino) {
-      stop();
+    if (ino) socket_ino_ = *ino;
+    auto h2 = std::make_unique<H2Server>(*service_, *health_service_, bus_, *streams_,
+                                         options_.cut_off_grace);
+    Status started = ino ? h2->start() : Status(ino.error());
+    if (!started) {
+      if (server_) {
+        server_->Shutdown();
+        server_->Wait();
+        server_.reset();
+      }
       drop_unix_listener();
       unlink(options_.socket_path.c_str());  // ours: it was bound just above
-      return ino.error();
+      socket_ino_ = 0;
+      return started;
     }
-    socket_ino_ = *ino;
-    unix_listener_->serve(server_.get());
+    h2_ = std::move(h2);
+    unix_listener_->serve([h2 = h2_.get()](int fd, const ucred& peer) { h2->adopt(fd, peer); });
+  }
+  {
+    std::lock_guard l(server_mu_);
+    serving_ = true;
   }
 
   {
@@ -145,7 +148,7 @@ void ApiServer::refresh_health() {
   std::optional<std::chrono::milliseconds> recheck_in;
   {
     std::lock_guard l(server_mu_);
-    if (!server_) return;
+    if (!serving_) return;
     HealthReport h = health_.health();
     HealthReport live = health_.liveness();
     recheck_in = h.recheck_in;
@@ -155,6 +158,7 @@ void ApiServer::refresh_health() {
     health_service_->set(kHealthServiceName, h.healthy);
     health_service_->set(kReadinessService, h.healthy);
     health_service_->set(kLivenessService, live.healthy);
+    if (h2_) h2_->health_changed();
   }
   std::lock_guard l(health_mu_);
   recheck_at_.reset();
@@ -205,17 +209,22 @@ void ApiServer::stop(std::chrono::milliseconds grace) {
   }
   health_cv_.notify_all();
   if (health_thread_.joinable()) health_thread_.join();
-  if (!server_) return;
+  {
+    std::lock_guard l(server_mu_);
+    if (!serving_) return;
+    serving_ = false;
+  }
 
   if (unix_listener_) unix_listener_->stop();  // no new connection during the shutdown
   service_->stop();
   health_service_->stop();
-  server_->Shutdown(std::chrono::system_clock::now() + grace);
-  server_->Wait();
-  {
-    std::lock_guard l(server_mu_);
-    server_.reset();
+  if (h2_) h2_->stop(grace);
+  if (server_) {
+    server_->Shutdown(std::chrono::system_clock::now() + grace);
+    server_->Wait();
   }
+  server_.reset();
+  h2_.reset();
   drop_unix_listener();
 
   if (!options_.socket_path.empty() && socket_ino_ != 0) {

@@ -3,6 +3,11 @@
 // TLS. Watch streams come from the EventBus; List, health and stats from the daemon's
 // providers. A slow consumer is cut off by the bus and its stream ends with
 // RESOURCE_EXHAUSTED; nothing a consumer does can block the daemon.
+//
+// The unix socket's connections are served by kplegd's own HTTP/2 code (h2_server.h: the
+// publishing thread writes each Watch event itself, no thread hand-off per event); TCP by
+// grpc++'s sync server (TLS, client certificates), which starts only with --listen. Both call
+// the same handlers (PodLifecycleService, HealthService) and share the stream slots.
 #pragma once
 
 #include <sys/types.h>
@@ -31,6 +36,7 @@ class PodLifecycleService;
 class HealthService;
 class StreamSlots;
 class UnixListener;
+class H2Server;
 
 class ApiServer {
  public:
@@ -67,13 +73,16 @@ class ApiServer {
   void request_health_refresh();
 
   ApiServerOptions options_;
+  bus::EventBus& bus_;
   HealthProvider& health_;
   std::unique_ptr<StreamSlots> streams_;
   std::unique_ptr<PodLifecycleService> service_;
   std::unique_ptr<HealthService> health_service_;
   std::mutex server_mu_;  // refresh_health() may race with stop()
-  std::unique_ptr<grpc::Server> server_;
-  std::unique_ptr<UnixListener> unix_listener_;  // --socket; reset only once server_ is gone
+  bool serving_ = false;
+  std::unique_ptr<grpc::Server> server_;  // --listen
+  std::unique_ptr<H2Server> h2_;          // --socket
+  std::unique_ptr<UnixListener> unix_listener_;
   int tcp_port_ = 0;
   gid_t socket_gid_ = static_cast<gid_t>(-1);
   ino_t socket_ino_ = 0;  // to remove only the socket this server created

@@ -1,6 +1,5 @@
 #include "api/client_identity.h"
 
-#include "api/unix_listener.h"
 
 #include <arpa/inet.h>
 #include <grpc/grpc_security_constants.h>
@@ -163,29 +162,28 @@ PresentedIdentity presented_by(const grpc::AuthContext& auth) {
   return peer;
 }
 
-std::string client_of(const std::string& grpc_peer, const PresentedIdentity* certificate,
-                      const UnixListener* unix) {
+std::string client_of(const std::string& grpc_peer, const PresentedIdentity* certificate) {
   if (certificate != nullptr) return "certificate " + describe(*certificate);
   // "ipv4:10.0.0.1:43210", "ipv6:[fd00::1]:43210": the address without the port.
   if (grpc_peer.starts_with("ipv4:") || grpc_peer.starts_with("ipv6:")) {
     const auto colon = grpc_peer.rfind(':');
     return colon > 5 ? grpc_peer.substr(0, colon) : grpc_peer;
   }
-  if (unix != nullptr) {
-    if (auto cred = unix->credentials_of(grpc_peer))
-      return "pid " + std::to_string(cred->pid) + ", uid " + std::to_string(cred->uid);
-  }
   return grpc_peer;
 }
 
-std::string client_of(const grpc::ServerContext& ctx, const UnixListener* unix) {
+std::string client_of(const ucred& peer) {
+  return "pid " + std::to_string(peer.pid) + ", uid " + std::to_string(peer.uid);
+}
+
+std::string client_of(const grpc::ServerContext& ctx) {
   const auto auth = ctx.auth_context();
   if (auth && auth->IsPeerAuthenticated() &&
       !auth->FindPropertyValues(GRPC_X509_PEM_CERT_PROPERTY_NAME).empty()) {
     const PresentedIdentity cert = presented_by(*auth);
-    return client_of(ctx.peer(), &cert, unix);
+    return client_of(ctx.peer(), &cert);
   }
-  return client_of(ctx.peer(), nullptr, unix);
+  return client_of(ctx.peer(), nullptr);
 }
 
 }  // namespace kpleg::api

@@ -15,6 +15,8 @@
 //   name        untyped: matched as a Kubernetes client verifies a server name (Go's
 //               VerifyHostname): an IP literal against IP entries, anything else against DNS
 //               entries; never against the common name.
+#include <sys/socket.h>
+
 #include <string>
 #include <vector>
 
@@ -26,8 +28,6 @@ class ServerContext;
 }  // namespace grpc
 
 namespace kpleg::api {
-
-class UnixListener;
 
 enum class IdentityKind { kDns, kIp, kUri, kEmail, kCommonName };
 
@@ -55,13 +55,13 @@ bool identity_allowed(const std::vector<AllowedIdentity>& allowed, const Present
 // "DNS:a, IP:10.0.0.1, CN:b" (or "no names"), for the refusal message.
 std::string describe(const PresentedIdentity& peer);
 
-// The client a call comes from: the names of its certificate when it presented one; else its TCP
-// peer's address (whatever the port: a host's connections are one client); else the process
-// that opened its unix socket connection ("pid 123, uid 0"; `unix` may be null); else gRPC's
-// peer string.
-std::string client_of(const grpc::ServerContext& ctx, const UnixListener* unix);
+// The client a call on TCP comes from: the names of its certificate when it presented one; else
+// its peer's address (whatever the port: a host's connections are one client); else gRPC's peer
+// string.
+std::string client_of(const grpc::ServerContext& ctx);
 // The same from a peer string and a certificate's names, for tests.
-std::string client_of(const std::string& grpc_peer, const PresentedIdentity* certificate,
-                      const UnixListener* unix);
+std::string client_of(const std::string& grpc_peer, const PresentedIdentity* certificate);
+// The client of a unix socket connection: the process that opened it ("pid 123, uid 0").
+std::string client_of(const ucred& peer);
 
 }  // namespace kpleg::api

@@ -43,6 +43,26 @@ HealthService::Status HealthService::status_of(const std::string& service) const
   return it->second ? HealthCheckResponse::SERVING : HealthCheckResponse::NOT_SERVING;
 }
 
+grpc::Status health_watch_slot_refusal(const StreamSlot& slot, const StreamSlots& slots) {
+  if (slot.client_full()) {
+    return {grpc::StatusCode::RESOURCE_EXHAUSTED,
+            "too many streams from this client (" + slot.client() + ": limit " +
+                std::to_string(slots.per_client_limit()) +
+                ", kplegd --max-watchers-per-client: Watch and grpc.health Watch streams share it)"};
+  }
+  if (!slot.taken()) {
+    return {grpc::StatusCode::RESOURCE_EXHAUSTED,
+            "too many streams (limit " + std::to_string(slots.limit()) +
+                ", kplegd --max-watchers: Watch and grpc.health Watch streams share it)"};
+  }
+  return grpc::Status::OK;
+}
+
+HealthService::Status HealthService::current(const std::string& service) const {
+  std::lock_guard lk(mu_);
+  return status_of(service);
+}
+
 grpc::Status HealthService::Check(grpc::ServerContext*, const HealthCheckRequest* req,
                                   HealthCheckResponse* resp) {
   std::function<bool()> evaluate;
@@ -66,17 +86,8 @@ grpc::Status HealthService::Check(grpc::ServerContext*, const HealthCheckRequest
 grpc::Status HealthService::Watch(grpc::ServerContext* ctx, const HealthCheckRequest* req,
                                   grpc::ServerWriter<HealthCheckResponse>* writer) {
   StreamSlot slot(streams_, streams_ ? streams_->client_of(*ctx) : std::string());
-  if (slot.client_full()) {
-    return {grpc::StatusCode::RESOURCE_EXHAUSTED,
-            "too many streams from this client (" + slot.client() + ": limit " +
-                std::to_string(streams_->per_client_limit()) +
-                ", kplegd --max-watchers-per-client: Watch and grpc.health Watch streams share it)"};
-  }
-  if (!slot.taken()) {
-    return {grpc::StatusCode::RESOURCE_EXHAUSTED,
-            "too many streams (limit " + std::to_string(streams_->limit()) +
-                ", kplegd --max-watchers: Watch and grpc.health Watch streams share it)"};
-  }
+  if (streams_)
+    if (auto st = health_watch_slot_refusal(slot, *streams_); !st.ok()) return st;
   std::unique_lock lk(mu_);
   uint64_t seen = 0;
   bool first = true;

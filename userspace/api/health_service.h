@@ -41,6 +41,9 @@ class HealthService final : public grpc::health::v1::Health::Service {
   // Has every open Watch check now whether its client went away (StreamSlots' reclaim hook).
   void wake_watches();
 
+  // The status a Watch of `service` reports now: SERVICE_UNKNOWN for one never set.
+  grpc::health::v1::HealthCheckResponse::ServingStatus current(const std::string& service) const;
+
   grpc::Status Check(grpc::ServerContext* ctx, const grpc::health::v1::HealthCheckRequest* req,
                      grpc::health::v1::HealthCheckResponse* resp) override;
   grpc::Status Watch(grpc::ServerContext* ctx, const grpc::health::v1::HealthCheckRequest* req,
@@ -60,5 +63,8 @@ class HealthService final : public grpc::health::v1::Health::Service {
   uint64_t wakes_ = 0;    // bumped by wake_watches()
   bool stopping_ = false;
 };
+
+// RESOURCE_EXHAUSTED, saying which bound, for a health Watch that got no stream slot; else OK.
+grpc::Status health_watch_slot_refusal(const StreamSlot& slot, const StreamSlots& slots);
 
 }  // namespace kpleg::api

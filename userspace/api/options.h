@@ -42,14 +42,14 @@ struct ApiServerOptions {
   // unless this says so (--tls-no-client-auth).
   bool tls_no_client_auth = false;
 
-  // Concurrent Watch streams; each holds one server thread.
+  // Concurrent Watch streams (grpc.health Watches too); on TCP each holds one server thread.
   size_t max_watchers = 64;
   // Of those, the most one client may hold (client_of: a certificate, a TCP peer address, a unix
   // socket peer process), so that one client cannot lock the others out.
   size_t max_watchers_per_client = 16;
   // A Watch cut off for being too slow gives its place back to --max-watchers at once; if its
-  // consumer still reads nothing this long afterwards (its handler stays blocked in a write the
-  // consumer's flow control holds), the call is cancelled so that its thread comes back too. A
+  // consumer still reads nothing this long afterwards (what is in flight waits on the consumer's
+  // flow control), the stream is reset, on TCP so that its thread comes back too. A
   // consumer that reads again within it gets the cut-off's RESOURCE_EXHAUSTED and its reason.
   std::chrono::milliseconds cut_off_grace{std::chrono::seconds(10)};
   // The grpc.health.v1 status is re-read from the HealthProvider when the provider announces a

@@ -70,4 +70,10 @@ class PodLifecycleService final : public v1::PodLifecycle::Service {
 grpc::Status check_filters(const std::string& pod_uid, const std::string& pod_namespace,
                            const std::string* instance_id = nullptr);
 
+// Where a Watch starts in the bus of instance `instance_id` (watch.cc): from_seq read with the
+// request's instance id, as docs/api.md says.
+uint64_t watch_position(const v1::WatchRequest& req, const std::string& instance_id);
+// RESOURCE_EXHAUSTED, saying which bound, for a Watch that got no stream slot; else OK.
+grpc::Status watch_slot_refusal(const StreamSlot& slot, const StreamSlots& slots);
+
 }  // namespace kpleg::api

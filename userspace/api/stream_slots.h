@@ -1,11 +1,11 @@
 // A bound on the API's long-lived streams (Watch and grpc.health Watch), in all and per client:
-// each stream holds a sync server thread for as long as it is open, so an unbounded number would
-// be unbounded threads, and one client holding every place (say, Watches whose filters match
+// each stream holds a subscription (and on TCP a sync server thread) for as long as it is open,
+// so an unbounded number would be unbounded memory and threads, and one client holding every place (say, Watches whose filters match
 // nothing) would lock every other consumer out. A client is what client_of() names
 // (client_identity.h): a certificate's identity, a TCP peer's address, a unix socket peer's
 // process.
 //
-// A stream whose client cancelled it keeps its slot until its handler notices, and an idle
+// On TCP, a stream whose client cancelled it keeps its slot until its handler notices, and an idle
 // handler looks only once a minute (so that an idle daemon does not wake up). Without more,
 // a client that opens and cancels streams (a consumer reconnecting, kplegctl runs) would have the
 // next stream refused RESOURCE_EXHAUSTED for up to a minute although none of its streams is open

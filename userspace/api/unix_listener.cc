@@ -1,14 +1,11 @@
 #include "api/unix_listener.h"
 
-#include <grpcpp/server.h>
-#include <grpcpp/server_posix.h>
 #include <poll.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <charconv>
 #include <cstring>
 
 #include <spdlog/spdlog.h>
@@ -45,8 +42,9 @@ UnixListener::~UnixListener() {
   if (fd_ >= 0) close(fd_);
 }
 
-void UnixListener::serve(grpc::Server* server) {
-  thread_ = named_thread("kpleg-api-accept", [this, server] { accept_loop(server); });
+void UnixListener::serve(Handler handler) {
+  handler_ = std::move(handler);
+  thread_ = named_thread("kpleg-api-accept", [this] { accept_loop(); });
 }
 
 void UnixListener::stop() {
@@ -55,7 +53,7 @@ void UnixListener::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-void UnixListener::accept_loop(grpc::Server* server) {
+void UnixListener::accept_loop() {
   for (;;) {
     const int conn = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (conn < 0) {
@@ -72,25 +70,8 @@ void UnixListener::accept_loop(grpc::Server* server) {
     ucred cred{};
     socklen_t len = sizeof cred;
     if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) cred = ucred{0, 0, 0};
-    {
-      std::lock_guard l(mu_);
-      peers_[conn] = cred;
-    }
-    // Non-blocking, as gRPC's endpoints expect; the server owns conn from here.
-    grpc::AddInsecureChannelFromFd(server, conn);
+    handler_(conn, cred);  // owns conn from here
   }
-}
-
-std::optional<ucred> UnixListener::credentials_of(std::string_view grpc_peer) const {
-  if (!grpc_peer.starts_with("fd:")) return std::nullopt;
-  int fd = -1;
-  const auto digits = grpc_peer.substr(3);
-  if (std::from_chars(digits.data(), digits.data() + digits.size(), fd).ec != std::errc{})
-    return std::nullopt;
-  std::lock_guard l(mu_);
-  auto it = peers_.find(fd);
-  if (it == peers_.end()) return std::nullopt;
-  return it->second;
 }
 
 }  // namespace kpleg::api

@@ -1,25 +1,17 @@
-// The API's unix socket, accepted by kplegd itself so that each connection's peer credentials
-// (SO_PEERCRED) are known: gRPC's own unix listener names every peer "unix:", and the per-client
-// bound on streams (stream_slots.h) has to tell local consumers apart. Each accepted connection
-// is handed to the gRPC server (AddInsecureChannelFromFd), which names its calls' peer "fd:N";
-// credentials_of() maps that back. One thread, asleep in accept() while nobody connects.
+// The API's unix socket: binds it owner-only and accepts its connections, each handed with its
+// peer's credentials (SO_PEERCRED: the per-client bound on streams, stream_slots.h, tells local
+// consumers apart by process) to the server that serves it (h2_server.h). One thread, asleep in
+// accept() while nobody connects.
 #pragma once
 
 #include <sys/socket.h>
 
+#include <functional>
 #include <memory>
-#include <mutex>
-#include <optional>
 #include <string>
-#include <string_view>
 #include <thread>
-#include <unordered_map>
 
 #include "common/result.h"
-
-namespace grpc {
-class Server;
-}
 
 namespace kpleg::api {
 
@@ -32,23 +24,20 @@ class UnixListener {
   UnixListener(const UnixListener&) = delete;
   UnixListener& operator=(const UnixListener&) = delete;
 
-  // Starts accepting; every connection goes to `server` (started, outliving stop()).
-  void serve(grpc::Server* server);
-  // Stops accepting; connections already handed over stay the server's. Idempotent.
+  // Takes an accepted connection (non-blocking) and its peer's credentials.
+  using Handler = std::function<void(int fd, const ucred& peer)>;
+  // Starts accepting; every connection goes to `handler` (which must outlive stop()).
+  void serve(Handler handler);
+  // Stops accepting; connections already handed over stay the handler's. Idempotent.
   void stop();
-
-  // The credentials of the process that opened the connection a call came on (`grpc_peer`:
-  // its ServerContext::peer()); none for a call that did not come through this listener.
-  std::optional<ucred> credentials_of(std::string_view grpc_peer) const;
 
  private:
   explicit UnixListener(int fd) : fd_(fd) {}
-  void accept_loop(grpc::Server* server);
+  void accept_loop();
 
   int fd_;
+  Handler handler_;
   std::thread thread_;
-  mutable std::mutex mu_;
-  std::unordered_map<int, ucred> peers_;  // by connection fd; a reused fd is overwritten
 };
 
 }  // namespace kpleg::api

@@ -28,6 +28,41 @@ struct PodLifecycleService::OpenWatch {
   }
 };
 
+grpc::Status watch_slot_refusal(const StreamSlot& slot, const StreamSlots& slots) {
+  if (slot.client_full()) {
+    return {grpc::StatusCode::RESOURCE_EXHAUSTED,
+            fmt::format("too many watchers from this client ({}: limit {}, kplegd "
+                        "--max-watchers-per-client; grpc.health Watch streams count too)",
+                        slot.client(), slots.per_client_limit())};
+  }
+  if (!slot.taken()) {
+    return {grpc::StatusCode::RESOURCE_EXHAUSTED,
+            fmt::format("too many watchers (limit {}, kplegd --max-watchers; grpc.health Watch "
+                        "streams count too)",
+                        slots.limit())};
+  }
+  return grpc::Status::OK;
+}
+
+uint64_t watch_position(const v1::WatchRequest& req, const std::string& instance_id) {
+  uint64_t from = req.from_seq();
+  // The bus reads the top three values as its own positions (kOldestRetained: every retained
+  // event, no RESYNC, an in-process consumer's request). From a client each is a position
+  // beyond the stream's last seq like any other, which docs/api.md promises a RESYNC for;
+  // passed on as is, kOldestRetained replayed the history as if nothing had been lost.
+  if (from >= bus::kStreamStart) from = bus::kUnknownPosition;
+  if (!req.instance_id().empty()) {
+    // A position is one in a given daemon instance's stream, 0 included (a List before the
+    // first event): another instance's (the daemon restarted since) means List again (RESYNC).
+    if (req.instance_id() != instance_id) from = bus::kUnknownPosition;
+    else if (from == 0) from = bus::kStreamStart;
+  } else if (from != 0) {
+    from = bus::kUnknownPosition;  // a position without the instance whose stream it is in
+  }
+  // Without an instance, from_seq 0 is "from now on".
+  return from;
+}
+
 size_t PodLifecycleService::open_watches() {
   std::lock_guard lk(open_mu_);
   return open_.size();
@@ -50,34 +85,8 @@ grpc::Status PodLifecycleService::Watch(grpc::ServerContext* ctx, const v1::Watc
       !st.ok())
     return st;
   StreamSlot slot(&streams_, streams_.client_of(*ctx));
-  if (slot.client_full()) {
-    return {grpc::StatusCode::RESOURCE_EXHAUSTED,
-            fmt::format("too many watchers from this client ({}: limit {}, kplegd "
-                        "--max-watchers-per-client; grpc.health Watch streams count too)",
-                        slot.client(), streams_.per_client_limit())};
-  }
-  if (!slot.taken()) {
-    return {grpc::StatusCode::RESOURCE_EXHAUSTED,
-            fmt::format("too many watchers (limit {}, kplegd --max-watchers; grpc.health Watch "
-                        "streams count too)",
-                        streams_.limit())};
-  }
-
-  uint64_t from = req->from_seq();
-  // The bus reads the top three values as its own positions (kOldestRetained: every retained
-  // event, no RESYNC, an in-process consumer's request). From a client each is a position
-  // beyond the stream's last seq like any other, which docs/api.md promises a RESYNC for;
-  // passed on as is, kOldestRetained replayed the history as if nothing had been lost.
-  if (from >= bus::kStreamStart) from = bus::kUnknownPosition;
-  if (!req->instance_id().empty()) {
-    // A position is one in a given daemon instance's stream, 0 included (a List before the
-    // first event): another instance's (the daemon restarted since) means List again (RESYNC).
-    if (req->instance_id() != bus_.instance_id()) from = bus::kUnknownPosition;
-    else if (from == 0) from = bus::kStreamStart;
-  } else if (from != 0) {
-    from = bus::kUnknownPosition;  // a position without the instance whose stream it is in
-  }
-  // Without an instance, from_seq 0 is "from now on".
+  if (auto st = watch_slot_refusal(slot, streams_); !st.ok()) return st;
+  const uint64_t from = watch_position(*req, bus_.instance_id());
   bus::Subscription sub =
       bus_.subscribe(from, bus::EventFilter{req->pod_uid(), req->pod_namespace()});
   OpenWatch open{*this, sub, ctx};

@@ -18,12 +18,13 @@ namespace kpleg::bus {
 namespace detail {
 
 struct Subscriber {
-  Subscriber(uint64_t id_, EventFilter filter_, size_t capacity_)
-      : id(id_), filter(std::move(filter_)), capacity(capacity_) {}
+  Subscriber(uint64_t id_, EventFilter filter_, size_t capacity_, std::function<void()> ready)
+      : id(id_), filter(std::move(filter_)), capacity(capacity_), on_ready(std::move(ready)) {}
 
   const uint64_t id;
   const EventFilter filter;
   const size_t capacity;
+  const std::function<void()> on_ready;  // see EventBus::subscribe; run with no lock held
 
   mutable std::mutex mu;
   std::condition_variable cv;
@@ -38,12 +39,15 @@ struct Subscriber {
   std::atomic<bool> closed{false};
 
   // Publisher side, under the bus lock. Returns the number of events discarded when this
-  // event overflowed the queue (the subscriber is then cut off), 0 otherwise.
-  size_t offer(const EventPtr& ev) {
+  // event overflowed the queue (the subscriber is then cut off), 0 otherwise. `ready`: the
+  // subscriber's reader is to be told (its queue was empty, or it was cut off now).
+  size_t offer(const EventPtr& ev, bool& ready) {
     size_t discarded = 0;
+    ready = false;
     {
       std::lock_guard l(mu);
       if (closed.load(std::memory_order_relaxed)) return 0;
+      ready = true;
       if (live.size() >= capacity) {
         discarded = live.size() + backlog.size() + 1;
         cut_off = true;
@@ -56,7 +60,10 @@ struct Subscriber {
       } else {
         live.push_back(ev);
         max_queued = std::max(max_queued, live.size());
-        if (live.size() > 1 || !backlog.empty()) return 0;  // the reader is awake already
+        if (live.size() > 1 || !backlog.empty()) {  // the reader is awake already
+          ready = false;
+          return 0;
+        }
       }
     }
     cv.notify_all();
@@ -154,6 +161,17 @@ Subscription& Subscription::operator=(Subscription&& other) noexcept {
 }
 Subscription::~Subscription() { cancel(); }
 
+Subscription::Next Subscription::try_next() {
+  if (!sub_) return {Status::kClosed, nullptr};
+  std::lock_guard l(sub_->mu);
+  if (sub_->closed.load(std::memory_order_relaxed)) return {Status::kClosed, nullptr};
+  auto& q = !sub_->backlog.empty() ? sub_->backlog : sub_->live;
+  if (q.empty()) return {Status::kTimeout, nullptr};
+  EventPtr ev = std::move(q.front());
+  q.pop_front();
+  return {Status::kEvent, std::move(ev)};
+}
+
 Subscription::Next Subscription::next(std::chrono::milliseconds timeout) {
   if (!sub_) return {Status::kClosed, nullptr};
   std::unique_lock l(sub_->mu);
@@ -231,6 +249,15 @@ EventBus::EventBus(EventBusOptions options)
 EventBus::~EventBus() { close("event bus shut down"); }
 
 void EventBus::publish(pleg::PodLifecycleEvent ev) {
+  // Readers to tell once the lock is released (on_ready); reused, so no allocation per event.
+  thread_local std::vector<std::shared_ptr<detail::Subscriber>> ready;
+  publish_locked(std::move(ev), ready);
+  for (auto& s : ready) s->on_ready();
+  ready.clear();
+}
+
+void EventBus::publish_locked(pleg::PodLifecycleEvent ev,
+                              std::vector<std::shared_ptr<detail::Subscriber>>& ready) {
   std::lock_guard l(core_->mu);
   ev.seq = ++core_->last_seq;
   if (ev.emit_ts_ns == 0) ev.emit_ts_ns = pleg::realtime_now_ns();
@@ -243,21 +270,24 @@ void EventBus::publish(pleg::PodLifecycleEvent ev) {
   bool any_closed = false;
   for (const auto& s : core_->subscribers) {
     if (!s->filter.matches(*shared)) continue;
-    if (size_t discarded = s->offer(shared); discarded > 0) {
+    bool tell = false;
+    if (size_t discarded = s->offer(shared, tell); discarded > 0) {
       ++core_->cut_off_total;
       core_->discarded_total += discarded;
     }
+    if (tell && s->on_ready) ready.push_back(s);
     any_closed = any_closed || s->closed.load(std::memory_order_relaxed);
   }
   if (any_closed) core_->prune();
 }
 
-Subscription EventBus::subscribe(uint64_t from_seq, EventFilter filter, size_t queue_capacity) {
+Subscription EventBus::subscribe(uint64_t from_seq, EventFilter filter, size_t queue_capacity,
+                                 std::function<void()> on_ready) {
   if (queue_capacity == 0) queue_capacity = core_->options.default_queue_capacity;
   std::lock_guard l(core_->mu);
   core_->prune();
   auto s = std::make_shared<detail::Subscriber>(core_->next_subscriber_id++, std::move(filter),
-                                                queue_capacity);
+                                                queue_capacity, std::move(on_ready));
   if (core_->closed) {
     s->close(core_->close_reason);
     return Subscription(std::move(s));
@@ -304,11 +334,15 @@ uint64_t EventBus::run_locked(const std::function<void()>& f) {
 }
 
 void EventBus::close(const std::string& reason) {
-  std::lock_guard l(core_->mu);
-  core_->closed = true;
-  core_->close_reason = reason;
-  for (const auto& s : core_->subscribers) s->close(reason);
-  core_->subscribers.clear();
+  std::vector<std::shared_ptr<detail::Subscriber>> closed;
+  {
+    std::lock_guard l(core_->mu);
+    core_->closed = true;
+    core_->close_reason = reason;
+    closed.swap(core_->subscribers);
+  }
+  for (const auto& s : closed)
+    if (s->close(reason) && s->on_ready) s->on_ready();
 }
 
 uint64_t EventBus::last_seq() const {

@@ -20,6 +20,7 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "pleg/event.h"
 
@@ -97,6 +98,9 @@ class Subscription {
   // at once (a cut-off subscriber's queued events are dropped with it: resume from the last
   // seq received).
   Next next(std::chrono::milliseconds timeout);
+  // The next event if one is waiting, kTimeout if none, kClosed once closed; never waits (for a
+  // writer driven by on_ready, see EventBus::subscribe).
+  Next try_next();
   // Stops delivery and wakes a blocked next(). Idempotent; safe from any thread.
   void cancel();
   // Makes a blocked next() (or the next call of it) return kTimeout at once, without closing
@@ -146,7 +150,16 @@ class EventBus final : public pleg::EventSink {
   // older than the history or not in this stream, then the retained events after from_seq)
   // does not count against queue_capacity, so a consumer can always resume from anywhere in
   // the history; live events do.
-  Subscription subscribe(uint64_t from_seq, EventFilter filter = {}, size_t queue_capacity = 0);
+  //
+  // `on_ready`, when given, is how a consumer that writes from the publishing thread learns that
+  // there is something to take: it runs on the publishing thread, after publish() released the
+  // bus's lock (so it may take the consumer's own locks and call try_next(), but must not publish
+  // or subscribe), when an event arrives for a subscription that had none waiting, and when the
+  // subscription is cut off or the bus closes it. Not when it is cancelled (the canceller knows),
+  // and not for the initial backlog (the subscriber takes it first). It may run after the
+  // subscription was cancelled: it must hold what it touches (a weak_ptr, say).
+  Subscription subscribe(uint64_t from_seq, EventFilter filter = {}, size_t queue_capacity = 0,
+                         std::function<void()> on_ready = {});
 
   // Runs f while holding the publish lock and returns the last assigned seq with f's result
   // ({seq, result}, or just seq when f returns void). A snapshot taken inside f is exactly
@@ -175,6 +188,8 @@ class EventBus final : public pleg::EventSink {
 
  private:
   uint64_t run_locked(const std::function<void()>& f);
+  void publish_locked(pleg::PodLifecycleEvent ev,
+                      std::vector<std::shared_ptr<detail::Subscriber>>& ready);
 
   std::unique_ptr<detail::BusCore> core_;
   std::string instance_id_;
