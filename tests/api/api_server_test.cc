@@ -728,6 +728,31 @@ TEST(ApiServerOptionsTest, InsecureTcpServesOnLoopbackWhenAskedFor) {
   EXPECT_TRUE(v1::PodLifecycle::NewStub(ch)->Stats(&ctx, v1::StatsRequest{}, &resp).ok());
 }
 
+// On TCP, grpc++'s sync server: one thread per open stream and one that polls the connections
+// (gRPC's default allows two pollers, which handed each consumer WINDOW_UPDATE to each other
+// through a wakeup fd). A unary call is handled by the thread that polled it, a new poller
+// taking over; that thread ends after the call.
+TEST(ApiServerOptionsTest, OnTcpOneThreadPollsBesideTheWatchHandlers) {
+  ServerHarness h(api::ApiServerOptions{.listen_address = "127.0.0.1:0", .insecure_tcp = true});
+  ASSERT_TRUE(h.start().ok());
+  auto ch = grpc::CreateChannel("127.0.0.1:" + std::to_string(h.server->tcp_port()),
+                                grpc::InsecureChannelCredentials());
+  WatchClient w(ch, watch_from(0));
+  for (int i = 0; i < 5; ++i) {
+    v1::StatsResponse st;
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(v1::PodLifecycle::NewStub(ch)->Stats(&ctx, v1::StatsRequest{}, &st).ok());
+  }
+  int threads = 0;
+  // The handler of the last unary call ends after its reply: polled with a deadline.
+  EXPECT_TRUE(eventually([&] {
+    threads = kpleg::testing::threads_named(kpleg::testing::scheduled_in(), "grpcpp_sync_ser").threads;
+    return threads == 2;
+  })) << threads << " server threads";
+  h.bus.publish(sample_event(0));
+  EXPECT_TRUE(w.wait_for(1, 5s));
+}
+
 TEST(ApiServerOptionsTest, FlagsAndTheirValidation) {
   auto parse = [](std::vector<std::string> args) {
     CLI::App app;

@@ -100,9 +100,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void finish(Stream& st, int code, const std::string& message);
   void end_stream_state(Stream& st);  // the stream is gone: its subscription, slot, counts
   std::vector<Call> take_calls();
-  static std::string frame(const std::string& message);
 
-  // Handlers, without mu_ (h2_connection.cc: unary and dispatch; h2_streams.cc: streams).
+  // Handlers, without mu_ (h2_calls.cc: unary and dispatch; h2_streams.cc: streams).
   void serve(Call call);
   void start_watch(Call call);
   void start_health_watch(Call call);

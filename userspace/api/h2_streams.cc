@@ -13,17 +13,6 @@
 
 namespace kpleg::api::h2 {
 
-namespace {
-
-void append_frame(std::string& out, const std::string& message) {
-  const auto size = uint32_t(message.size());
-  const char prefix[5] = {0, char(size >> 24), char(size >> 16), char(size >> 8), char(size)};
-  out.append(prefix, 5);
-  out.append(message);
-}
-
-}  // namespace
-
 void Connection::start_watch(Call call) {
   auto refuse = [&](const grpc::Status& st) {
     std::lock_guard l(mu_);
@@ -37,7 +26,9 @@ void Connection::start_watch(Call call) {
   if (auto st = check_filters(req.pod_uid(), req.pod_namespace(), &req.instance_id()); !st.ok())
     return refuse(st);
   if (shared_.stopping.load()) return refuse({grpc::StatusCode::UNAVAILABLE, "kplegd is shutting down"});
-  auto slot = std::make_unique<StreamSlot>(&shared_.slots, client_);
+  // No wait for a slot to come back: this is the thread that reads the cancellations that would
+  // give one back (a unix socket stream gives its slot back as soon as it is read).
+  auto slot = std::make_unique<StreamSlot>(&shared_.slots, client_, std::chrono::milliseconds(0));
   if (auto st = watch_slot_refusal(*slot, shared_.slots); !st.ok()) return refuse(st);
 
   std::weak_ptr<Connection> self = weak_from_this();
@@ -120,7 +111,7 @@ void Connection::start_health_watch(Call call) {
   if (!req.ParseFromString(call.message))
     return refuse({grpc::StatusCode::INTERNAL, "cannot parse the request"});
   if (shared_.stopping.load()) return refuse({grpc::StatusCode::UNAVAILABLE, "kplegd is shutting down"});
-  auto slot = std::make_unique<StreamSlot>(&shared_.slots, client_);
+  auto slot = std::make_unique<StreamSlot>(&shared_.slots, client_, std::chrono::milliseconds(0));
   if (auto st = health_watch_slot_refusal(*slot, shared_.slots); !st.ok()) return refuse(st);
 
   std::lock_guard l(mu_);

@@ -105,11 +105,12 @@ class StreamSlots {
 // Holds one slot for a scope (taken: whether it got one).
 class StreamSlot {
  public:
-  StreamSlot(StreamSlots* slots, std::string client)
+  // `wait`: how long to wait for a slot that a cancelled stream gives back (take()).
+  StreamSlot(StreamSlots* slots, std::string client,
+             std::chrono::milliseconds wait = StreamSlots::kReclaimWait)
       : slots_(slots),
         client_(std::move(client)),
-        taken_(slots == nullptr ? StreamSlots::Taken::kYes
-                                : slots->take(client_, StreamSlots::kReclaimWait)) {}
+        taken_(slots == nullptr ? StreamSlots::Taken::kYes : slots->take(client_, wait)) {}
   ~StreamSlot() { release(); }
   StreamSlot(const StreamSlot&) = delete;
   StreamSlot& operator=(const StreamSlot&) = delete;
