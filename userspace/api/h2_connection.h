@@ -19,6 +19,7 @@
 // Nothing here blocks: the socket is non-blocking, and what it does not take waits for EPOLLOUT.
 #pragma once
 
+#include <grpcpp/support/status.h>
 #include <nghttp2/nghttp2.h>
 #include <sys/socket.h>
 
@@ -105,6 +106,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void serve(Call call);
   void start_watch(Call call);
   void start_health_watch(Call call);
+  void refuse_call(Stream& st, const grpc::Status& status);  // takes mu_
   // The publishing thread, through on_ready.
   void watch_ready(const std::weak_ptr<Stream>& stream);
   // Under mu_: a Watch's data source found its subscription closed.

@@ -14,12 +14,7 @@
 namespace kpleg::api::h2 {
 
 void Connection::start_watch(Call call) {
-  auto refuse = [&](const grpc::Status& st) {
-    std::lock_guard l(mu_);
-    if (closed_) return;
-    finish(*call.stream, st.error_code(), st.error_message());
-    flush();
-  };
+  auto refuse = [&](const grpc::Status& st) { refuse_call(*call.stream, st); };
   v1::WatchRequest req;
   if (!req.ParseFromString(call.message))
     return refuse({grpc::StatusCode::INTERNAL, "cannot parse the request"});
@@ -48,6 +43,13 @@ void Connection::start_watch(Call call) {
   // The initial metadata tells the consumer that its subscription is in place; read_body then
   // takes the backlog and every event after it.
   respond(st, shared_.bus.instance_id());
+  flush();
+}
+
+void Connection::refuse_call(Stream& st, const grpc::Status& status) {
+  std::lock_guard l(mu_);
+  if (closed_) return;
+  finish(st, status.error_code(), status.error_message());
   flush();
 }
 
@@ -101,12 +103,7 @@ size_t Connection::fill_from_subscription(Stream& st, size_t room) {
 }
 
 void Connection::start_health_watch(Call call) {
-  auto refuse = [&](const grpc::Status& st) {
-    std::lock_guard l(mu_);
-    if (closed_) return;
-    finish(*call.stream, st.error_code(), st.error_message());
-    flush();
-  };
+  auto refuse = [&](const grpc::Status& st) { refuse_call(*call.stream, st); };
   grpc::health::v1::HealthCheckRequest req;
   if (!req.ParseFromString(call.message))
     return refuse({grpc::StatusCode::INTERNAL, "cannot parse the request"});

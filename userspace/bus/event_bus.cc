@@ -161,15 +161,24 @@ Subscription& Subscription::operator=(Subscription&& other) noexcept {
 }
 Subscription::~Subscription() { cancel(); }
 
+namespace {
+
+// The next event of a subscriber, its lock held.
+Subscription::Next take_locked(detail::Subscriber& s) {
+  if (s.closed.load(std::memory_order_relaxed)) return {Subscription::Status::kClosed, nullptr};
+  auto& q = !s.backlog.empty() ? s.backlog : s.live;
+  if (q.empty()) return {Subscription::Status::kTimeout, nullptr};
+  EventPtr ev = std::move(q.front());
+  q.pop_front();
+  return {Subscription::Status::kEvent, std::move(ev)};
+}
+
+}  // namespace
+
 Subscription::Next Subscription::try_next() {
   if (!sub_) return {Status::kClosed, nullptr};
   std::lock_guard l(sub_->mu);
-  if (sub_->closed.load(std::memory_order_relaxed)) return {Status::kClosed, nullptr};
-  auto& q = !sub_->backlog.empty() ? sub_->backlog : sub_->live;
-  if (q.empty()) return {Status::kTimeout, nullptr};
-  EventPtr ev = std::move(q.front());
-  q.pop_front();
-  return {Status::kEvent, std::move(ev)};
+  return take_locked(*sub_);
 }
 
 Subscription::Next Subscription::next(std::chrono::milliseconds timeout) {
@@ -180,12 +189,7 @@ Subscription::Next Subscription::next(std::chrono::milliseconds timeout) {
            !sub_->live.empty() || sub_->woken;
   });
   sub_->woken = false;
-  if (sub_->closed.load(std::memory_order_relaxed)) return {Status::kClosed, nullptr};
-  auto& q = !sub_->backlog.empty() ? sub_->backlog : sub_->live;
-  if (q.empty()) return {Status::kTimeout, nullptr};
-  EventPtr ev = std::move(q.front());
-  q.pop_front();
-  return {Status::kEvent, std::move(ev)};
+  return take_locked(*sub_);
 }
 
 void Subscription::cancel() {
