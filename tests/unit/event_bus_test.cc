@@ -377,4 +377,49 @@ TEST(EventBus, InstanceIdsDiffer) {
 }
 
 }  // namespace
+// on_ready is how a writer on the publishing thread learns there is something to take: once when
+// an event arrives for a subscription with nothing waiting (not again until it took them), when
+// it is cut off, and when the bus closes it; never for its own cancel. It runs with the bus's
+// lock released: it may take events, and the bus can be used meanwhile from other threads.
+TEST(EventBus, OnReadyTellsAWriterWhenThereIsSomethingToTake) {
+  EventBus bus(EventBusOptions{.default_queue_capacity = 3});
+  int told = 0;
+  Subscription* self = nullptr;
+  std::vector<uint64_t> taken;
+  bool take = false;
+  Subscription sub = bus.subscribe(0, {}, 0, [&] {
+    ++told;
+    EXPECT_GE(bus.last_seq(), 1u);  // would deadlock if the bus's lock were held
+    if (!take || self == nullptr) return;
+    for (auto n = self->try_next(); n.status == Subscription::Status::kEvent; n = self->try_next())
+      taken.push_back(n.event->seq);
+  });
+  self = &sub;
+  EXPECT_EQ(sub.try_next().status, Subscription::Status::kTimeout) << "try_next never waits";
+
+  bus.publish(started("a"));
+  bus.publish(started("a"));
+  EXPECT_EQ(told, 1) << "told once while events wait";
+  EXPECT_EQ(sub.try_next().event->seq, 1u);
+  EXPECT_EQ(sub.try_next().event->seq, 2u);
+  take = true;
+  bus.publish(started("a"));
+  EXPECT_EQ(told, 2) << "told again once it took them";
+  EXPECT_EQ(taken, (std::vector<uint64_t>{3}));
+
+  take = false;
+  for (int i = 0; i < 4; ++i) bus.publish(started("a"));  // the 4th overflows the queue of 3
+  EXPECT_EQ(told, 4) << "told of the first event and of the cut-off";
+  EXPECT_TRUE(sub.cut_off());
+  EXPECT_EQ(sub.try_next().status, Subscription::Status::kClosed);
+
+  int other_told = 0;
+  Subscription other = bus.subscribe(0, {}, 0, [&] { ++other_told; });
+  Subscription cancelled = bus.subscribe(0, {}, 0, [&] { ADD_FAILURE() << "told of its own cancel"; });
+  cancelled.cancel();
+  bus.close("stopping");
+  EXPECT_EQ(other_told, 1) << "told that the bus closed it";
+  EXPECT_EQ(other.close_reason(), "stopping");
+}
+
 }  // namespace kpleg::bus
