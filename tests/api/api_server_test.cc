@@ -495,6 +495,35 @@ TEST_F(ApiServerTest, ACutOffWatcherGivesItsPlaceBackAtOnceAndItsCallAfterTheGra
   EXPECT_FALSE(reader.finished());
 }
 
+// A consumer that stops reading fills its stream's flow-control window and its socket; what it
+// leaves unread waits in its bus queue. The API's thread is not woken for it meanwhile (a
+// stream blocked by flow control is no reason to poll the socket for writing), nor is the
+// publisher held up: it is cut off when its queue is full, as any subscriber.
+TEST(ApiServerWatchSlots, AConsumerThatStopsReadingCostsTheServerNoWakeups) {
+  ServerHarness h(api::ApiServerOptions{}, bus::EventBusOptions{.default_queue_capacity = 400'000});
+  ASSERT_TRUE(h.start().ok());
+  WatchClient stuck(h.channel(), watch_from(0), {.read = false, .keep_events = false});
+  ASSERT_TRUE(stuck.subscribed());
+  // Enough to fill the window (gRPC's clients grow theirs to a few MiB) and the socket; fewer
+  // than the queue holds.
+  for (int i = 0; i < 300'000; ++i) h.bus.publish(sample_event(i));
+  ASSERT_EQ(h.bus.stats().subscribers_cut_off, 0u);
+  auto api_thread = [] {
+    return kpleg::testing::threads_named(kpleg::testing::scheduled_in(), "kpleg-api").scheduled_in;
+  };
+  // Settled: the consumer's library has read what its window let through.
+  long before = api_thread();
+  for (int i = 0; i < 50; ++i) {
+    std::this_thread::sleep_for(20ms);
+    const long now = api_thread();
+    if (now == before) break;
+    before = now;
+  }
+  std::this_thread::sleep_for(500ms);  // the span measured, not a synchronisation
+  EXPECT_LE(api_thread() - before, 2) << "the API's thread woke for a stream it cannot write to";
+  EXPECT_FALSE(stuck.finished());
+}
+
 // An idle Watch looks for a gone client only once a second; a stream that needs the slot of one
 // whose client cancelled it must not wait for that (nor be refused meanwhile).
 TEST_F(ApiServerTest, CancelledStreamsGiveTheirSlotsBackAtOnce) {
