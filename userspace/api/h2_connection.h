@@ -113,7 +113,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void watch_closed(Stream& st);
   static ssize_t read_body(nghttp2_session*, int32_t id, uint8_t* buf, size_t len,
                            uint32_t* flags, nghttp2_data_source* source, void* user);
-  size_t fill_from_subscription(Stream& st, size_t room);
+  void fill_from_subscription(Stream& st, size_t room);
 
   const int fd_;
   const int epoll_fd_;
@@ -123,7 +123,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
   nghttp2_session* session_ = nullptr;
   bool closed_ = false;
   bool want_out_ = false;  // EPOLLOUT asked for
-  bool going_away_ = false;
   std::map<int32_t, std::shared_ptr<Stream>> streams_;
   std::vector<int32_t> complete_;  // streams whose request ended, not yet handed to a handler
 };

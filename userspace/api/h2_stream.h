@@ -11,16 +11,13 @@
 #include <string_view>
 
 #include "api/h2_connection.h"
+#include "cri/h2_common.h"
 #include "bus/event_bus.h"
 #include "grpc/health/v1/health.pb.h"
 
 namespace kpleg::api::h2 {
 
-inline nghttp2_nv header(const char* name, std::string_view value) {
-  return nghttp2_nv{reinterpret_cast<uint8_t*>(const_cast<char*>(name)),
-                    reinterpret_cast<uint8_t*>(const_cast<char*>(value.data())), std::strlen(name),
-                    value.size(), NGHTTP2_NV_FLAG_NONE};
-}
+using cri::h2::header;
 
 // gRPC's framing of a message: a compressed flag (0), the length (4 bytes, big-endian), the bytes.
 inline void append_frame(std::string& out, const std::string& message) {

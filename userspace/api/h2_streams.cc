@@ -82,10 +82,9 @@ void Connection::watch_closed(Stream& st) {
   }
 }
 
-size_t Connection::fill_from_subscription(Stream& st, size_t room) {
+void Connection::fill_from_subscription(Stream& st, size_t room) {
   v1::Event msg;
   std::string bytes;
-  size_t events = 0;
   // As many as the frame nghttp2 is filling can carry: a burst goes out in one DATA frame.
   while (st.out.size() < room) {
     bus::Subscription::Next n = st.sub.try_next();
@@ -97,9 +96,7 @@ size_t Connection::fill_from_subscription(Stream& st, size_t room) {
     to_proto(*n.event, &msg);
     msg.SerializeToString(&bytes);
     append_frame(st.out, bytes);
-    ++events;
   }
-  return events;
 }
 
 void Connection::start_health_watch(Call call) {
@@ -165,7 +162,6 @@ std::optional<Connection::Clock::time_point> Connection::reap(Clock::time_point 
 bool Connection::shut_down() {
   std::lock_guard l(mu_);
   if (closed_) return false;
-  going_away_ = true;
   for (auto& [id, st] : streams_) {
     if (st->gone || st->kind == Stream::Kind::kUnary) continue;
     st->sub.cancel();

@@ -1,7 +1,7 @@
 // What the nghttp2 clients (h2_stream.cc, h2_unary.cc, h2_unary_mux.cc) share: the gRPC HTTP/2
 // protocol's status rules (a response's status from its headers, trailers and end), its
 // grpc-timeout and message framing, and a header helper.
-// Internal to kpleg_cri.
+// Header-only; the API's HTTP/2 server (api/h2_stream.h) uses its header helper too.
 #pragma once
 
 #include <grpcpp/support/status_code_enum.h>
