@@ -524,6 +524,110 @@ TEST(ApiServerWatchSlots, AConsumerThatStopsReadingCostsTheServerNoWakeups) {
   EXPECT_FALSE(stuck.finished());
 }
 
+namespace {
+
+long api_thread_scheduled_in() {
+  return kpleg::testing::threads_named(kpleg::testing::scheduled_in(), "kpleg-api").scheduled_in;
+}
+
+// Publishes one event every 2 ms on a thread of its own until destroyed: a flowing stream, whose
+// consumer answers each event with its flow-control frames.
+class SteadyPublisher {
+ public:
+  explicit SteadyPublisher(bus::EventBus& bus, int first = 0)
+      : thread_([this, &bus, first] {
+          for (int i = first; !stop_.load(); ++i) {
+            bus.publish(sample_event(i));
+            published_.fetch_add(1);
+            std::this_thread::sleep_for(2ms);  // the stream's pace, not a synchronisation
+          }
+        }) {}
+  ~SteadyPublisher() {
+    stop_.store(true);
+    thread_.join();
+  }
+  size_t published() const { return published_.load(); }
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::atomic<size_t> published_{0};
+  std::thread thread_;
+};
+
+}  // namespace
+
+// A gRPC C++ consumer answers each message it reads with WINDOW_UPDATEs; while its Watch flows
+// they are read by the publishing thread when it writes, not by waking the API's thread for each
+// (it was woken once per event before: about 200 here).
+TEST_F(ApiServerTest, AFlowingWatchCostsTheServersThreadNoWakeupPerEvent) {
+  WatchClient w(h_.channel(), watch_from(0));
+  ASSERT_TRUE(w.subscribed());
+  const long before = api_thread_scheduled_in();
+  {
+    SteadyPublisher pub(h_.bus);
+    ASSERT_TRUE(eventually([&] { return pub.published() >= 200; }, 10s));
+  }
+  const size_t published = h_.bus.stats().last_seq;
+  ASSERT_TRUE(w.wait_for(published, 10s));
+  const long woke = api_thread_scheduled_in() - before;
+  EXPECT_LE(woke, 20) << "for " << published << " events";
+  EXPECT_TRUE(w.in_order());
+}
+
+// What a consumer sends on a connection whose Watch flows is still read: a call while the
+// events come (at the next event), a call once they stopped (within the quiet span), a cancel;
+// and a consumer that stops reading and starts again gets every event.
+TEST_F(ApiServerTest, WhatAConsumerSendsBesideAFlowingWatchIsRead) {
+  auto channel = h_.channel();
+  auto stub = v1::PodLifecycle::NewStub(channel);
+  auto stats_ok = [&] {
+    v1::StatsResponse st;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + 5s);
+    return stub->Stats(&ctx, v1::StatsRequest{}, &st).ok();
+  };
+  auto w = std::make_unique<WatchClient>(channel, watch_from(0));
+  ASSERT_TRUE(w->subscribed());
+  {
+    SteadyPublisher pub(h_.bus);
+    ASSERT_TRUE(w->wait_for(100, 10s));
+    EXPECT_TRUE(stats_ok()) << "a call while the Watch flows";
+  }
+  EXPECT_TRUE(stats_ok()) << "a call once the events stopped";
+  {
+    SteadyPublisher pub(h_.bus, 100'000);
+    ASSERT_TRUE(eventually([&] { return pub.published() >= 100; }, 10s));
+    w->cancel();
+    EXPECT_EQ(w->finish(10s).error_code(), grpc::StatusCode::CANCELLED);
+  }
+  EXPECT_TRUE(eventually([&] { return h_.bus.stats().subscribers == 0; }, 5s))
+      << "the cancel was not read";
+  EXPECT_TRUE(eventually([&] { return h_.server->open_watches() == 0; }, 5s));
+
+  // Paused: the unread events fill the stream's window; read again, all of them come.
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 60s);
+  const uint64_t from = h_.bus.stats().last_seq;
+  auto reader = stub->Watch(&ctx, watch_from(from, h_.bus.instance_id()));
+  v1::Event ev;
+  size_t got = 0;
+  {
+    SteadyPublisher pub(h_.bus, 200'000);
+    while (got < 100 && reader->Read(&ev)) ++got;
+  }
+  ASSERT_EQ(got, 100u);
+  // More than the window holds, fewer than the bus queues for a subscriber.
+  for (int i = 0; i < 700; ++i) h_.bus.publish(sample_event(300'000 + i));
+  const uint64_t last = h_.bus.stats().last_seq;
+  uint64_t seq = 0;
+  while (seq < last && reader->Read(&ev)) seq = ev.seq();
+  EXPECT_EQ(seq, last);
+  ctx.TryCancel();
+  while (reader->Read(&ev)) {
+  }
+  reader->Finish();
+}
+
 // An idle Watch looks for a gone client only once a second; a stream that needs the slot of one
 // whose client cancelled it must not wait for that (nor be refused meanwhile).
 TEST_F(ApiServerTest, CancelledStreamsGiveTheirSlotsBackAtOnce) {

@@ -4,6 +4,7 @@
 #include "api/h2_connection.h"
 
 #include <sys/epoll.h>
+#include <sys/timerfd.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -93,6 +94,8 @@ struct Callbacks {
   }
 
   static int frame_recv(nghttp2_session*, const nghttp2_frame* frame, void* user) {
+    if (frame->hd.type != NGHTTP2_WINDOW_UPDATE && frame->hd.type != NGHTTP2_PING)
+      ++self(user).other_frames_;
     if (frame->hd.type == NGHTTP2_GOAWAY)
       spdlog::debug("api: connection from {}: the client said GOAWAY ({})", self(user).client_,
                     nghttp2_http2_strerror(frame->goaway.error_code));
@@ -166,6 +169,12 @@ bool Connection::open() {
       {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, kMaxConcurrentStreams},
       {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE, 16 * 1024}};
   nghttp2_submit_settings(session_, NGHTTP2_FLAG_NONE, settings, std::size(settings));
+  timer_fd_ = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
+  if (timer_fd_ < 0) return false;
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = timer_key(fd_);
+  if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, timer_fd_, &ev) != 0) return false;
   flush();
   return !closed_;
 }
@@ -176,13 +185,13 @@ bool Connection::on_readable() {
     std::lock_guard l(mu_);
     if (closed_) return false;
     uint8_t buf[16 * 1024];
+    other_frames_ = 0;
     // Level-triggered: a flood is read in rounds, between which the other connections get
     // their turn.
     for (int round = 0; round < 16; ++round) {
       const ssize_t n = recv(fd_, buf, sizeof buf, MSG_DONTWAIT);
       if (n > 0) {
-        if (const ssize_t rv = nghttp2_session_mem_recv(session_, buf, size_t(n)); rv < 0) {
-          spdlog::debug("api: connection from {}: {}", client_, nghttp2_strerror(int(rv)));
+        if (!feed(buf, size_t(n))) {
           flush();  // its GOAWAY, if it queued one
           return false;
         }
@@ -195,9 +204,19 @@ bool Connection::on_readable() {
     }
     calls = take_calls();
     flush();
+    after_read_round(other_frames_ == 0);
   }
   for (auto& c : calls) serve(std::move(c));
   return alive();
+}
+
+bool Connection::feed(const uint8_t* data, size_t len) {
+  cursor_.feed(data, len);
+  if (const ssize_t rv = nghttp2_session_mem_recv(session_, data, len); rv < 0) {
+    spdlog::debug("api: connection from {}: {}", client_, nghttp2_strerror(int(rv)));
+    return false;
+  }
+  return true;
 }
 
 bool Connection::on_writable() {
@@ -226,12 +245,17 @@ void Connection::flush() {
   }
   const bool want = nghttp2_session_want_write(session_) != 0;
   if (want != want_out_) {
-    epoll_event ev{};
-    ev.events = EPOLLIN | (want ? EPOLLOUT : 0u);
-    ev.data.fd = fd_;
-    epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, fd_, &ev);
     want_out_ = want;
+    watch_events();
   }
+}
+
+void Connection::watch_events() {
+  epoll_event ev{};
+  // A peer's hang-up is reported whatever the interest (EPOLLRDHUP on a shutdown, EPOLLHUP on a close).
+  ev.events = EPOLLRDHUP | (quiet_ ? 0u : EPOLLIN) | (want_out_ ? EPOLLOUT : 0u);
+  ev.data.fd = fd_;
+  epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, fd_, &ev);
 }
 
 void Connection::respond(Stream& st, const std::string& instance_id) {
@@ -303,6 +327,11 @@ void Connection::close() {
   session_ = nullptr;
   epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd_, nullptr);
   ::close(fd_);
+  if (timer_fd_ >= 0) {
+    epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, timer_fd_, nullptr);
+    ::close(timer_fd_);
+    timer_fd_ = -1;
+  }
 }
 
 }  // namespace kpleg::api::h2

@@ -14,7 +14,8 @@
 // - the publishing thread (the bus's on_ready, EventBus::subscribe) resumes a Watch stream: its
 //   data source takes events from the subscription as the stream's flow control and the socket
 //   allow, so a consumer that stops reading leaves them in its bus queue, which cuts it off
-//   when full, as for every subscriber;
+//   when full, as for every subscriber; on a quiet connection it first reads the consumer's
+//   flow-control frames;
 // - the health thread (health_changed) writes a changed status to the health Watches.
 // Nothing here blocks: the socket is non-blocking, and what it does not take waits for EPOLLOUT.
 #pragma once
@@ -34,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "api/h2_frame_cursor.h"
 #include "api/stream_slots.h"
 #include "bus/event_bus.h"
 
@@ -72,6 +74,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool open();  // sends the server's SETTINGS
   bool on_readable();
   bool on_writable();
+  // The quiet span ended with no publisher's read: the server's thread reads again.
+  bool on_quiet_timer();
+  // How long what a quiet connection's consumer sends may wait for a reader (h2_connection.h).
+  static constexpr std::chrono::milliseconds kQuietSpan{500};
+  // The epoll key of the connection's quiet timer (its socket's key is the descriptor).
+  static uint64_t timer_key(int fd) { return (uint64_t{1} << 32) | uint32_t(fd); }
   // Resets the cut-off streams whose grace passed; the next such deadline, if any.
   std::optional<Clock::time_point> reap(Clock::time_point now);
   // Ends every stream with UNAVAILABLE and says GOAWAY; the connection is done when all is sent.
@@ -94,6 +102,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Under mu_.
   bool alive_locked();
   void flush();  // nghttp2 sends what it can; EPOLLOUT is asked for when the socket is full
+  void watch_events();  // the socket's epoll interest: input unless quiet, output when wanted
+  bool feed(const uint8_t* data, size_t len);  // to nghttp2; false: the peer broke the protocol
+  // Quiet input (h2_quiet.cc): after the server's thread read a round of input; the publishing
+  // thread's read; entering and leaving.
+  void after_read_round(bool flow_control_only);
+  void read_flow_control_input();
+  void set_quiet(bool quiet);
+  bool windows_low();
   // Response headers (with the instance id as initial metadata when given) and the body that
   // read_body takes from st.out, then st.end's trailers.
   void respond(Stream& st, const std::string& instance_id);
@@ -123,6 +139,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   nghttp2_session* session_ = nullptr;
   bool closed_ = false;
   bool want_out_ = false;  // EPOLLOUT asked for
+  bool quiet_ = false;     // input read by the publishing thread (above)
+  int timer_fd_ = -1;      // ends the quiet
+  FrameCursor cursor_;     // what nghttp2 was given
+  int other_frames_ = 0;   // frames of this read round other than WINDOW_UPDATE and PING
+  Clock::time_point last_flow_round_{};  // the last round of flow-control input only
   std::map<int32_t, std::shared_ptr<Stream>> streams_;
   std::vector<int32_t> complete_;  // streams whose request ended, not yet handed to a handler
 };

@@ -86,7 +86,7 @@ void H2Server::take_new_connections() {
   for (auto& [fd, client] : adopted) {
     auto conn = std::make_shared<h2::Connection>(fd, epoll_fd_, std::move(client), shared_);
     epoll_event ev{};
-    ev.events = EPOLLIN;
+    ev.events = EPOLLIN | EPOLLRDHUP;
     ev.data.fd = fd;
     if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
       spdlog::warn("api: cannot watch a new connection: {}", std::strerror(errno));
@@ -139,8 +139,12 @@ void H2Server::loop() {
       break;
     }
     for (int i = 0; i < n; ++i) {
-      const int fd = events[i].data.fd;
-      if (fd == wake_fd_) {
+      // A connection's socket and the wakeup's eventfd are keyed by their descriptor, a
+      // connection's quiet timer by h2::Connection::timer_key.
+      const uint64_t key = events[i].data.u64;
+      const int fd = int(uint32_t(key));
+      const bool quiet_timer = (key >> 32) != 0;
+      if (fd == wake_fd_ && !quiet_timer) {
         uint64_t count;
         [[maybe_unused]] ssize_t r = read(wake_fd_, &count, sizeof count);
         take_new_connections();
@@ -162,8 +166,12 @@ void H2Server::loop() {
       if (it == connections_.end()) continue;
       const auto conn = it->second;
       bool alive = true;
-      if (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) alive = conn->on_readable();
-      if (alive && (events[i].events & EPOLLOUT)) alive = conn->on_writable();
+      if (quiet_timer) {
+        alive = conn->on_quiet_timer();
+      } else {
+        if (events[i].events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) alive = conn->on_readable();
+        if (alive && (events[i].events & EPOLLOUT)) alive = conn->on_writable();
+      }
       if (!alive) {
         spdlog::debug("api: connection {} done", fd);
         drop(fd);

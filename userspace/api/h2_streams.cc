@@ -59,9 +59,11 @@ void Connection::watch_ready(const std::weak_ptr<Stream>& stream) {
   auto st = stream.lock();
   // Not installed yet (start_watch's first read takes the event), gone, or ending already.
   if (!st || st->gone || st->kind != Stream::Kind::kWatch || st->end) return;
+  read_flow_control_input();
   if (st->sub.closed()) watch_closed(*st);
   nghttp2_session_resume_data(session_, st->id);
   flush();
+  if (quiet_ && windows_low()) set_quiet(false);
 }
 
 void Connection::watch_closed(Stream& st) {
@@ -162,6 +164,7 @@ std::optional<Connection::Clock::time_point> Connection::reap(Clock::time_point 
 bool Connection::shut_down() {
   std::lock_guard l(mu_);
   if (closed_) return false;
+  set_quiet(false);
   for (auto& [id, st] : streams_) {
     if (st->gone || st->kind == Stream::Kind::kUnary) continue;
     st->sub.cancel();
