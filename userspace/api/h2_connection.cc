@@ -252,7 +252,8 @@ void Connection::flush() {
 
 void Connection::watch_events() {
   epoll_event ev{};
-  // A peer's hang-up is reported whatever the interest (EPOLLRDHUP on a shutdown, EPOLLHUP on a close).
+  // The peer's hang-up wakes the server's thread, quiet or not: EPOLLRDHUP (asked for here) when
+  // it shuts its side, EPOLLHUP (always reported) when both sides are shut.
   ev.events = EPOLLRDHUP | (quiet_ ? 0u : EPOLLIN) | (want_out_ ? EPOLLOUT : 0u);
   ev.data.fd = fd_;
   epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, fd_, &ev);

@@ -17,6 +17,7 @@ namespace {
 // again gets its events without waiting for the quiet to end.
 constexpr int32_t kLowWindow = 16 * 1024;
 
+// After `after`; zero disarms it.
 void arm(int timer_fd, std::chrono::milliseconds after) {
   itimerspec its{};
   its.it_value.tv_sec = after.count() / 1000;
@@ -65,7 +66,7 @@ void Connection::set_quiet(bool quiet) {
   if (quiet == quiet_ || closed_) return;
   quiet_ = quiet;
   watch_events();
-  if (quiet) arm(timer_fd_, kQuietSpan);
+  arm(timer_fd_, quiet ? kQuietSpan : std::chrono::milliseconds(0));
 }
 
 bool Connection::windows_low() {
