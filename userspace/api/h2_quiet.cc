@@ -2,13 +2,13 @@
 // flow-control frames are read by the publishing thread before it writes, and the server's
 // thread is not woken for them.
 #include <sys/socket.h>
-#include <sys/timerfd.h>
 #include <unistd.h>
 
 #include <cerrno>
 
 #include "api/h2_connection.h"
 #include "api/h2_stream.h"
+#include "pleg/timerfd.h"
 
 namespace kpleg::api::h2 {
 namespace {
@@ -16,14 +16,6 @@ namespace {
 // Below this a window is read at once (by the server's thread), so that a consumer reading
 // again gets its events without waiting for the quiet to end.
 constexpr int32_t kLowWindow = 16 * 1024;
-
-// After `after`; zero disarms it.
-void arm(int timer_fd, std::chrono::milliseconds after) {
-  itimerspec its{};
-  its.it_value.tv_sec = after.count() / 1000;
-  its.it_value.tv_nsec = (after.count() % 1000) * 1'000'000;
-  timerfd_settime(timer_fd, 0, &its, nullptr);
-}
 
 }  // namespace
 
@@ -59,14 +51,14 @@ void Connection::read_flow_control_input() {
   }
   // Nothing more (or the peer's hang-up, which wakes the server's thread): what comes next is
   // read at the next event or when the span ends.
-  arm(timer_fd_, kQuietSpan);
+  pleg::set_timerfd(timer_fd_, Clock::now() + kQuietSpan);
 }
 
 void Connection::set_quiet(bool quiet) {
   if (quiet == quiet_ || closed_) return;
   quiet_ = quiet;
   watch_events();
-  arm(timer_fd_, quiet ? kQuietSpan : std::chrono::milliseconds(0));
+  pleg::set_timerfd(timer_fd_, quiet ? Clock::now() + kQuietSpan : Clock::time_point::max());
 }
 
 bool Connection::windows_low() {

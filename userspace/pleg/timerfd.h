@@ -1,5 +1,5 @@
-// Setting a CLOCK_MONOTONIC timerfd to a steady_clock time, for the event loop and the pod work
-// queue.
+// Setting a CLOCK_MONOTONIC timerfd to a steady_clock time, for the event loop, the pod work
+// queue and the API server's quiet connections (api/h2_quiet.cc).
 #pragma once
 
 #include <sys/timerfd.h>
