@@ -269,6 +269,9 @@ class ToggledPrograms {
     kpleg_bpf* skel = kpleg_bpf__open();
     if (!skel) return Error::from_errno(errno, "opening the BPF object");
     auto owner = std::unique_ptr<ToggledPrograms>(new ToggledPrograms(skel));
+    // The programs with the wake timer are measured (kernels 5.15+), not their twins.
+    bpf_program__set_autoload(skel->progs.sched_process_exec_untimed, false);
+    bpf_program__set_autoload(skel->progs.cgroup_rmdir_untimed, false);
     if (int err = kpleg_bpf__load(skel); err) return Error::from_errno(-err, "loading the BPF object");
     return owner;
   }

@@ -42,6 +42,39 @@ const volatile __u32 max_mkdirs_per_pod_per_sec = 100;
  */
 volatile __u32 exit_wakes = 1;
 
+/*
+ * Set by userspace while the program runs (the .bss map, mmap'ed): how long after a
+ * container's first exec, and after a tracked cgroup's rmdir, their record wakes the reader at
+ * the latest; 0 wakes it at once. Userspace acts on neither at once: it looks at the runtime a learned lag after the
+ * signal, or, while the runtime's event stream is live, waits for the runtime's event, which
+ * follows the signal within milliseconds and wakes the reader anyway. Deferred, the record is
+ * read with that event, or woken for by the wake timer (below) when userspace would act on it,
+ * instead of waking the reader once for the record and once more for what it waits for. Only
+ * programs loaded with timers (kernel 5.15+: bpf_timer) defer; the others wake at once.
+ */
+volatile __u64 exec_wake_after_ns = 0;
+volatile __u64 rmdir_wake_after_ns = 0;
+
+#define KPLEG_CLOCK_MONOTONIC 1
+
+/*
+ * The wake timer: one for all deferred records. `due_ns` is when the armed timer fires (0 while
+ * none is armed); a record due later than that is woken for with it. When it fires, it wakes the
+ * reader if anything is unread (wake__fire).
+ */
+struct wake_timer {
+	struct bpf_timer timer;
+	__u64 due_ns;
+	__u64 ready; /* the timer was initialised and has its callback */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct wake_timer);
+} wake_timers SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 1 << 20); /* resized by the loader */
@@ -200,6 +233,77 @@ static __always_inline void event__submit(void *rec, bool wake)
 	counter__inc(KPLEG_CNT_EMITTED);
 }
 
+/* Wakes the reader now: an empty record, discarded, whose only effect is the wakeup. */
+static __always_inline void event__wake_now(void)
+{
+	void *rec = bpf_ringbuf_reserve(&events, sizeof(struct kpleg_event_header), 0);
+
+	if (rec)
+		bpf_ringbuf_discard(rec, BPF_RB_FORCE_WAKEUP);
+}
+
+static int wake__fire(void *map, __u32 *key, struct wake_timer *w)
+{
+	/*
+	 * due_ns is cleared with an exchange (fully ordered) before the ring is looked at, and a
+	 * record is committed (an exchange too) before its program reads due_ns (wake__at): either
+	 * that program saw 0 and armed the timer again, or the record is counted here.
+	 */
+	__sync_lock_test_and_set(&w->due_ns, 0);
+	if (bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) > 0)
+		event__wake_now();
+	return 0;
+}
+
+/* Makes sure the reader is woken `after_ns` from now at the latest. False when it cannot. */
+static __always_inline bool wake__at(__u64 after_ns)
+{
+	__u32 key = 0;
+	struct wake_timer *w = bpf_map_lookup_elem(&wake_timers, &key);
+
+	if (!w)
+		return false;
+	if (!w->ready) {
+		long err = bpf_timer_init(&w->timer, &wake_timers, KPLEG_CLOCK_MONOTONIC);
+
+		if (err && err != -16 /* EBUSY: another CPU did */)
+			return false;
+		if (bpf_timer_set_callback(&w->timer, wake__fire))
+			return false;
+		w->ready = 1;
+	}
+	__u64 due = bpf_ktime_get_ns() + after_ns;
+	__u64 armed = w->due_ns;
+
+	if (armed != 0 && armed <= due)
+		return true; /* it fires first, and the reader reads this record then */
+	w->due_ns = due;
+	if (bpf_timer_start(&w->timer, after_ns, 0)) {
+		w->due_ns = 0;
+		return false;
+	}
+	return true;
+}
+
+/*
+ * Submits a record that wakes the reader `after_ns` later at the latest (event__submit's
+ * `wake` when 0, or without timers). A ring that holds a quarter of its size unread wakes it
+ * at once, as in event__submit.
+ */
+static __always_inline void event__submit_within(void *rec, __u64 after_ns, bool timers)
+{
+	if (!timers || after_ns == 0 ||
+	    bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >=
+		    bpf_ringbuf_query(&events, BPF_RB_RING_SIZE) / 4) {
+		event__submit(rec, true);
+		return;
+	}
+	bpf_ringbuf_submit(rec, BPF_RB_NO_WAKEUP);
+	counter__inc(KPLEG_CNT_EMITTED);
+	if (!wake__at(after_ns))
+		event__wake_now();
+}
+
 static __always_inline bool cgroup__is_v2(struct cgroup *cgrp)
 {
 	/* On hybrid hosts mkdir fires once per hierarchy; the cgroup2 (default) hierarchy is 0. */
@@ -242,7 +346,7 @@ static __always_inline bool cgroup__name_is_root(struct cgroup *cgrp)
 }
 
 static __always_inline void cgroup__emit(struct cgroup *cgrp, const char *path, __u32 type,
-					 __u64 id, __u64 parent_id, __u16 flags)
+					 __u64 id, __u64 parent_id, __u16 flags, bool timers)
 {
 	struct kpleg_cgroup_event *e = event__reserve(sizeof(*e), type);
 
@@ -262,7 +366,10 @@ static __always_inline void cgroup__emit(struct cgroup *cgrp, const char *path, 
 	e->path_len = n - 1;
 	if (n == sizeof(e->path))
 		e->hdr.flags |= KPLEG_FLAG_PATH_TRUNCATED;
-	event__submit(e, type != KPLEG_EVENT_CGROUP_MKDIR || (flags & KPLEG_FLAG_UNTRACKED));
+	if (type == KPLEG_EVENT_CGROUP_RMDIR)
+		event__submit_within(e, rmdir_wake_after_ns, timers);
+	else
+		event__submit(e, flags & KPLEG_FLAG_UNTRACKED);
 }
 
 #define KPLEG_LEVEL_NAME_MAX 64
@@ -395,7 +502,7 @@ int BPF_PROG(cgroup_mkdir, struct cgroup *cgrp, const char *path)
 		if (!budget__admit(t.pod_id, &notice)) {
 			if (notice)
 				cgroup__emit(cgrp, path, KPLEG_EVENT_CGROUP_MKDIR, id, parent_id,
-					     KPLEG_FLAG_OVER_BUDGET | KPLEG_FLAG_UNTRACKED);
+					     KPLEG_FLAG_OVER_BUDGET | KPLEG_FLAG_UNTRACKED, false);
 			return 0;
 		}
 	}
@@ -413,12 +520,16 @@ int BPF_PROG(cgroup_mkdir, struct cgroup *cgrp, const char *path)
 		if (counted)
 			budget__release(t.pod_id);
 	}
-	cgroup__emit(cgrp, path, KPLEG_EVENT_CGROUP_MKDIR, id, parent_id, flags);
+	cgroup__emit(cgrp, path, KPLEG_EVENT_CGROUP_MKDIR, id, parent_id, flags, false);
 	return 0;
 }
 
-SEC("tp_btf/cgroup_rmdir")
-int BPF_PROG(cgroup_rmdir, struct cgroup *cgrp, const char *path)
+/*
+ * The rmdir and the exec programs come twice: with the wake timer (loaded on kernels that have
+ * bpf_timer, 5.15+), and without it (`*_untimed`, whose records wake the reader at once). The
+ * loader loads one of each pair.
+ */
+static __always_inline int cgroup__rmdir(struct cgroup *cgrp, const char *path, bool timers)
 {
 	if (!cgroup__is_v2(cgrp))
 		return 0;
@@ -433,13 +544,26 @@ int BPF_PROG(cgroup_rmdir, struct cgroup *cgrp, const char *path)
 	__u64 pod_id = t->pod_id;
 	struct cgroup *parent = kpleg__cgroup_parent(cgrp);
 
-	cgroup__emit(cgrp, path, KPLEG_EVENT_CGROUP_RMDIR, id, parent ? cgroup__id(parent) : 0, 0);
+	cgroup__emit(cgrp, path, KPLEG_EVENT_CGROUP_RMDIR, id, parent ? cgroup__id(parent) : 0, 0,
+		     timers);
 	bpf_map_delete_elem(&tracked_cgroups, &id);
 	if (pod_id == id)
 		bpf_map_delete_elem(&pod_budgets, &id); /* the pod is gone */
 	else if (pod_id != 0)
 		budget__release(pod_id);
 	return 0;
+}
+
+SEC("tp_btf/cgroup_rmdir")
+int BPF_PROG(cgroup_rmdir, struct cgroup *cgrp, const char *path)
+{
+	return cgroup__rmdir(cgrp, path, true);
+}
+
+SEC("tp_btf/cgroup_rmdir")
+int BPF_PROG(cgroup_rmdir_untimed, struct cgroup *cgrp, const char *path)
+{
+	return cgroup__rmdir(cgrp, path, false);
 }
 
 /*
@@ -474,9 +598,8 @@ static __always_inline bool exec__parent_in_same_cgroup(struct task_struct *task
 	return BPF_CORE_READ(task, real_parent, cgroups, dfl_cgrp, kn, id) == cgid;
 }
 
-SEC("tp_btf/sched_process_exec")
-int BPF_PROG(sched_process_exec, struct task_struct *task, pid_t old_pid,
-	     struct linux_binprm *bprm)
+static __always_inline int process__exec(struct task_struct *task, struct linux_binprm *bprm,
+					 bool timers)
 {
 	__u64 cgid = bpf_get_current_cgroup_id();
 	struct kpleg_tracked_cgroup *t = bpf_map_lookup_elem(&tracked_cgroups, &cgid);
@@ -528,8 +651,22 @@ int BPF_PROG(sched_process_exec, struct task_struct *task, pid_t old_pid,
 		helper__failed(KPLEG_PROG_EXEC, err);
 		e->filename[0] = '\0';
 	}
-	event__submit(e, true);
+	event__submit_within(e, exec_wake_after_ns, timers);
 	return 0;
+}
+
+SEC("tp_btf/sched_process_exec")
+int BPF_PROG(sched_process_exec, struct task_struct *task, pid_t old_pid,
+	     struct linux_binprm *bprm)
+{
+	return process__exec(task, bprm, true);
+}
+
+SEC("tp_btf/sched_process_exec")
+int BPF_PROG(sched_process_exec_untimed, struct task_struct *task, pid_t old_pid,
+	     struct linux_binprm *bprm)
+{
+	return process__exec(task, bprm, false);
 }
 
 SEC("tp_btf/sched_process_exit")

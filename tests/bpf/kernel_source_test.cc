@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <fcntl.h>
 #include <sys/prctl.h>
+#include <sys/utsname.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,6 +17,7 @@
 #include <algorithm>
 #include <thread>
 #include <csignal>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -784,6 +786,92 @@ TEST_F(KernelSourceTest, AnExitWakesNobodyWhileExitWakeupIsOffAndIsReadWithTheRm
   ASSERT_TRUE(ctr.ok());
   ASSERT_TRUE(run_in_cgroup(ctr->path(), {"/bin/sh", "-c", "exit 3"}).ok());
   ASSERT_TRUE(wait_kinds(ctr->id(), {"cgroup_mkdir", "exec", "exit"}));
+}
+
+// Whether the running kernel is at least major.minor (uname's release).
+bool kernel_at_least(int major, int minor) {
+  utsname u{};
+  if (uname(&u) != 0) return false;
+  int ma = 0, mi = 0;
+  if (std::sscanf(u.release, "%d.%d", &ma, &mi) != 2) return false;
+  return ma > major || (ma == major && mi >= minor);
+}
+
+// With a wake-after (the tracker's learned lag, kpleg.bpf.c: the wake timer), a container's exec
+// and its cgroup's rmdir wake nobody when they are made: their records are read when the wake
+// timer fires, that long after them (or with anything that wakes the reader before). Set back to
+// 0, the exec wakes the reader at once again.
+TEST_F(KernelSourceTest, AnExecAndAnRmdirWakeTheReaderWhenTheirWakeAfterIsUp) {
+  start();
+  auto* program = source_->program();
+  ASSERT_EQ(program->wake_timer(), kernel_at_least(5, 15))
+      << "the programs with the wake timer load where the kernel has bpf_timer (5.15+)";
+  if (!program->wake_timer()) return;  // the twins without it: checked in the next test
+  constexpr auto kAfter = 1500ms;
+  program->set_wake_after(kAfter, kAfter);
+  EXPECT_EQ(program->wake_after(), std::make_pair(std::chrono::nanoseconds(kAfter),
+                                                  std::chrono::nanoseconds(kAfter)));
+  bool seen_asleep = false;
+  for (int attempt = 0; attempt < 5 && !seen_asleep; ++attempt) {
+    auto ctr = make_tree(container_path(char('a' + attempt)));
+    ASSERT_TRUE(ctr.ok());
+    auto pid = spawn_in_cgroup(ctr->path(), {"/bin/sleep", "30"});
+    ASSERT_TRUE(pid.ok());
+    // The absence is the behaviour under test: give a woken reader ample time to read. Any
+    // other tracked cgroup on this machine may wake the reader meanwhile: a try is then
+    // inconclusive, and made again.
+    std::this_thread::sleep_for(300ms);
+    const bool exec_asleep = collector_.for_cgroups({ctr->id()}).empty();
+    // Nothing else need wake it: the timer does.
+    ASSERT_TRUE(wait_kinds(ctr->id(), {"cgroup_mkdir", "exec"}));
+    kill(*pid, SIGKILL);
+    ASSERT_TRUE(wait_child(*pid).ok());
+    ASSERT_TRUE(wait_kinds(ctr->id(), {"cgroup_mkdir", "exec", "exit"}));  // the exit wakes
+    ASSERT_TRUE(ctr->remove().ok());
+    std::this_thread::sleep_for(300ms);
+    const bool rmdir_asleep = collector_.for_cgroups({ctr->id()}).size() == 3;
+    ASSERT_TRUE(wait_kinds(ctr->id(), {"cgroup_mkdir", "exec", "exit", "cgroup_rmdir"}));
+    EXPECT_EQ(kinds_of(collector_.for_cgroups({ctr->id()})),
+              (std::vector<std::string>{"cgroup_mkdir", "exec", "exit", "cgroup_rmdir"}));
+    seen_asleep = exec_asleep && rmdir_asleep;
+  }
+  EXPECT_TRUE(seen_asleep) << "in 5 tries, the exec or the rmdir (or another cgroup) woke the "
+                              "reader before its wake-after every time";
+
+  // Back to 0: the exec wakes the reader when it is made.
+  program->set_wake_after(0ms, 0ms);
+  auto ctr = make_tree(container_path('f'));
+  ASSERT_TRUE(ctr.ok());
+  auto pid = spawn_in_cgroup(ctr->path(), {"/bin/sleep", "30"});
+  ASSERT_TRUE(pid.ok());
+  EXPECT_TRUE(collector_.wait_for(
+      [&](const auto& evs) { return kinds_of(filter_cgroups(evs, {ctr->id()})).size() >= 2; },
+      300ms));
+  kill(*pid, SIGKILL);
+  ASSERT_TRUE(wait_child(*pid).ok());
+}
+
+// Loaded without the wake timer (BpfOptions::wake_timer off, or a kernel before 5.15), the
+// programs' twins make records that wake the reader at once, whatever the wake-after.
+TEST_F(KernelSourceTest, WithoutTheWakeTimerAnExecWakesTheReaderAtOnce) {
+  KernelSourceOptions opts;
+  opts.bpf.wake_timer = false;
+  start(opts);
+  auto* program = source_->program();
+  ASSERT_FALSE(program->wake_timer());
+  program->set_wake_after(1500ms, 1500ms);
+  auto ctr = make_tree(container_path('a'));
+  ASSERT_TRUE(ctr.ok());
+  auto pid = spawn_in_cgroup(ctr->path(), {"/bin/sleep", "30"});
+  ASSERT_TRUE(pid.ok());
+  EXPECT_TRUE(collector_.wait_for(
+      [&](const auto& evs) { return kinds_of(filter_cgroups(evs, {ctr->id()})).size() >= 2; },
+      300ms))
+      << "the exec's record waited";
+  kill(*pid, SIGKILL);
+  ASSERT_TRUE(wait_child(*pid).ok());
+  ASSERT_TRUE(ctr->remove().ok());
+  ASSERT_TRUE(wait_kinds(ctr->id(), {"cgroup_mkdir", "exec", "exit", "cgroup_rmdir"}));
 }
 
 TEST_F(KernelSourceTest, ForkedChildrenThatExecAddNoLifecycleEvents) {

@@ -12,6 +12,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -106,6 +107,45 @@ TEST(EventLoopTest, ATimerWakeupIsCountedForTheTimerTheTimerfdWasSetFor) {
   EXPECT_EQ(woken_by.count("waiting timer"), 0u);
   EXPECT_EQ(woken_by.count("punctual timer"), 1u);
   loop.stop();
+}
+
+// The task set with set_first_at_wakeup runs first at every wakeup, whatever woke the loop: a
+// ring buffer whose records do not all wake it is read before what they come before.
+TEST(EventLoopTest, TheFirstAtWakeupRunsBeforeWhatWokeTheLoop) {
+  EventLoop loop;
+  std::vector<std::string> order;  // the loop's own
+  int pipe_fds[2];
+  ASSERT_EQ(pipe2(pipe_fds, O_NONBLOCK | O_CLOEXEC), 0);
+  loop.set_first_at_wakeup([&] { order.push_back("first"); });
+  loop.start("test-loop");
+  loop.call([&] {
+    loop.watch(pipe_fds[0], EPOLLIN, [&](uint32_t) {
+      char c;
+      while (read(pipe_fds[0], &c, 1) == 1) {
+      }
+      order.push_back("pipe");
+    }, "the pipe");
+    loop.at(Clock::now() + 5ms, [&] { order.push_back("timer"); }, "timer");
+  });
+  // (Each look is a message: a wakeup too, with a "first" of its own.)
+  auto seen_once = [&](const char* what) {
+    return loop.call([&] { return std::count(order.begin(), order.end(), what) == 1; });
+  };
+  ASSERT_TRUE(testing::eventually([&] { return seen_once("timer"); }, 2s));
+  ASSERT_EQ(write(pipe_fds[1], "x", 1), 1);
+  ASSERT_TRUE(testing::eventually([&] { return seen_once("pipe"); }, 2s));
+  const auto seen = loop.call([&] { return order; });
+  // Each of the timer and the pipe came right after a "first" of its own wakeup.
+  for (const char* what : {"timer", "pipe"}) {
+    const auto it = std::find(seen.begin(), seen.end(), what);
+    ASSERT_NE(it, seen.end());
+    ASSERT_NE(it, seen.begin());
+    EXPECT_EQ(*(it - 1), "first") << what;
+  }
+  loop.call([&] { loop.unwatch(pipe_fds[0]); });
+  loop.stop();
+  close(pipe_fds[0]);
+  close(pipe_fds[1]);
 }
 
 TEST(EventLoopTest, CountsWhatWokeItByCause) {

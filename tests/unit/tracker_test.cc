@@ -1747,6 +1747,46 @@ TEST_F(TrackerTest, ExitsStopWakingOnceTheRmdirAlwaysComesFirstAndWakeAgainWhenO
   EXPECT_EQ(tracker_->stats().corrections_total(), 0u);
 }
 
+// The kernel side holds an exec's and an rmdir's record back until the loop would act on it
+// (kpleg.bpf.c: the wake timer): the tracker hands it the lags it learned for their first looks,
+// at once and whenever they change.
+TEST_F(TrackerTest, TheLearnedLagsAreHandedOnAsTheRecordsWakeAfter) {
+  restart_tracker({});
+  std::mutex mu;
+  std::vector<std::pair<std::chrono::milliseconds, std::chrono::milliseconds>> set;
+  tracker_->set_wake_after([&](std::chrono::milliseconds exec, std::chrono::milliseconds rmdir) {
+    std::lock_guard lk(mu);
+    set.emplace_back(exec, rmdir);
+  });
+  auto last = [&] {
+    std::lock_guard lk(mu);
+    return set.empty() ? std::make_pair(-1ms, -1ms) : set.back();
+  };
+  EXPECT_EQ(last(), std::make_pair(0ms, 0ms)) << "nothing learned: at once";
+  // The runtime reports each start 20 ms after the kernel's exec, and each death 20 ms after
+  // the cgroup's rmdir.
+  for (int i = 0; i < 10; ++i) {
+    auto id = create("app-" + std::to_string(i));
+    kernel_exec(id);
+    std::this_thread::sleep_for(20ms);  // the runtime's lag, not a synchronisation
+    ASSERT_TRUE(cri_.start_container(id).ok());
+    ASSERT_TRUE(wait_types(id, {"ContainerStarted"}));
+    kernel_exit(id, 0);
+    kernel_rmdir(cgroup_of(id));
+    std::this_thread::sleep_for(20ms);
+    ASSERT_TRUE(cri_.exit_container(id, 0).ok());
+    ASSERT_TRUE(wait_types(id, {"ContainerStarted", "ContainerDied"}));
+  }
+  const auto [exec, rmdir] = last();
+  EXPECT_GE(exec, 10ms);
+  EXPECT_LE(exec, 100ms);
+  EXPECT_GE(rmdir, 10ms);
+  EXPECT_LE(rmdir, 100ms);
+  std::lock_guard lk(mu);
+  for (size_t i = 1; i < set.size(); ++i)
+    EXPECT_NE(set[i], set[i - 1]) << "handed on only when it changed";
+}
+
 // Without a switch (relist fallback, a kernel source that cannot), nothing is learned.
 TEST_F(TrackerTest, ExitsAlwaysWakeWithoutASwitch) {
   restart_tracker({});

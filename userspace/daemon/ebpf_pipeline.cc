@@ -130,9 +130,18 @@ Status EbpfPipeline::start() {
   if (auto st = kernel_.start(sink()); !st) return st;
   // The index is seeded after the kernel source attached, so that no mkdir falls between.
   if (auto st = index_.seed(kernel_.stats().cgroup2_mount); !st) return st;
-  tracker_.watch(kernel_.ring_fd(), [this] { kernel_.consume(); }, "ring buffer");
-  if (auto* program = kernel_.program(); program != nullptr)
+  // Read first at every wakeup too: an exec's or an rmdir's record may wake nobody until the
+  // wake timer (kernel::BpfProgram::set_wake_after), and comes before what woke the loop.
+  tracker_.watch(kernel_.ring_fd(), [this] { kernel_.consume(); }, "ring buffer", true);
+  if (auto* program = kernel_.program(); program != nullptr) {
     tracker_.set_exit_wakeup([program](bool wake) { program->set_exit_wakeup(wake); });
+    if (program->wake_timer()) {
+      tracker_.set_wake_after([program](std::chrono::milliseconds exec,
+                                        std::chrono::milliseconds rmdir) {
+        program->set_wake_after(exec, rmdir);
+      });
+    }
+  }
   // Nothing fails after this (no fallback leaves it behind), and before the initial sync, so
   // that the exited containers it finds are armed.
   start_removal_hints();

@@ -1,12 +1,14 @@
 #include "kernel/bpf_program.h"
 
 #include <bpf/bpf.h>
+#include <bpf/btf.h>
 #include <bpf/libbpf.h>
 #include <spdlog/spdlog.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdarg>
 #include <cstring>
@@ -95,9 +97,43 @@ Status validate(const BpfOptions& opts) {
   return {};
 }
 
+namespace {
+
+// Whether the kernel whose BTF libbpf loads against has bpf_timer (Linux 5.15+): its helpers are
+// named in the BTF's enum bpf_func_id. No BTF to read: assumed not (the load then fails anyway).
+bool kernel_has_bpf_timer(const std::string& btf_path) {
+  btf* b = btf_path.empty() ? btf__load_vmlinux_btf() : btf__parse(btf_path.c_str(), nullptr);
+  if (libbpf_get_error(b) != 0 || b == nullptr) return false;
+  bool found = false;
+  const int id = btf__find_by_name_kind(b, "bpf_func_id", BTF_KIND_ENUM);
+  if (id > 0) {
+    const btf_type* t = btf__type_by_id(b, id);
+    const struct btf_enum* e = btf_enum(t);
+    for (int i = 0; i < btf_vlen(t) && !found; ++i)
+      found = std::strcmp(btf__name_by_offset(b, e[i].name_off), "BPF_FUNC_timer_start") == 0;
+  }
+  btf__free(b);
+  return found;
+}
+
+}  // namespace
+
 Result<std::unique_ptr<BpfProgram>> BpfProgram::load(const BpfOptions& opts) {
   if (auto st = validate(opts); !st) return st.error();
+  if (opts.wake_timer && kernel_has_bpf_timer(opts.btf_path)) {
+    auto timed = open_and_load(opts, true);
+    if (timed.ok()) return timed;
+    // A kernel that names the helpers but refuses them here (a backport, a lockdown): the
+    // programs without the wake timer, whose records wake the reader at once.
+    spdlog::warn("loading the BPF programs with the wake timer failed ({}); loading them "
+                 "without it: the exec's and the rmdir's records wake kplegd at once",
+                 timed.error().message.substr(0, timed.error().message.find('\n')));
+  }
+  return open_and_load(opts, false);
+}
 
+Result<std::unique_ptr<BpfProgram>> BpfProgram::open_and_load(const BpfOptions& opts,
+                                                              bool timers) {
   LIBBPF_OPTS(bpf_object_open_opts, open_opts);
   if (!opts.btf_path.empty()) open_opts.btf_custom_path = opts.btf_path.c_str();
 
@@ -106,7 +142,7 @@ Result<std::unique_ptr<BpfProgram>> BpfProgram::load(const BpfOptions& opts) {
     int err = errno;
     return Error{err, std::string("opening the BPF object failed: ") + std::strerror(err)};
   }
-  auto owner = std::unique_ptr<BpfProgram>(new BpfProgram(skel, opts.removal_hint));
+  auto owner = std::unique_ptr<BpfProgram>(new BpfProgram(skel, opts.removal_hint, timers));
 
   if (skel->rodata->kpleg_abi_version != KPLEG_ABI_VERSION) {
     return Error{EPROTO, "BPF object ABI version " +
@@ -143,6 +179,12 @@ Result<std::unique_ptr<BpfProgram>> BpfProgram::load(const BpfOptions& opts) {
   }
   bpf_program__set_autoattach(skel->progs.removal_hint_unlinkat, false);
   bpf_program__set_autoattach(skel->progs.removal_hint_rmdir, false);
+  // One of each pair of the exec's and the rmdir's programs (kpleg.bpf.c: the wake timer).
+  bpf_program__set_autoload(skel->progs.sched_process_exec_untimed, !timers);
+  bpf_program__set_autoload(skel->progs.cgroup_rmdir_untimed, !timers);
+  bpf_program__set_autoload(skel->progs.sched_process_exec, timers);
+  bpf_program__set_autoload(skel->progs.cgroup_rmdir, timers);
+  if (!timers) bpf_map__set_autocreate(skel->maps.wake_timers, false);
 
   if (int err = kpleg_bpf__load(skel); err) {
     err = -err;
@@ -203,6 +245,17 @@ void BpfProgram::set_exit_wakeup(bool wake) {
 
 bool BpfProgram::exit_wakeup() const {
   return __atomic_load_n(&skel_->data->exit_wakes, __ATOMIC_RELAXED) != 0;
+}
+
+void BpfProgram::set_wake_after(std::chrono::nanoseconds exec, std::chrono::nanoseconds rmdir) {
+  auto ns = [](std::chrono::nanoseconds d) { return uint64_t(std::max<int64_t>(0, d.count())); };
+  __atomic_store_n(&skel_->bss->exec_wake_after_ns, ns(exec), __ATOMIC_RELAXED);
+  __atomic_store_n(&skel_->bss->rmdir_wake_after_ns, ns(rmdir), __ATOMIC_RELAXED);
+}
+
+std::pair<std::chrono::nanoseconds, std::chrono::nanoseconds> BpfProgram::wake_after() const {
+  return {std::chrono::nanoseconds(__atomic_load_n(&skel_->bss->exec_wake_after_ns, __ATOMIC_RELAXED)),
+          std::chrono::nanoseconds(__atomic_load_n(&skel_->bss->rmdir_wake_after_ns, __ATOMIC_RELAXED))};
 }
 
 bool BpfProgram::watch_removal(const std::string& id) {

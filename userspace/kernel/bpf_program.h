@@ -41,6 +41,10 @@ struct BpfOptions {
   // default: while any syscall tracepoint is attached, every syscall of every process on the
   // node takes the kernel's traced entry path, whatever the program does (docs/design.md).
   bool removal_hint = false;
+  // Load the exec's and the rmdir's programs with the wake timer where the kernel has bpf_timer
+  // (5.15+), so that their records can wait to wake the reader (BpfProgram::set_wake_after).
+  // Off: the programs without it, whose records wake the reader at once.
+  bool wake_timer = true;
 };
 
 // Per-CPU counters of the BPF side, summed over CPUs.
@@ -109,6 +113,15 @@ class BpfProgram {
   void set_exit_wakeup(bool wake);
   bool exit_wakeup() const;
 
+  // Whether the exec's and the rmdir's records may wake the reader later than they are made
+  // (kpleg.bpf.c: the wake timer; kernels with bpf_timer, 5.15+). Without it they wake at once.
+  bool wake_timer() const { return timers_; }
+  // How long after it is made the next exec's, and rmdir's, record wakes the reader at the
+  // latest (0: at once; on at load). It is read with anything else that wakes the reader before.
+  // Without the wake timer the values are kept and change nothing.
+  void set_wake_after(std::chrono::nanoseconds exec, std::chrono::nanoseconds rmdir);
+  std::pair<std::chrono::nanoseconds, std::chrono::nanoseconds> wake_after() const;
+
   int ringbuf_fd() const;
   int tracked_map_fd() const;
 
@@ -140,11 +153,14 @@ class BpfProgram {
   std::vector<ProgramStats> program_stats() const;
 
  private:
-  BpfProgram(kpleg_bpf* skel, bool removal_hint) : skel_(skel), removal_hint_(removal_hint) {}
+  BpfProgram(kpleg_bpf* skel, bool removal_hint, bool timers)
+      : skel_(skel), removal_hint_(removal_hint), timers_(timers) {}
+  static Result<std::unique_ptr<BpfProgram>> open_and_load(const BpfOptions& opts, bool timers);
   bool attach_oom();
   bool attach_removal_hint();
   kpleg_bpf* skel_;
   bool removal_hint_;
+  bool timers_;
   bool oom_attached_ = false;
   bool removal_hints_attached_ = false;
 };

@@ -10,7 +10,7 @@ namespace kpleg::pleg {
 using std::chrono::milliseconds;
 
 void Confirmer::on_signal(const std::string& id, const std::string& pod_uid, Signal signal,
-                          uint64_t ts_ns) {
+                          uint64_t ts_ns, Clock::time_point signal_at) {
   Record& rec = core_.table().at(id, pod_uid);
   if (spdlog::should_log(spdlog::level::trace)) {
     static constexpr const char* kNames[] = {"exec", "exit", "exit (OOM)", "rmdir"};
@@ -36,7 +36,7 @@ void Confirmer::on_signal(const std::string& id, const std::string& pod_uid, Sig
     case Signal::kExit:
     case Signal::kExitOom:
       rec.kernel_exit_ts = ts_ns;
-      rec.exit_signal_at = Clock::now();
+      rec.exit_signal_at = signal_at;
       // The Died event says OOMKilled unless the runtime gives another reason than Error.
       if (signal == Signal::kExitOom) rec.oom_killed = true;
       anchor = Anchor::kExit;
@@ -47,16 +47,17 @@ void Confirmer::on_signal(const std::string& id, const std::string& pod_uid, Sig
       // (waiting for its first look, retrying, or backing off past its budget).
       if (rank(rec.reported) >= rank(ContainerState::kExited)) return;
       if (rec.kernel_exit_ts == 0) rec.kernel_exit_ts = ts_ns;
+      rec.rmdir_signal_at = signal_at;
       anchor = Anchor::kRmdir;
       break;
   }
   Events out;
-  start_chain(rec, pod_uid, anchor, out);
+  start_chain(rec, pod_uid, anchor, signal_at, out);
   core_.publish(out);
 }
 
 void Confirmer::start_chain(Record& rec, const std::string& pod_uid, Anchor anchor,
-                            Events& out) {
+                            Clock::time_point signal_at, Events& out) {
   uint32_t chain = 0;
   if (anchor != Anchor::kExec) {
     chain = ++rec.death_chain;
@@ -78,16 +79,18 @@ void Confirmer::start_chain(Record& rec, const std::string& pod_uid, Anchor anch
   ++rec.pending;
   const Clock::duration first = first_look(anchor, core_.table().likely_sandbox(rec));
   Look look{rec.identity.id, anchor, chain, core_.opts().confirm_retry_first,
-            now + core_.opts().confirm_budget, now, Clock::duration(-1)};
+            signal_at + core_.opts().confirm_budget, signal_at, Clock::duration(-1)};
   (void)pod_uid;
   if (core_.runtime_events_live()) {
-    // The runtime's event is the confirmation; a look only for an event late or lost.
-    awaiting_.push_back({std::move(look), now + first});
+    // The runtime's event is the confirmation; a look only for an event late or lost. (The
+    // record is read at the event's usual lag after the signal, or with the event itself: an
+    // event that came meanwhile is read at the loop's next turn, without a sleep.)
+    awaiting_.push_back({std::move(look), signal_at + first});
     core_.read_events(false);  // the stream may be holding off
-    schedule_check(now + first + core_.opts().runtime_event_grace);
+    schedule_check(signal_at + first + core_.opts().runtime_event_grace);
     return;
   }
-  schedule(look, now + first);
+  schedule(look, signal_at + first);
 }
 
 void Confirmer::schedule(const Look& look, Clock::time_point at, bool unanswered) {
@@ -228,6 +231,7 @@ void Confirmer::on_answer(const Look& look, Clock::duration look_at, bool known,
     learner(Anchor::kExit, obs->sandbox)
         .found_by_other(std::chrono::duration_cast<milliseconds>(now - rec.exit_signal_at));
   }
+  publish_wake_after();
   Events out;
   if (core_.advance(rec, obs->state, obs->snapshot, EventSource::kKernel, false, out) > 0)
     ++core_.stats().confirmations;

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -27,11 +28,15 @@ class Confirmer {
  public:
   // kExitOom: the init's exit, killed by the OOM killer (read off the init itself).
   enum class Signal { kExec, kExit, kExitOom, kRmdir };
+  using Clock = std::chrono::steady_clock;
 
   explicit Confirmer(TrackerCore& core) : core_(core) {}
 
-  // A kernel signal for container/sandbox `id` of pod `pod_uid` at `ts_ns` (realtime).
-  void on_signal(const std::string& id, const std::string& pod_uid, Signal signal, uint64_t ts_ns);
+  // A kernel signal for container/sandbox `id` of pod `pod_uid` at `ts_ns` (realtime), made at
+  // `signal_at` (the loop's clock): its looks go a learned lag after that, however late its
+  // record was read.
+  void on_signal(const std::string& id, const std::string& pod_uid, Signal signal, uint64_t ts_ns,
+                 Clock::time_point signal_at);
 
   // What the runtime's event stream said of container/sandbox `id` (runtime_events.h): taken
   // like a look's answer, for a record the tracker holds; the looks of the signals it settles
@@ -46,8 +51,13 @@ class Confirmer {
   ExitWakeup& exit_wakeup() { return exit_wakeup_; }
   const ExitWakeup& exit_wakeup() const { return exit_wakeup_; }
 
- private:
-  using Clock = std::chrono::steady_clock;
+  // How long after an exec, and after a cgroup's rmdir, their records must wake the loop at the
+  // latest (kernel::BpfProgram::set_wake_after): when the loop would act on them if nothing else
+  // woke it first, the chain's first look (or, while the runtime's event stream is live, when
+  // its event is usually there: the learners learn that from the events). Set through `set` at
+  // once and whenever it changes; called on the loop.
+  using WakeAfter = std::function<void(std::chrono::milliseconds exec, std::chrono::milliseconds rmdir)>;
+  void set_wake_after(WakeAfter set);
   enum class Want { kRunning, kExited };
   // What a chain of looks waits after: the first exec, the init's exit, the cgroup's rmdir.
   // A death has two: the runtime records it after it removed the cgroup (runc delete), and the
@@ -78,7 +88,8 @@ class Confirmer {
   void on_answer(const Look& look, Clock::duration look_at, bool known, Result<Observation> obs);
   // Starts a new chain: its first look, or, while the runtime's event stream is live, a wait
   // for its event. An early report (see early_) that settles the chain is applied into `out`.
-  void start_chain(Record& rec, const std::string& pod_uid, Anchor anchor, Events& out);
+  void start_chain(Record& rec, const std::string& pod_uid, Anchor anchor,
+                   Clock::time_point signal_at, Events& out);
   // Sets the timer of `look` at `at` (kept on the record for a death's chain, which a later
   // chain cancels). `unanswered`: the look before it got no answer (see unanswered_).
   void schedule(const Look& look, Clock::time_point at, bool unanswered = false);
@@ -117,6 +128,8 @@ class Confirmer {
   }
   // The learners learn when the runtime's event had what a pending signal waits for.
   void learn_from_report(const Record& rec, const Observation& obs);
+  // Hands the first looks' lags on to wake_after_, when they changed.
+  void publish_wake_after();
   // How long after an init's exit its chain's first look goes (the learned lag, and the wait
   // for the runtime's event while its stream is live).
   Clock::duration exit_look_after(bool sandbox);
@@ -142,6 +155,8 @@ class Confirmer {
   LagLearner lag_[3][2];
   LogLimiter late_log_{std::chrono::seconds(10)};
   ExitWakeup exit_wakeup_;
+  WakeAfter wake_after_;
+  std::optional<std::pair<std::chrono::milliseconds, std::chrono::milliseconds>> wake_after_set_;
   std::deque<Awaiting> awaiting_;
   std::optional<Clock::time_point> check_due_;
   TrackerCore::TimerId check_timer_ = 0;

@@ -114,11 +114,33 @@ void Confirmer::learn_from_report(const Record& rec, const Observation& obs) {
       now_ns > rec.kernel_start_ts) {
     learner(Anchor::kExec, obs.sandbox)
         .found_by_other(milliseconds((now_ns - rec.kernel_start_ts) / 1'000'000));
-  } else if (obs.state == ContainerState::kExited && rec.exit_signal_at != Clock::time_point{}) {
-    learner(Anchor::kExit, obs.sandbox)
-        .found_by_other(
-            std::chrono::duration_cast<milliseconds>(Clock::now() - rec.exit_signal_at));
+  } else if (obs.state == ContainerState::kExited) {
+    const auto now = Clock::now();
+    if (rec.exit_signal_at != Clock::time_point{})
+      learner(Anchor::kExit, obs.sandbox)
+          .found_by_other(std::chrono::duration_cast<milliseconds>(now - rec.exit_signal_at));
+    // The rmdir's too: its record then wakes the loop when the event is usually there.
+    if (rec.rmdir_signal_at != Clock::time_point{})
+      learner(Anchor::kRmdir, obs.sandbox)
+          .found_by_other(std::chrono::duration_cast<milliseconds>(now - rec.rmdir_signal_at));
   }
+  publish_wake_after();
+}
+
+void Confirmer::set_wake_after(WakeAfter set) {
+  wake_after_ = std::move(set);
+  wake_after_set_.reset();
+  publish_wake_after();
+}
+
+void Confirmer::publish_wake_after() {
+  if (!wake_after_) return;
+  // A sandbox's chain looks with the containers' lag until its own learner learned one.
+  auto lag = [this](Anchor a) { return std::min(first_look(a, false), first_look(a, true)); };
+  const std::pair values{lag(Anchor::kExec), lag(Anchor::kRmdir)};
+  if (wake_after_set_ == values) return;
+  wake_after_set_ = values;
+  wake_after_(values.first, values.second);
 }
 
 void Confirmer::on_report(const Observation& obs) {

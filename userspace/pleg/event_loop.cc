@@ -198,6 +198,7 @@ void EventLoop::run() {
     wakeups_.fetch_add(1, std::memory_order_relaxed);
     in_batch_ = true;
     bool messages = false, timers = false;
+    if (first_at_wakeup_) first_at_wakeup_();
     for (int i = 0; i < n; ++i) {
       const int fd = out[i].data.fd;
       if (fd == message_fd_) {

@@ -92,6 +92,11 @@ class EventLoop final : public cri::Reactor {
              const char* what = "other") override;
   void modify(int fd, uint32_t events) override;
   void unwatch(int fd) override;
+  // On the loop's thread (or before start()): `first` runs at every wakeup before what woke the
+  // loop is handled: for a source whose records do not all wake the loop (the BPF ring buffer,
+  // whose exec and rmdir records wait for the wake timer or for whatever wakes the loop first),
+  // so that they are read before what they come before (the runtime's answer or event).
+  void set_first_at_wakeup(Task first) { first_at_wakeup_ = std::move(first); }
 
   // Times the loop's thread woke (out of epoll_wait), for tests and benchmarks.
   uint64_t wakeups() const { return wakeups_.load(std::memory_order_relaxed); }
@@ -152,6 +157,7 @@ class EventLoop final : public cri::Reactor {
   };
   std::unordered_map<int, Watched> watched_;
   std::map<std::string, uint64_t, std::less<>> woken_by_;
+  Task first_at_wakeup_;
 };
 
 }  // namespace kpleg::pleg

@@ -78,6 +78,10 @@ void Tracker::set_cgroup_parents(cgroup::CgroupIndex::ParentOf parent_of) {
   loop_.call([&] { parent_of_ = std::move(parent_of); });
 }
 
+void Tracker::set_wake_after(Confirmer::WakeAfter set) {
+  loop_.call([&] { confirmer_.set_wake_after(std::move(set)); });
+}
+
 void Tracker::set_exit_wakeup(std::function<void(bool wake)> set) {
   loop_.call([&] {
     confirmer_.exit_wakeup().set_switch([set = std::move(set)](bool wake) {
@@ -102,8 +106,10 @@ void Tracker::on_removal_hint(const std::string& id) {
   loop_.post([this, id] { removal_.on_hint(id); });
 }
 
-void Tracker::watch(int fd, std::function<void()> on_readable, const char* what) {
+void Tracker::watch(int fd, std::function<void()> on_readable, const char* what,
+                    bool first_at_wakeup) {
   loop_.call([&] {
+    if (first_at_wakeup) loop_.set_first_at_wakeup(on_readable);
     loop_.watch(fd, EPOLLIN, [f = std::move(on_readable)](uint32_t) { f(); }, what);
   });
 }
@@ -165,7 +171,15 @@ void Tracker::handle(const kernel::KernelEvent& ev) {
     signal = Confirmer::Signal::kRmdir;
   }
   confirmer_.on_signal(entry->identity.container_id, entry->identity.pod_uid, signal,
-                       kernel::monotonic_to_realtime_ns(ev.ktime_ns));
+                       kernel::monotonic_to_realtime_ns(ev.ktime_ns), made_at(ev.ktime_ns));
+}
+
+Confirmer::Clock::time_point Tracker::made_at(uint64_t ktime_ns) {
+  // The BPF programs' clock (CLOCK_MONOTONIC) is the loop's (steady_clock on Linux). A time in
+  // the future, or older than kTrustedAge, is not one of theirs (a record made up by hand): now.
+  const auto now = Confirmer::Clock::now();
+  const Confirmer::Clock::time_point at{std::chrono::nanoseconds(ktime_ns)};
+  return at <= now && now - at <= kTrustedAge ? at : now;
 }
 
 std::optional<cgroup::CgroupIndex::Entry> Tracker::entry_of(const kernel::KernelEvent& ev) {

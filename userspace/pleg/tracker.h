@@ -63,8 +63,11 @@ class Tracker {
   // Reads `fd` on the loop: `on_readable` runs on the loop's thread whenever it is readable
   // (the kernel source's ring buffer, consumed without a thread of its own; the events it hands
   // to on_kernel_event are then handled at once). The descriptor stays registered until
-  // stop(), which is to come before `fd` is closed.
-  void watch(int fd, std::function<void()> on_readable, const char* what = "other");
+  // stop(), which is to come before `fd` is closed. `first_at_wakeup`: it also runs first at
+  // every wakeup of the loop (EventLoop::set_first_at_wakeup), for a ring buffer whose records
+  // do not all wake the loop.
+  void watch(int fd, std::function<void()> on_readable, const char* what = "other",
+             bool first_at_wakeup = false);
   // Runs `f` with the loop on the loop's thread and returns what it returns (at once on that
   // thread, and on the caller's once the tracker has stopped): a component that lives on the
   // loop, its descriptors and timers there (the removal hint's inotify watch,
@@ -80,6 +83,10 @@ class Tracker {
   // Switches whether an init's exit wakes the loop (exit_wakeup.h: kernel::BpfProgram::
   // set_exit_wakeup), as learned; called on the loop. Unset: exits always wake.
   void set_exit_wakeup(std::function<void(bool wake)> set);
+  // How long after an exec, and after a cgroup's rmdir, their records must wake the loop at the
+  // latest (Confirmer::set_wake_after: kernel::BpfProgram::set_wake_after); called on the loop,
+  // at once and as the lags are learned. Unset: records wake the loop when they are made.
+  void set_wake_after(Confirmer::WakeAfter set);
 
   // An event of the runtime's GetContainerEvents stream (runtime_events.h), from its thread:
   // the runtime's confirmation of what the kernel signalled, without a look.
@@ -120,6 +127,9 @@ class Tracker {
   void take_runtime_event(const std::optional<Observation>& report);
   // The index entry of an event's cgroup; resolves one the index missed (a lost mkdir record).
   std::optional<cgroup::CgroupIndex::Entry> entry_of(const kernel::KernelEvent& ev);
+  // When a kernel record was made, on the loop's clock (its looks count from then).
+  static Confirmer::Clock::time_point made_at(uint64_t ktime_ns);
+  static constexpr std::chrono::seconds kTrustedAge{10};
 
   cgroup::CgroupIndex& index_;
   cgroup::CgroupIndex::ParentOf parent_of_;
