@@ -135,9 +135,10 @@ void Confirmer::set_wake_after(WakeAfter set) {
 
 void Confirmer::publish_wake_after() {
   if (!wake_after_) return;
-  // A sandbox's chain looks with the containers' lag until its own learner learned one.
-  auto lag = [this](Anchor a) { return std::min(first_look(a, false), first_look(a, true)); };
-  const std::pair values{lag(Anchor::kExec), lag(Anchor::kRmdir)};
+  // The containers' lags: sandboxes start and die far less often, and their learners learn
+  // from a few samples (a sandbox's record woken for early or late costs one wakeup more, not a
+  // later event: its look goes at its own lag).
+  const std::pair values{first_look(Anchor::kExec, false), first_look(Anchor::kRmdir, false)};
   if (wake_after_set_ == values) return;
   wake_after_set_ = values;
   wake_after_(values.first, values.second);
