@@ -94,6 +94,9 @@ void expect_same_observation(const v1::ContainerEventResponse& full, std::string
   EXPECT_EQ(x.snapshot.exit_code, y.snapshot.exit_code);
   EXPECT_EQ(x.snapshot.reason, y.snapshot.reason);
   EXPECT_EQ(x.snapshot.message, y.snapshot.message);
+  // When the runtime sent it: what the learned lags count to (Confirmer::learn_from_report).
+  EXPECT_EQ(x.reported_at_ns, full.created_at());
+  EXPECT_EQ(y.reported_at_ns, full.created_at());
 }
 
 TEST(EventDecoderTest, EveryKindOfEventSaysWhatTheGeneratedParserSays) {

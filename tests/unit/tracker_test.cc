@@ -1389,6 +1389,46 @@ TEST_F(RuntimeEventsTrackerTest, AnEventThatSettlesTheLastAwaitedSignalSparesThe
   EXPECT_EQ(calls(), before) << "a look for a signal its event had settled";
 }
 
+// The lags the records wait for (set_wake_after) are learned from when the runtime sent its
+// events, not from when they were read: read later (the stream held, a record that waited for
+// its wake timer), they would teach a longer wait, and that wait a longer one still.
+TEST_F(RuntimeEventsTrackerTest, TheLagsAreLearnedFromWhenTheRuntimeSentItsEvents) {
+  restart_with_events(5s);
+  std::mutex mu;
+  std::pair<std::chrono::milliseconds, std::chrono::milliseconds> last{-1ms, -1ms};
+  tracker_->set_wake_after([&](std::chrono::milliseconds exec, std::chrono::milliseconds rmdir) {
+    std::lock_guard lk(mu);
+    last = {exec, rmdir};
+  });
+  auto realtime_ns = [] {
+    timespec ts{};
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return int64_t(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+  };
+  for (int i = 0; i < 12; ++i) {
+    auto id = create("app-" + std::to_string(i));
+    ASSERT_TRUE(cri_.start_container(id).ok());
+    kernel_exec(id);
+    // Sent 1 ms after the exec, read 60 ms after it.
+    auto started_ev = event(id, v1::CONTAINER_STARTED_EVENT);
+    started_ev.set_created_at(realtime_ns() + 1'000'000);
+    std::this_thread::sleep_for(60ms);  // the reading's delay under test, not a synchronisation
+    tracker_->on_runtime_event(started_ev);
+    ASSERT_TRUE(wait_types(id, {"ContainerStarted"}));
+    ASSERT_TRUE(cri_.exit_container(id, 0).ok());
+    kernel_exit(id, 0);
+    kernel_rmdir(cgroup_of(id));
+    auto stopped_ev = event(id, v1::CONTAINER_STOPPED_EVENT);
+    stopped_ev.set_created_at(realtime_ns() + 1'000'000);
+    std::this_thread::sleep_for(60ms);
+    tracker_->on_runtime_event(stopped_ev);
+    ASSERT_TRUE(wait_types(id, {"ContainerStarted", "ContainerDied"}));
+  }
+  std::lock_guard lk(mu);
+  EXPECT_LE(last.first, 10ms) << "the exec's lag learned from the reading";
+  EXPECT_LE(last.second, 10ms) << "the rmdir's lag learned from the reading";
+}
+
 // With the stream live, a container's whole lifecycle (start, death, removal) is confirmed by
 // the runtime's events: no CRI call, and the events carry what a look would have said.
 TEST_F(RuntimeEventsTrackerTest, ALifecycleConfirmedByTheRuntimesEventsCostsNoCall) {

@@ -47,7 +47,7 @@ void Confirmer::on_signal(const std::string& id, const std::string& pod_uid, Sig
       // (waiting for its first look, retrying, or backing off past its budget).
       if (rank(rec.reported) >= rank(ContainerState::kExited)) return;
       if (rec.kernel_exit_ts == 0) rec.kernel_exit_ts = ts_ns;
-      rec.rmdir_signal_at = signal_at;
+      rec.kernel_rmdir_ts = ts_ns;
       anchor = Anchor::kRmdir;
       break;
   }

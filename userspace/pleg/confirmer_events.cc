@@ -109,20 +109,23 @@ void Confirmer::set_live(bool live) {
 }
 
 void Confirmer::learn_from_report(const Record& rec, const Observation& obs) {
-  const auto now_ns = realtime_now_ns();
-  if (obs.state == ContainerState::kRunning && rec.kernel_start_ts != 0 &&
-      now_ns > rec.kernel_start_ts) {
-    learner(Anchor::kExec, obs.sandbox)
-        .found_by_other(milliseconds((now_ns - rec.kernel_start_ts) / 1'000'000));
+  // From when the runtime sent the event (read later when the stream was held, or with a
+  // record that waited for its wake timer: counted from then, the lag would grow by the wait
+  // it sets itself).
+  const uint64_t now_ns = realtime_now_ns();
+  const uint64_t at_ns =
+      obs.reported_at_ns > 0 && uint64_t(obs.reported_at_ns) < now_ns ? uint64_t(obs.reported_at_ns)
+                                                                       : now_ns;
+  auto learn = [&](Anchor anchor, uint64_t signal_ts) {
+    if (signal_ts != 0 && at_ns > signal_ts)
+      learner(anchor, obs.sandbox).found_by_other(milliseconds((at_ns - signal_ts) / 1'000'000));
+  };
+  if (obs.state == ContainerState::kRunning) {
+    learn(Anchor::kExec, rec.kernel_start_ts);
   } else if (obs.state == ContainerState::kExited) {
-    const auto now = Clock::now();
-    if (rec.exit_signal_at != Clock::time_point{})
-      learner(Anchor::kExit, obs.sandbox)
-          .found_by_other(std::chrono::duration_cast<milliseconds>(now - rec.exit_signal_at));
+    if (rec.exit_signal_at != Clock::time_point{}) learn(Anchor::kExit, rec.kernel_exit_ts);
     // The rmdir's too: its record then wakes the loop when the event is usually there.
-    if (rec.rmdir_signal_at != Clock::time_point{})
-      learner(Anchor::kRmdir, obs.sandbox)
-          .found_by_other(std::chrono::duration_cast<milliseconds>(now - rec.rmdir_signal_at));
+    learn(Anchor::kRmdir, rec.kernel_rmdir_ts);
   }
   publish_wake_after();
 }

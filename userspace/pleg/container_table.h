@@ -35,12 +35,12 @@ struct Record {
   bool oom_killed = false;
   uint64_t kernel_start_ts = 0;  // realtime ns
   uint64_t kernel_exit_ts = 0;
+  uint64_t kernel_rmdir_ts = 0;  // realtime ns
   int pending = 0;               // kernel confirmations queued or running
   bool confirm_overdue = false;  // a pending confirmation is past its budget
   uint32_t death_chain = 0;      // the death's current chain of looks (Confirmer)
   uint64_t death_look = 0;       // that chain's look's timer on the event loop, if any
   std::chrono::steady_clock::time_point exit_signal_at{};  // when the init's exit was made
-  std::chrono::steady_clock::time_point rmdir_signal_at{};  // when the cgroup's rmdir was made
   bool removal_swept = false;    // exited: the removal watcher watches it
   bool foreign = false;          // the runtime does not know it (see foreign_after)
   std::chrono::steady_clock::time_point removed_at{};  // when it became kNonExistent

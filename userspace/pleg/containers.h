@@ -32,6 +32,8 @@ struct Observation : RuntimeContainer {
   // What the runtime said. A look's state is snapshot.state; a tracked container's state is the
   // one last reported, and this the status that came with it.
   ContainerSnapshot snapshot;
+  // A runtime's event: when the runtime sent it (CRI's created_at, realtime ns); 0 for a look.
+  int64_t reported_at_ns = 0;
 };
 
 struct ContainerRecord {

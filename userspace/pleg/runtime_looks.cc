@@ -105,13 +105,21 @@ std::optional<Observation> observation_of(const cri::v1::ContainerEventResponse&
   const std::string& id = ev.container_id();
   if (id.empty() || ev.container_event_type() == cri::v1::CONTAINER_CREATED_EVENT) return {};
   const bool sandbox = ev.has_pod_sandbox_status() && ev.pod_sandbox_status().id() == id;
-  if (ev.container_event_type() == cri::v1::CONTAINER_DELETED_EVENT)
-    return nonexistent(id, sandbox);
-  if (sandbox) return observe(id, ev.pod_sandbox_status());
-  for (const auto& st : ev.containers_statuses()) {
-    if (st.id() == id) return observe(id, st);
+  std::optional<Observation> obs;
+  if (ev.container_event_type() == cri::v1::CONTAINER_DELETED_EVENT) {
+    obs = nonexistent(id, sandbox);
+  } else if (sandbox) {
+    obs = observe(id, ev.pod_sandbox_status());
+  } else {
+    for (const auto& st : ev.containers_statuses()) {
+      if (st.id() == id) {
+        obs = observe(id, st);
+        break;
+      }
+    }
   }
-  return {};
+  if (obs) obs->reported_at_ns = ev.created_at();
+  return obs;
 }
 
 }  // namespace kpleg::pleg

@@ -170,8 +170,12 @@ void Tracker::handle(const kernel::KernelEvent& ev) {
   } else {
     signal = Confirmer::Signal::kRmdir;
   }
-  confirmer_.on_signal(entry->identity.container_id, entry->identity.pod_uid, signal,
-                       kernel::monotonic_to_realtime_ns(ev.ktime_ns), made_at(ev.ktime_ns));
+  const auto at = made_at(ev.ktime_ns);
+  confirmer_.on_signal(
+      entry->identity.container_id, entry->identity.pod_uid, signal,
+      kernel::monotonic_to_realtime_ns(
+          uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(at.time_since_epoch()).count())),
+      at);
 }
 
 Confirmer::Clock::time_point Tracker::made_at(uint64_t ktime_ns) {
