@@ -116,7 +116,14 @@ void MetricsMirror::mirror_kernel(kernel::BpfKernelSource& kernel) {
       metrics_.pods_over_budget.set(double(over));
     }
   }
-  if (auto* p = kernel.program()) metrics_.bpf_tracked_cgroups.set(double(p->tracked_count()));
+  if (auto* p = kernel.program()) {
+    metrics_.bpf_tracked_cgroups.set(double(p->tracked_count()));
+    if (p->wake_timer()) {
+      const auto [exec, rmdir] = p->wake_after();
+      metrics_.bpf_wake_after.with({"exec"}).set(std::chrono::duration<double>(exec).count());
+      metrics_.bpf_wake_after.with({"rmdir"}).set(std::chrono::duration<double>(rmdir).count());
+    }
+  }
   metrics_.bpf_tracked_cgroups_capacity.set(double(ks.map_capacity));
   metrics_.untracked_cgroups.set(double(ks.untracked_cgroups));
 }

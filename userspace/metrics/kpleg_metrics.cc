@@ -97,6 +97,12 @@ constexpr MetricDefinition kDefinitions[] = {
     {"kpleg_exit_wakes", MetricType::kGauge,
      "1 while the kernel's record of a container init's exit wakes kplegd; 0 once it learned "
      "that the container cgroup's removal right after the exit does (one wakeup per death)."},
+    {"kpleg_bpf_wake_after_seconds",
+     MetricType::kGauge,
+     "How long after it is made the kernel's record of a container's first exec, and of a "
+     "cgroup's removal, wakes kplegd at the latest (the lag it learned for the runtime to "
+     "report the change; 0: at once). Only with the BPF wake timer (Linux 5.15+).",
+     {"record"}},
     {"kpleg_exit_wakeups_restored_total", MetricType::kCounter,
      "Times a death was confirmed without its cgroup's removal while exits woke nobody, "
      "and exits woke kplegd again."},
@@ -235,6 +241,7 @@ KplegMetrics::KplegMetrics(Registry& r, const Families& f)
       removal_hints_missed(f.counter("kpleg_removal_hints_missed_total")),
       removal_hints_trusted(f.gauge("kpleg_removal_hints_trusted")),
       exit_wakes(f.gauge("kpleg_exit_wakes")),
+      bpf_wake_after(f.gauges("kpleg_bpf_wake_after_seconds")),
       exit_wakeups_restored(f.counter("kpleg_exit_wakeups_restored_total")),
       loop_wakeups(f.counters("kpleg_loop_wakeups_total")),
       uncovered_containers(f.gauge("kpleg_uncovered_containers")),

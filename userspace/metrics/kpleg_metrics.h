@@ -92,6 +92,10 @@ struct KplegMetrics {
   // cgroup's rmdir right after it does: pleg/exit_wakeup.h); kpleg_exit_wakeups_restored_total:
   // times a death was then confirmed without that rmdir, and exits woke it again.
   Gauge& exit_wakes;
+  // kpleg_bpf_wake_after_seconds{record}: how long an exec's ("exec") and a cgroup removal's
+  // ("rmdir") record may wait to wake kplegd (kernel::BpfProgram::set_wake_after); set only
+  // with the wake timer.
+  Family<Gauge>& bpf_wake_after;
   Counter& exit_wakeups_restored;
   // kpleg_loop_wakeups_total{cause}: times the kernel-driven path's event loop woke, by what
   // woke it (pleg/event_loop.h: EventLoop::woken_by).
