@@ -189,8 +189,9 @@ TEST(KplegMetrics, ExportsEveryFamily) {
   m.cri_call_oldest_seconds.with({"StopPodSandbox", "endpoint"});
   m.cri_endpoint_calls.with({"Version", "OK"});
   m.loop_wakeups.with({"ring buffer"});
+  m.bpf_wake_after.with({"exec"});
   std::string out = r.render();
-  EXPECT_EQ(metric_definitions().size(), 45u);
+  EXPECT_EQ(metric_definitions().size(), 46u);
   for (const auto& d : metric_definitions()) {
     const std::string name(d.name);
     EXPECT_TRUE(contains(out, "# HELP " + name + " " + std::string(d.help) + "\n# TYPE " + name +
