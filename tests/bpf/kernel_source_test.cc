@@ -103,6 +103,29 @@ class KernelSourceTest : public ::testing::Test {
         kDeadline);
   }
 
+  // Starts a process in a new container cgroup and expects its exec's record read within 300 ms
+  // (no wake-after holds it back); the process is killed and reaped. The cgroup, or nothing when
+  // it could not be made.
+  std::optional<ScratchCgroup> expect_exec_read_at_once(char id_char) {
+    auto ctr = make_tree(container_path(id_char));
+    if (!ctr.ok()) {
+      ADD_FAILURE() << ctr.error().message;
+      return std::nullopt;
+    }
+    auto pid = spawn_in_cgroup(ctr->path(), {"/bin/sleep", "30"});
+    if (!pid.ok()) {
+      ADD_FAILURE() << pid.error().message;
+      return std::nullopt;
+    }
+    EXPECT_TRUE(collector_.wait_for(
+        [&](const auto& evs) { return kinds_of(filter_cgroups(evs, {ctr->id()})).size() >= 2; },
+        300ms))
+        << "the exec's record waited";
+    kill(*pid, SIGKILL);
+    EXPECT_TRUE(wait_child(*pid).ok());
+    return std::move(*ctr);
+  }
+
   std::string mount_;
   std::optional<ScratchCgroup> base_;
   EventCollector collector_;
@@ -840,15 +863,7 @@ TEST_F(KernelSourceTest, AnExecAndAnRmdirWakeTheReaderWhenTheirWakeAfterIsUp) {
 
   // Back to 0: the exec wakes the reader when it is made.
   program->set_wake_after(0ms, 0ms);
-  auto ctr = make_tree(container_path('f'));
-  ASSERT_TRUE(ctr.ok());
-  auto pid = spawn_in_cgroup(ctr->path(), {"/bin/sleep", "30"});
-  ASSERT_TRUE(pid.ok());
-  EXPECT_TRUE(collector_.wait_for(
-      [&](const auto& evs) { return kinds_of(filter_cgroups(evs, {ctr->id()})).size() >= 2; },
-      300ms));
-  kill(*pid, SIGKILL);
-  ASSERT_TRUE(wait_child(*pid).ok());
+  expect_exec_read_at_once('f');
 }
 
 // Loaded without the wake timer (BpfOptions::wake_timer off, or a kernel before 5.15), the
@@ -860,16 +875,8 @@ TEST_F(KernelSourceTest, WithoutTheWakeTimerAnExecWakesTheReaderAtOnce) {
   auto* program = source_->program();
   ASSERT_FALSE(program->wake_timer());
   program->set_wake_after(1500ms, 1500ms);
-  auto ctr = make_tree(container_path('a'));
-  ASSERT_TRUE(ctr.ok());
-  auto pid = spawn_in_cgroup(ctr->path(), {"/bin/sleep", "30"});
-  ASSERT_TRUE(pid.ok());
-  EXPECT_TRUE(collector_.wait_for(
-      [&](const auto& evs) { return kinds_of(filter_cgroups(evs, {ctr->id()})).size() >= 2; },
-      300ms))
-      << "the exec's record waited";
-  kill(*pid, SIGKILL);
-  ASSERT_TRUE(wait_child(*pid).ok());
+  auto ctr = expect_exec_read_at_once('a');
+  ASSERT_TRUE(ctr.has_value());
   ASSERT_TRUE(ctr->remove().ok());
   ASSERT_TRUE(wait_kinds(ctr->id(), {"cgroup_mkdir", "exec", "exit", "cgroup_rmdir"}));
 }
