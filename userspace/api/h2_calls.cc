@@ -132,7 +132,7 @@ void Connection::serve(Call call) {
   Stream& s = *call.stream;
   if (closed_ || s.gone) return;
   if (st.ok()) {
-    append_frame(s.out, reply);
+    append_message(s.out, reply);
     s.end = {0, ""};
     respond(s, "");
   } else {

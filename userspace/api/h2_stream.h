@@ -19,13 +19,7 @@ namespace kpleg::api::h2 {
 
 using cri::h2::header;
 
-// gRPC's framing of a message: a compressed flag (0), the length (4 bytes, big-endian), the bytes.
-inline void append_frame(std::string& out, const std::string& message) {
-  const auto size = uint32_t(message.size());
-  const char prefix[5] = {0, char(size >> 24), char(size >> 16), char(size >> 8), char(size)};
-  out.append(prefix, 5);
-  out.append(message);
-}
+using cri::h2::append_message;
 
 struct Connection::Stream {
   enum class Kind { kUnary, kWatch, kHealthWatch };

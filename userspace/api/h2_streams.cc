@@ -97,7 +97,7 @@ void Connection::fill_from_subscription(Stream& st, size_t room) {
     }
     to_proto(*n.event, &msg);
     msg.SerializeToString(&bytes);
-    append_frame(st.out, bytes);
+    append_message(st.out, bytes);
   }
 }
 
@@ -120,7 +120,7 @@ void Connection::start_health_watch(Call call) {
   grpc::health::v1::HealthCheckResponse resp;
   resp.set_status(shared_.health.current(st.health_service));
   st.health_sent = resp.status();
-  append_frame(st.out, resp.SerializeAsString());
+  append_message(st.out, resp.SerializeAsString());
   respond(st, "");
   flush();
 }
@@ -134,7 +134,7 @@ void Connection::health_changed() {
     resp.set_status(shared_.health.current(st->health_service));
     if (resp.status() == st->health_sent) continue;
     st->health_sent = resp.status();
-    append_frame(st->out, resp.SerializeAsString());
+    append_message(st->out, resp.SerializeAsString());
     nghttp2_session_resume_data(session_, id);
   }
   flush();

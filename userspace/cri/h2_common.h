@@ -136,6 +136,15 @@ inline std::string grpc_timeout(std::chrono::steady_clock::duration left) {
   return std::to_string(std::min<int64_t>(ms / 1000, 99'999'999)) + "S";
 }
 
+// Appends `message` to `out` in gRPC's framing: a compressed flag (0), the length (4 bytes,
+// big-endian), then the message.
+inline void append_message(std::string& out, std::string_view message) {
+  const auto size = uint32_t(message.size());
+  const char prefix[5] = {0, char(size >> 24), char(size >> 16), char(size >> 8), char(size)};
+  out.append(prefix, 5);
+  out.append(message);
+}
+
 // A unary answer's body, `data`, as its one message: gRPC's framing is a compressed flag
 // (1 byte), the length (4 bytes, big-endian), then the message.
 inline Result<std::string> take_message(std::string& data) {

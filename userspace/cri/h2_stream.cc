@@ -159,13 +159,8 @@ Status open_stream(Call& c, const std::string& socket_path, std::string_view met
   nghttp2_submit_settings(c.session, NGHTTP2_FLAG_NONE, settings, 2);
   nghttp2_session_set_local_window_size(c.session, NGHTTP2_FLAG_NONE, 0, opts.window_bytes);
 
-  c.body.assign(5, '\0');
-  const auto size = uint32_t(request.size());
-  c.body[1] = char(size >> 24);
-  c.body[2] = char(size >> 16);
-  c.body[3] = char(size >> 8);
-  c.body[4] = char(size);
-  c.body.append(request);
+  c.body.clear();
+  h2::append_message(c.body, request);
   const nghttp2_nv headers[] = {
       header(":method", "POST"),
       header(":scheme", "http"),

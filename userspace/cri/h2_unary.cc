@@ -298,13 +298,8 @@ Result<std::string> H2UnaryConnection::attempt(std::string_view method, std::str
 
   Stream s;
   s.max_message = opts_.max_message_bytes;
-  s.body.assign(5, '\0');
-  const auto size = uint32_t(request.size());
-  s.body[1] = char(size >> 24);
-  s.body[2] = char(size >> 16);
-  s.body[3] = char(size >> 8);
-  s.body[4] = char(size);
-  s.body.append(request);
+  s.body.clear();
+  h2::append_message(s.body, request);
   const std::string timeout = h2::grpc_timeout(deadline - Clock::now());
   const nghttp2_nv headers[] = {
       h2::header(":method", "POST"),

@@ -161,13 +161,8 @@ void H2UnaryMux::call(std::string_view method, std::string_view request, Clock::
                       Done done) {
   auto c = std::make_shared<Call>();
   c->method = method;
-  c->body.assign(5, '\0');
-  const auto size = uint32_t(request.size());
-  c->body[1] = char(size >> 24);
-  c->body[2] = char(size >> 16);
-  c->body[3] = char(size >> 8);
-  c->body[4] = char(size);
-  c->body.append(request);
+  c->body.clear();
+  h2::append_message(c->body, request);
   c->deadline = deadline;
   c->done = std::move(done);
   if (cancelled_) {
