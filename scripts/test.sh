@@ -267,7 +267,8 @@ fi
   echo
   echo "==== phases ($([ "$all" = 1 ] && echo "--all" || echo default)) ===="
   for row in "${phases[@]}"; do
-    IFS='|' read -r n s r <<<"$row"
+    # The name may hold a '|' (a CTEST_ARGS regex): the time and the result are the last two.
+    r=${row##*|} && n=${row%|*} && s=${n##*|} && n=${n%|*}
     printf '  %-52s %6d s  %s\n' "$n" "$s" "$r"
   done
   printf '  %-52s %6d s  %s\n' "total" "$((SECONDS - run_start))" "$([ "$status" = 0 ] && echo ok || echo FAILED)"
