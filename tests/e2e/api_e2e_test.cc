@@ -666,15 +666,17 @@ TEST_F(ApiE2eTest, OnContainerdAnExitStopsWakingKplegdAndEveryDeathIsStillReport
   std::printf("exit wakes: %g, restored %g, after %zu deaths\n", value(metrics, "kpleg_exit_wakes"),
               value(metrics, "kpleg_exit_wakeups_restored_total"), stopped.size());
   // What woke the loop: the ring buffer's records, and (no runtime events here) the runtime's
-  // answers to the looks. With the BPF wake timer, an rmdir's record wakes kplegd when its
-  // learned look is due (the runtime records a death after it removed the cgroup), and the look
-  // goes with that wakeup instead of a timer's of its own.
+  // answers to the looks. With the BPF wake timer, an exec's and an rmdir's record wake kplegd
+  // when their learned look is due (the runtime records a death after it removed the cgroup),
+  // and the look goes with that wakeup instead of a timer's of its own. Without it a start and a
+  // death each cost a look's wakeup (about 2 a lifecycle, bench/REPORT.md); with it, only the
+  // looks before the lags are learned, a sandbox's (its own lag) and the repeated ones: under 1.
   EXPECT_GT(value(metrics, "kpleg_loop_wakeups_total{cause=\"ring buffer\"}"), 0) << metrics;
   EXPECT_GT(value(metrics, "kpleg_loop_wakeups_total{cause=\"runtime calls\"}"), 0) << metrics;
   const double looks = value(metrics, "kpleg_loop_wakeups_total{cause=\"look\"}");
   if (metrics.find("kpleg_bpf_wake_after_seconds{record=\"rmdir\"}") != std::string::npos) {
     EXPECT_GT(value(metrics, "kpleg_bpf_wake_after_seconds{record=\"rmdir\"}"), 0) << metrics;
-    EXPECT_LT(looks, double(stopped.size()) / 2) << "a look's own wakeup for most deaths";
+    EXPECT_LT(looks, double(stopped.size())) << "a look's own wakeup for most transitions";
   } else {
     EXPECT_GT(looks, 0) << metrics;
   }
